@@ -1,0 +1,184 @@
+"""The one reader of configuration: a frozen `Settings` parsed once from keywords and the environment.
+
+Every knob has a ``UNISON_*`` variable and, where Horovod has one, the ``HOROVOD_*`` alias; the
+``UNISON_*`` name wins when both are set. `SETTINGS_TABLE` lists them all (docs/configuration.md is
+checked against it by a test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["SETTINGS_TABLE", "Setting", "Settings", "load_settings"]
+
+MiB = 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One knob: its field name, variables, parser, default and meaning."""
+
+    field: str
+    env: str
+    alias: str | None
+    kind: str  # "int", "float", "bool", "str", "level"
+    default: Any
+    meaning: str
+
+
+SETTINGS_TABLE: tuple[Setting, ...] = (
+    Setting("fusion_threshold_bytes", "UNISON_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "int",
+            128 * MiB, "Largest number of bytes packed into one fused reduction; 0 disables fusion."),
+    Setting("chunk_bytes", "UNISON_CHUNK_BYTES", None, "int", 4 * MiB,
+            "Large reductions are issued as in-place chunks of this many bytes (faster than one huge "
+            "call on shared memory); 0 sends each buffer in one call."),
+    Setting("cycle_time_seconds", "UNISON_CYCLE_TIME", "HOROVOD_CYCLE_TIME", "ms", 0.0,
+            "Minimum time between the starts of two negotiation cycles, in milliseconds. 0 (the "
+            "default) starts a cycle as soon as work is enqueued."),
+    Setting("idle_cycle_seconds", "UNISON_IDLE_CYCLE_SECONDS", None, "float", 0.1,
+            "How often an idle rank joins a cycle, so that shutdown and stall checks progress."),
+    Setting("cache_capacity", "UNISON_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", 1024,
+            "Responses kept in the response cache; 0 disables the cache (every cycle negotiates)."),
+    Setting("stall_check_disable", "UNISON_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE",
+            "bool", False, "Turn the stall inspector off."),
+    Setting("stall_check_seconds", "UNISON_STALL_CHECK_TIME_SECONDS",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS", "float", 60.0,
+            "Warn (on rank 0) when some ranks have waited this long for others to submit a tensor."),
+    Setting("stall_shutdown_seconds", "UNISON_STALL_SHUTDOWN_TIME_SECONDS",
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0,
+            "Stop the job with an error on every rank after a stall this long; 0 never stops."),
+    Setting("timeline", "UNISON_TIMELINE", "HOROVOD_TIMELINE", "str", "",
+            "Path of a Chrome-trace timeline written by rank 0; DYNAMIC enables start_timeline()."),
+    Setting("timeline_mark_cycles", "UNISON_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
+            "bool", False, "Mark the start of every cycle in the timeline."),
+    Setting("log_level", "UNISON_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "level", "warning",
+            "Level of unison's log: trace, debug, info, warning, error or fatal."),
+    Setting("log_hide_time", "UNISON_LOG_HIDE_TIME", "HOROVOD_LOG_HIDE_TIME", "bool", False,
+            "Drop timestamps from unison's log lines."),
+    Setting("controller", "UNISON_CONTROLLER", "HOROVOD_CONTROLLER", "str", "mpi",
+            "Control plane carrying the negotiation: mpi."),
+    Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
+            "Data plane for CPU buffers: mpi."),
+    Setting("dynamic_process_sets", "UNISON_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS",
+            "bool", False, "Allow add_process_set()/remove_process_set() after init()."),
+    Setting("disable_group_fusion", "UNISON_DISABLE_GROUP_FUSION", "HOROVOD_DISABLE_GROUP_FUSION",
+            "bool", False, "Fuse the tensors of a grouped op only with each other."),
+    Setting("mpi_threads_disable", "UNISON_MPI_THREADS_DISABLE", "HOROVOD_MPI_THREADS_DISABLE",
+            "bool", False, "Ask MPI for MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE."),
+)
+
+_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+_CHOICES = {"controller": ("mpi",), "cpu_operations": ("mpi",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every knob of a unison job, parsed once at `init()`; see `SETTINGS_TABLE` for meanings."""
+
+    fusion_threshold_bytes: int = 128 * MiB
+    chunk_bytes: int = 4 * MiB
+    cycle_time_seconds: float = 0.0
+    idle_cycle_seconds: float = 0.1
+    cache_capacity: int = 1024
+    stall_check_disable: bool = False
+    stall_check_seconds: float = 60.0
+    stall_shutdown_seconds: float = 600.0
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    log_level: str = "warning"
+    log_hide_time: bool = False
+    controller: str = "mpi"
+    cpu_operations: str = "mpi"
+    dynamic_process_sets: bool = False
+    disable_group_fusion: bool = False
+    mpi_threads_disable: bool = False
+
+
+def _parse(setting: Setting, variable: str, raw: str) -> Any:
+    text = raw.strip()
+    try:
+        if setting.kind == "int":
+            value: Any = int(text)
+            if value < 0:
+                raise ValueError
+            return value
+        if setting.kind in ("float", "ms"):
+            number = float(text)
+            if number < 0 or number != number:
+                raise ValueError
+            return number / 1000.0 if setting.kind == "ms" else number
+        if setting.kind == "bool":
+            if text.lower() in ("true", "yes", "on"):
+                return True
+            if text.lower() in ("false", "no", "off", ""):
+                return False
+            return int(text) > 0
+    except ValueError:
+        pass
+    else:
+        if setting.kind == "level":
+            if text.lower() in _LEVELS:
+                return text.lower()
+        elif setting.kind == "str":
+            if setting.field in _CHOICES:
+                if text.lower() in _CHOICES[setting.field]:
+                    return text.lower()
+            else:
+                return text
+    expected = {
+        "int": "a non-negative integer",
+        "float": "a non-negative number",
+        "ms": "a non-negative number of milliseconds",
+        "bool": "0 or 1",
+        "level": "one of " + ", ".join(_LEVELS),
+        "str": "one of " + ", ".join(_CHOICES.get(setting.field, ("text",))),
+    }[setting.kind]
+    raise ConfigError(f"{variable} must be {expected}. Got {variable}={raw!r}.")
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Build `Settings` from keyword overrides, then ``UNISON_*`` variables, then ``HOROVOD_*`` ones.
+
+    Example:
+        >>> load_settings({"HOROVOD_FUSION_THRESHOLD": "0"}).fusion_threshold_bytes
+        0
+    """
+    env = os.environ if environ is None else environ
+    known = {s.field: s for s in SETTINGS_TABLE}
+    values: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if name not in known:
+            raise ConfigError(
+                f"Unknown setting {name!r}. Known settings: {', '.join(sorted(known))}."
+            )
+        values[name] = _parse(known[name], name, str(value)) if isinstance(value, str) else value
+    for setting in SETTINGS_TABLE:
+        if setting.field in values:
+            continue
+        for variable in (setting.env, setting.alias):
+            if variable and variable in env:
+                values[setting.field] = _parse(setting, variable, env[variable])
+                break
+    settings = Settings(**values)
+    if settings.stall_shutdown_seconds and settings.stall_shutdown_seconds < settings.stall_check_seconds:
+        raise ConfigError(
+            "UNISON_STALL_SHUTDOWN_TIME_SECONDS must be 0 or at least UNISON_STALL_CHECK_TIME_SECONDS. "
+            f"Got {settings.stall_shutdown_seconds} < {settings.stall_check_seconds}."
+        )
+    return settings
+
+
+def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the launcher variables that describe this process's place in the job (rank discovery)."""
+    env = os.environ if environ is None else environ
+    keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS")
+    return {k: env[k] for k in keys if k in env}
+

@@ -1,0 +1,209 @@
+"""The messages of the negotiation protocol: requests, responses, and their wire encoding.
+
+Messages are frozen dataclasses of plain values. On the wire they are compact JSON (never pickle), so
+the same bytes can travel over MPI or gRPC and a peer can never make another rank execute code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from ..dtypes import DType
+from ..ops import CollectiveKind, ReduceOp
+
+__all__ = [
+    "Request",
+    "Response",
+    "ResponseKind",
+    "decode_requests",
+    "decode_responses",
+    "encode_requests",
+    "encode_responses",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One rank's wish to take part in one collective, as sent to the coordinator.
+
+    Attributes:
+        name: the cross-rank key (ranks match requests by name).
+        kind: the collective.
+        rank: the global rank that submitted it.
+        dtype: element type.
+        shape: the local tensor's shape.
+        reduce_op: for allreduce/reducescatter.
+        root_rank: global root rank for broadcast, else -1.
+        prescale: factor applied before the reduction.
+        postscale: factor applied after it (Average's 1/size is not included).
+        process_set_id: the process set the collective runs in.
+        device: "cpu" or "cuda".
+        group: name of the atomic group this request belongs to ("" if none).
+        group_size: number of members of that group (0 if none).
+        splits: alltoall's per-destination dim-0 counts (empty for an equal split).
+        ranks: members of the set for add/remove_process_set.
+    """
+
+    name: str
+    kind: CollectiveKind
+    rank: int
+    dtype: DType = DType.UINT8
+    shape: tuple[int, ...] = ()
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set_id: int = 0
+    device: str = "cpu"
+    group: str = ""
+    group_size: int = 0
+    splits: tuple[int, ...] = ()
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def num_elements(self) -> int:
+        """Number of elements of the local tensor."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    def cache_key(self) -> tuple[object, ...]:
+        """The attributes a cached response must match for this request to hit it."""
+        return (self.kind, self.dtype, self.shape, self.reduce_op, self.root_rank, self.prescale,
+                self.postscale, self.process_set_id, self.device, self.group, self.group_size)
+
+
+class ResponseKind:
+    """Response kinds that are not collectives: an error, or a job-wide stop."""
+
+    ERROR = "error"
+    ABORT = "abort"
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    """What every member rank executes, in the same order on every rank.
+
+    A response names one or more tensors of one collective kind (several after fusion). ``sizes``
+    carries per-rank data the executor needs: allgather's dim-0 per rank, alltoall's split matrix
+    (row = sender), each in set-rank order.
+
+    Attributes:
+        kind: a `CollectiveKind` value, or "error"/"abort".
+        names: tensor names, in execution order.
+        dtype: element type.
+        shapes: one shape per name (the common shape; allgather/alltoall: rank 0's).
+        reduce_op, root_rank, prescale, postscale, process_set_id, device: as in `Request`.
+        sizes: per-name per-rank dim-0 sizes (allgather) or split matrices (alltoall).
+        message: the error text for "error"/"abort" responses.
+        joined_ranks: ranks that had joined when this response was made (they contribute zeros).
+        last_joined: the JOIN response's last joined rank; the process set id for add/remove.
+        ranks: members of a process set being added.
+    """
+
+    kind: str
+    names: tuple[str, ...]
+    dtype: DType = DType.UINT8
+    shapes: tuple[tuple[int, ...], ...] = ()
+    reduce_op: ReduceOp = ReduceOp.SUM
+    root_rank: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    process_set_id: int = 0
+    device: str = "cpu"
+    sizes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    message: str = ""
+    joined_ranks: tuple[int, ...] = ()
+    last_joined: int = -1
+    ranks: tuple[int, ...] = ()
+    group: str = ""
+
+    @property
+    def collective(self) -> CollectiveKind | None:
+        """The collective kind, or None for error/abort responses."""
+        try:
+            return CollectiveKind(self.kind)
+        except ValueError:
+            return None
+
+    def num_bytes(self) -> int:
+        """Total bytes of the tensors this response moves (local view)."""
+        total = 0
+        for shape in self.shapes:
+            count = 1
+            for dim in shape:
+                count *= dim
+            total += count
+        return total * self.dtype.itemsize
+
+
+_REQUEST_FIELDS = [f.name for f in dataclasses.fields(Request)]
+_RESPONSE_FIELDS = [f.name for f in dataclasses.fields(Response)]
+_REQUEST_DEFAULTS = Request("", CollectiveKind.BARRIER, 0)
+_RESPONSE_DEFAULTS = Response("", ())
+
+
+def _compact(obj: object, defaults: object, fields: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name in fields:
+        value = getattr(obj, name)
+        if value == getattr(defaults, name) and name not in ("name", "kind", "names"):
+            continue
+        if isinstance(value, (CollectiveKind, DType)):
+            value = value.value
+        elif isinstance(value, ReduceOp):
+            value = int(value)
+        out[name] = value
+    return out
+
+
+def _tuples(value: object) -> object:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def encode_requests(requests: Sequence[Request]) -> bytes:
+    """Serialize a request list to bytes (JSON)."""
+    body = [_compact(r, _REQUEST_DEFAULTS, _REQUEST_FIELDS) for r in requests]
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_requests(data: bytes) -> list[Request]:
+    """Parse bytes made by `encode_requests`."""
+    out = []
+    for item in json.loads(data):
+        item["kind"] = CollectiveKind(item["kind"])
+        if "dtype" in item:
+            item["dtype"] = DType(item["dtype"])
+        if "reduce_op" in item:
+            item["reduce_op"] = ReduceOp(item["reduce_op"])
+        for key in ("shape", "splits", "ranks"):
+            if key in item:
+                item[key] = tuple(item[key])
+        out.append(Request(**item))
+    return out
+
+
+def encode_responses(responses: Sequence[Response]) -> bytes:
+    """Serialize a response list to bytes (JSON)."""
+    body = [_compact(r, _RESPONSE_DEFAULTS, _RESPONSE_FIELDS) for r in responses]
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_responses(data: bytes) -> list[Response]:
+    """Parse bytes made by `encode_responses`."""
+    out = []
+    for item in json.loads(data):
+        if "dtype" in item:
+            item["dtype"] = DType(item["dtype"])
+        if "reduce_op" in item:
+            item["reduce_op"] = ReduceOp(item["reduce_op"])
+        for key in ("names", "shapes", "sizes", "joined_ranks", "ranks"):
+            if key in item:
+                item[key] = _tuples(item[key])
+        out.append(Response(**item))
+    return out

@@ -1,0 +1,116 @@
+"""The element types unison carries, and which collectives accept each of them.
+
+Buffers reach the engine as NumPy arrays. bfloat16 has no NumPy dtype of its own: it arrives either as an
+``ml_dtypes.bfloat16`` array or as a uint16 view whose request says ``bfloat16`` (the torch adapter's
+path). Half-precision values are never summed by MPI directly (MPICH crashes on float16): the executor
+widens them to float32, reduces, and rounds once.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from .errors import UnsupportedDtypeError
+from .ops import CollectiveKind
+
+__all__ = ["DType", "bfloat16_to_float32", "check_supported", "dtype_of", "float32_to_bfloat16"]
+
+
+class DType(enum.Enum):
+    """A supported element type; the value is its canonical name."""
+
+    UINT8 = "uint8"
+    INT8 = "int8"
+    UINT16 = "uint16"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BOOL = "bool"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _ITEMSIZE[self]
+
+    @property
+    def is_half(self) -> bool:
+        """True for the 16-bit floating types that are reduced through float32."""
+        return self in (DType.FLOAT16, DType.BFLOAT16)
+
+    @property
+    def is_integer(self) -> bool:
+        """True for the integer types (scaled through float64 and truncated, as Horovod does)."""
+        return self.value.startswith(("int", "uint"))
+
+    @property
+    def storage(self) -> np.dtype:
+        """The NumPy dtype of the buffer the engine moves (bfloat16 travels as uint16 bits)."""
+        if self is DType.BFLOAT16:
+            return np.dtype(np.uint16)
+        return np.dtype(self.value)
+
+
+_ITEMSIZE = {
+    DType.UINT8: 1, DType.INT8: 1, DType.BOOL: 1,
+    DType.UINT16: 2, DType.INT16: 2, DType.FLOAT16: 2, DType.BFLOAT16: 2,
+    DType.INT32: 4, DType.FLOAT32: 4,
+    DType.INT64: 8, DType.FLOAT64: 8,
+}
+
+_BY_NUMPY_NAME = {d.value: d for d in DType}
+
+_REDUCING = frozenset({CollectiveKind.ALLREDUCE, CollectiveKind.REDUCESCATTER})
+_REDUCIBLE = tuple(d for d in DType if d is not DType.BOOL)
+_ALL = tuple(DType)
+
+
+def dtype_of(array: np.ndarray) -> DType:
+    """Return the `DType` of a NumPy array, refusing types unison cannot carry.
+
+    Example:
+        >>> dtype_of(np.zeros(3, np.float32))
+        <DType.FLOAT32: 'float32'>
+    """
+    name = array.dtype.name
+    found = _BY_NUMPY_NAME.get(name)
+    if found is None:
+        supported = ", ".join(d.value for d in DType)
+        raise UnsupportedDtypeError(
+            f"Tensor type {name} is not supported. Supported types: {supported}."
+        )
+    return found
+
+
+def check_supported(kind: CollectiveKind, dtype: DType) -> None:
+    """Raise `UnsupportedDtypeError` if `kind` cannot carry `dtype` (bool is never reduced)."""
+    allowed = _REDUCIBLE if kind in _REDUCING else _ALL
+    if dtype not in allowed:
+        names = ", ".join(d.value for d in allowed)
+        raise UnsupportedDtypeError(
+            f"{kind.value} does not support dtype {dtype.value}. Supported types: {names}."
+        )
+
+
+def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """Widen bfloat16 values held as uint16 bits to float32 (exact)."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def float32_to_bfloat16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Round float32 values to bfloat16 bits (uint16), to nearest even; NaN stays NaN."""
+    wide = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (wide + (np.uint32(0x7FFF) + ((wide >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    result = rounded.astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        result[nan] = np.uint16(0x7FC0)
+    if out is not None:
+        out[...] = result.reshape(out.shape)
+        return out
+    return result

@@ -1,0 +1,89 @@
+"""The exception tree of unison: every error it raises derives from `UnisonError`.
+
+    UnisonError
+    ├── NotInitializedError          (ValueError)      an API call before init() or after shutdown()
+    ├── InvalidArgumentError         (ValueError)      a bad argument caught before anything is sent
+    │   ├── UnsupportedDtypeError                      a dtype the operation cannot carry
+    │   └── DuplicateNameError                         a name already in flight on this rank
+    ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
+    ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
+    ├── UnisonNotImplementedError    (NotImplementedError)
+    └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
+        ├── MismatchError                              ranks disagreed on a collective's attributes
+        ├── ShutdownError                              the job was shut down while the op was pending
+        │   └── StallError                             the stall inspector shut the job down
+        └── AbortedError                               another rank failed and the job is stopping
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AbortedError",
+    "ConfigError",
+    "DuplicateNameError",
+    "HorovodInternalError",
+    "InvalidArgumentError",
+    "MismatchError",
+    "MissingDependencyError",
+    "NotInitializedError",
+    "ShutdownError",
+    "StallError",
+    "UnisonError",
+    "UnisonNotImplementedError",
+    "UnsupportedDtypeError",
+]
+
+
+class UnisonError(Exception):
+    """Base class of every error unison raises."""
+
+
+class NotInitializedError(UnisonError, ValueError):
+    """An API call that needs a running job was made before `init()` or after `shutdown()`."""
+
+    def __init__(self, message: str = "unison has not been initialized; use hvd.init().") -> None:
+        super().__init__(message)
+
+
+class InvalidArgumentError(UnisonError, ValueError):
+    """An argument was refused on the calling rank before anything was sent."""
+
+
+class UnsupportedDtypeError(InvalidArgumentError):
+    """A tensor's dtype cannot be carried by the requested operation."""
+
+
+class DuplicateNameError(InvalidArgumentError):
+    """A collective was submitted under a name that is still in flight on this rank."""
+
+
+class ConfigError(UnisonError, ValueError):
+    """A setting (keyword argument or environment variable) has an invalid value."""
+
+
+class MissingDependencyError(UnisonError, ImportError):
+    """An optional dependency needed by the requested feature is not installed."""
+
+
+class UnisonNotImplementedError(UnisonError, NotImplementedError):
+    """A Horovod feature that unison does not implement yet."""
+
+
+class HorovodInternalError(UnisonError, RuntimeError):
+    """A collective failed; the name and base class match Horovod's, so existing handlers keep working."""
+
+
+class MismatchError(HorovodInternalError):
+    """Ranks submitted the same collective with attributes that disagree (shape, dtype, op, ...)."""
+
+
+class ShutdownError(HorovodInternalError):
+    """The job was shut down while this operation was pending, or an op was submitted afterwards."""
+
+
+class StallError(ShutdownError):
+    """The stall inspector shut the job down because some ranks stopped submitting a collective."""
+
+
+class AbortedError(HorovodInternalError):
+    """Another rank failed and the job is being stopped."""
