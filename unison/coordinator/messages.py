@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from ..dtypes import DType
 from ..ops import CollectiveKind, ReduceOp
@@ -77,10 +78,11 @@ class Request:
 
 
 class ResponseKind:
-    """Response kinds that are not collectives: an error, or a job-wide stop."""
+    """Response kinds that are not collectives: an error, or a job-wide stop (abort, stall)."""
 
     ERROR = "error"
     ABORT = "abort"
+    STALL = "stall"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,8 @@ class Response:
         dtype: element type.
         shapes: one shape per name (the common shape; allgather/alltoall: rank 0's).
         reduce_op, root_rank, prescale, postscale, process_set_id, device: as in `Request`.
-        sizes: per-name per-rank dim-0 sizes (allgather) or split matrices (alltoall).
+        sizes: per-rank data in set-rank order: allgather's dim-0 sizes ``(d0, d1, ...)``, or
+            alltoall's split matrix ``((row of rank 0), (row of rank 1), ...)``, wrapped in a 1-tuple.
         message: the error text for "error"/"abort" responses.
         joined_ranks: ranks that had joined when this response was made (they contribute zeros).
         last_joined: the JOIN response's last joined rank; the process set id for add/remove.
@@ -114,7 +117,7 @@ class Response:
     postscale: float = 1.0
     process_set_id: int = 0
     device: str = "cpu"
-    sizes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    sizes: tuple[Any, ...] = ()
     message: str = ""
     joined_ranks: tuple[int, ...] = ()
     last_joined: int = -1
@@ -150,7 +153,7 @@ def _compact(obj: object, defaults: object, fields: list[str]) -> dict[str, obje
     out: dict[str, object] = {}
     for name in fields:
         value = getattr(obj, name)
-        if value == getattr(defaults, name) and name not in ("name", "kind", "names"):
+        if value == getattr(defaults, name) and name not in ("name", "kind", "rank", "names"):
             continue
         if isinstance(value, (CollectiveKind, DType)):
             value = value.value

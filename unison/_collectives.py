@@ -1,0 +1,496 @@
+"""The collectives on NumPy arrays: argument checks, op naming, handles, and the blocking/async/in-place forms."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._runtime import Job, job
+from .coordinator.executor import Entry, Handle
+from .coordinator.messages import Request
+from .dtypes import DType, check_supported, dtype_of
+from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
+from .ops import CollectiveKind, ReduceOp
+from .process_sets import ProcessSet, global_process_set
+
+__all__ = [
+    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
+    "broadcast_async_", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
+    "reducescatter_async", "synchronize",
+]
+
+# handle id -> (handle(s), function turning the raw result(s) into what synchronize returns)
+_handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
+
+
+def _reset_handles() -> None:
+    _handles.clear()
+
+
+def resolve_op(op: Any, average: Any) -> ReduceOp:
+    """Apply Horovod's rules for the deprecated ``average=`` argument; default Average."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed.",
+                      DeprecationWarning, stacklevel=3)
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    if op is None:
+        return ReduceOp.AVERAGE
+    try:
+        resolved = ReduceOp(int(op))
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"op must be one of Average, Sum, Adasum, Min, Max, Product. Got op={op!r}."
+        ) from None
+    if resolved is ReduceOp.ADASUM:
+        raise UnisonNotImplementedError(
+            "op=Adasum is not implemented in unison yet; use op=Average or op=Sum."
+        )
+    return resolved
+
+
+def _process_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
+    set_id = process_set.process_set_id
+    members = current.engine.process_sets.get(set_id) if set_id is not None else None
+    if members is None:
+        raise InvalidArgumentError(
+            f"{what}: Process set provided does not exist, or has not been registered."
+        )
+    if current.rank not in members:
+        raise InvalidArgumentError(
+            f"{what}: Rank {current.rank} is not a member of the provided process set "
+            f"(ranks {list(members)})."
+        )
+    return set_id, members
+
+
+def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:
+    """Return (buffer in storage dtype, dtype); in-place ops need a writable contiguous array."""
+    if in_place:
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgumentError(
+                f"In-place operations need a NumPy array. Got {type(array).__name__}."
+            )
+        if not array.flags.c_contiguous:
+            raise InvalidArgumentError("Tensor is required to be contiguous.")
+        if not array.flags.writeable:
+            raise InvalidArgumentError("In-place operations need a writable array.")
+    else:
+        array = np.ascontiguousarray(array)
+    dtype = dtype_of(array)
+    return (array.view(np.uint16) if dtype is DType.BFLOAT16 else array), dtype
+
+
+def _next_handle(current: Job) -> int:
+    current.handle_counter += 1
+    return current.handle_counter
+
+
+def _op_name(kind: str, name: str | None, handle: int) -> str:
+    return f"{kind}.noname.{handle}" if name is None else f"{kind}.{name}"
+
+
+def _register(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
+    _handles[handle_id] = (handles, finish)
+    return handle_id
+
+
+def _submit(
+    kind: CollectiveKind,
+    arrays: Sequence[Any],
+    name: str | None,
+    process_set: ProcessSet,
+    *,
+    op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root_rank: int = -1,
+    in_place: bool = False,
+    splits: Sequence[int] = (),
+    grouped: bool = False,
+) -> tuple[int, list[np.ndarray], list[DType]]:
+    current = job()
+    what = kind.value.capitalize()
+    set_id, members = _process_set(current, process_set, what)
+    handle_id = _next_handle(current)
+    base = _op_name(("grouped_" if grouped else "") + kind.value, name, handle_id)
+    if kind is CollectiveKind.BROADCAST and root_rank not in members:
+        raise InvalidArgumentError(
+            f"broadcast received invalid root rank {root_rank} for provided process set: root_rank "
+            f"must be one of the set's global ranks {list(members)}."
+        )
+    entries: list[Entry] = []
+    originals: list[np.ndarray] = []
+    dtypes: list[DType] = []
+    count = len(arrays)
+    for index, array in enumerate(arrays):
+        buf, dtype = _storage(array, in_place=in_place)
+        check_supported(kind, dtype)
+        if grouped and dtypes and dtype is not dtypes[0]:
+            raise InvalidArgumentError(
+                f"All tensors of a grouped {kind.value} must have one dtype. Got {dtypes[0].value} and "
+                f"{dtype.value}."
+            )
+        tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
+        request = Request(
+            tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,
+            float(prescale), float(postscale), set_id,
+            group=base if grouped else "", group_size=count if grouped else 0,
+            splits=tuple(int(s) for s in splits),
+        )
+        if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST):
+            output = buf if in_place else np.empty_like(buf)
+        else:
+            output = None
+        entries.append(Entry(request, buf, output, Handle(tensor_name)))
+        originals.append(array)
+        dtypes.append(dtype)
+    current.engine.enqueue(entries)
+    _handles[handle_id] = ([e.handle for e in entries], _identity)
+    return handle_id, originals, dtypes
+
+
+def _identity(results: list[Any]) -> Any:
+    return results
+
+
+def _finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
+    handles, _ = _handles[handle_id]
+    _handles[handle_id] = (handles, finish)
+    return handle_id
+
+
+def _restore(result: np.ndarray, dtype: DType, like: Any) -> np.ndarray:
+    """Give a raw result the caller's dtype back (bfloat16 travels as uint16 bits)."""
+    if dtype is DType.BFLOAT16:
+        return result.view(like.dtype)
+    return result
+
+
+def _one(kind: CollectiveKind, array: Any, name: str | None, process_set: ProcessSet,
+         **kw: Any) -> int:
+    handle_id, originals, dtypes = _submit(kind, [array], name, process_set, **kw)
+    like, dtype = originals[0], dtypes[0]
+    return _finish_with(handle_id, lambda results: _restore(results[0], dtype, like))
+
+
+def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process_set: ProcessSet,
+          **kw: Any) -> int:
+    if not arrays:
+        current = job()
+        return _register([], lambda results: [], _next_handle(current))
+    handle_id, originals, dtypes = _submit(kind, list(arrays), name, process_set, grouped=True, **kw)
+    return _finish_with(
+        handle_id,
+        lambda results: [_restore(r, d, o) for r, d, o in zip(results, dtypes, originals)],
+    )
+
+
+def poll(handle: int) -> bool:
+    """Return True when the asynchronous operation behind `handle` has finished.
+
+    Example:
+        >>> h = allreduce_async(np.ones(3))      # doctest: +SKIP
+        >>> while not poll(h): pass              # doctest: +SKIP
+    """
+    if handle not in _handles:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    handles, _ = _handles[handle]
+    return all(h.done() for h in handles)
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind `handle` and return its output (a tuple for alltoall).
+
+    Raises:
+        HorovodInternalError: the collective failed on every rank (mismatch, shutdown, stall).
+    """
+    if handle not in _handles:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    handles, finish = _handles[handle]
+    for h in handles:
+        h.wait()
+    del _handles[handle]
+    for h in handles:
+        if h.error is not None:
+            raise type(h.error)(str(h.error))
+    return finish([h.result for h in handles])
+
+
+# -- allreduce -------------------------------------------------------------------------------------
+
+
+def allreduce_async(tensor: Any, average: Any = None, name: str | None = None, op: Any = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing `tensor` across the set's ranks; return a handle for `synchronize`."""
+    return _one(CollectiveKind.ALLREDUCE, tensor, name, process_set, op=resolve_op(op, average),
+                prescale=prescale_factor, postscale=postscale_factor)
+
+
+def allreduce(tensor: Any, average: Any = None, name: str | None = None, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Reduce `tensor` across the set's ranks and return the result (default op: Average).
+
+    The result is ``postscale_factor * reduce(prescale_factor * tensor)``; Average divides by the
+    set's size.
+
+    Example:
+        >>> import unison as hvd                      # doctest: +SKIP
+        >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
+        array([2., 4.])                               # on 2 ranks
+    """
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                       process_set))
+
+
+def allreduce_async_(tensor: np.ndarray, average: Any = None, name: str | None = None, op: Any = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing `tensor` in place; return a handle."""
+    return _one(CollectiveKind.ALLREDUCE, tensor, name, process_set, op=resolve_op(op, average),
+                prescale=prescale_factor, postscale=postscale_factor, in_place=True)
+
+
+def allreduce_(tensor: np.ndarray, average: Any = None, name: str | None = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Reduce `tensor` in place and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set))
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], average: Any = None, name: str | None = None,
+                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors as one atomic group; return a handle."""
+    return _many(CollectiveKind.ALLREDUCE, tensors, name, process_set, op=resolve_op(op, average),
+                 prescale=prescale_factor, postscale=postscale_factor)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: Any = None, name: str | None = None,
+                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    """Reduce a list of tensors as one group (fused together); return the list of results."""
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set))
+
+
+def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: Any = None, name: str | None = None,
+                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors in place as one group; return a handle."""
+    return _many(CollectiveKind.ALLREDUCE, tensors, name, process_set, op=resolve_op(op, average),
+                 prescale=prescale_factor, postscale=postscale_factor, in_place=True)
+
+
+def grouped_allreduce_(tensors: Sequence[np.ndarray], average: Any = None, name: str | None = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    """Reduce a list of tensors in place as one group; return them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# -- allgather -------------------------------------------------------------------------------------
+
+
+def allgather_async(tensor: Any, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start concatenating every rank's `tensor` along dimension 0; return a handle."""
+    return _one(CollectiveKind.ALLGATHER, tensor, name, process_set)
+
+
+def allgather(tensor: Any, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Concatenate every rank's `tensor` along dimension 0 (first dimensions may differ).
+
+    Example:
+        >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))   # doctest: +SKIP
+    """
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering a list of tensors as one group; return a handle."""
+    return _many(CollectiveKind.ALLGATHER, tensors, name, process_set)
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    """Gather a list of tensors as one group; return the list of results."""
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# -- broadcast -------------------------------------------------------------------------------------
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start copying `root_rank`'s tensor to every rank of the set; return a handle."""
+    return _one(CollectiveKind.BROADCAST, tensor, name, process_set, root_rank=int(root_rank))
+
+
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Return `root_rank`'s `tensor` on every rank (root_rank is a global rank)."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start overwriting `tensor` in place with `root_rank`'s; return a handle."""
+    return _one(CollectiveKind.BROADCAST, tensor, name, process_set, root_rank=int(root_rank),
+                in_place=True)
+
+
+def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Overwrite `tensor` in place with `root_rank`'s and return it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# -- alltoall --------------------------------------------------------------------------------------
+
+
+def _check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:
+    array = np.asarray(tensor)
+    dim0 = array.shape[0] if array.ndim else 0
+    if splits is None:
+        if array.ndim and dim0 % len(members):
+            raise InvalidArgumentError(
+                "splits not provided, but first dimension of tensor is not an even multiple of the "
+                f"number of workers ({dim0} rows, {len(members)} ranks)."
+            )
+        return tensor, ()
+    values = np.asarray(splits)
+    if values.ndim != 1:
+        raise InvalidArgumentError("alltoall expects a 1D splits tensor")
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise InvalidArgumentError(
+            f"alltoall expects splits to contain integer elements. Got dtype {values.dtype}."
+        )
+    if values.size != len(members):
+        raise InvalidArgumentError(
+            f"Number of entries in splits does not equal number of workers ({values.size} != "
+            f"{len(members)})."
+        )
+    if (values < 0).any():
+        raise InvalidArgumentError(f"alltoall splits must be non-negative. Got {values.tolist()}.")
+    total = int(values.sum())
+    if total > dim0:
+        raise InvalidArgumentError(
+            f"Sum of splits entries is greater than the first dimension of tensor ({total} > {dim0})."
+        )
+    if total < dim0:
+        tensor = np.asarray(tensor)[:total]
+    return tensor, tuple(int(v) for v in values)
+
+
+def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; `synchronize` returns (output, received_splits)."""
+    current = job()
+    _, members = _process_set(current, process_set, "Alltoall")
+    tensor, split_tuple = _check_splits(current, tensor, splits, members)
+    handle_id, originals, dtypes = _submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
+                                           splits=split_tuple)
+    like, dtype = originals[0], dtypes[0]
+    return _finish_with(handle_id, lambda results: (_restore(results[0][0], dtype, like), results[0][1]))
+
+
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send dim-0 slices of `tensor` to each rank (per `splits`, default equal) and gather theirs.
+
+    Returns the output, or ``(output, received_splits)`` when `splits` is given.
+    """
+    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+# -- reducescatter ---------------------------------------------------------------------------------
+
+
+def _reducescatter_op(op: Any) -> ReduceOp:
+    resolved = ReduceOp.AVERAGE if op is None else resolve_op(op, None)
+    if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise HorovodInternalError(
+            f"Reducescatter currently only supports AVERAGE and SUM. Got op={resolved.name}."
+        )
+    return resolved
+
+
+def reducescatter_async(tensor: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter; return a handle."""
+    return _one(CollectiveKind.REDUCESCATTER, tensor, name, process_set, op=_reducescatter_op(op),
+                prescale=prescale_factor, postscale=postscale_factor)
+
+
+def reducescatter(tensor: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce `tensor` across ranks and return this rank's dim-0 slice of the result.
+
+    When dim 0 is not divisible by the set size, the first ``dim0 % size`` ranks get one extra row.
+    """
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor))
+
+
+def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
+                                op: Any = ReduceOp.AVERAGE,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of a list of tensors as one group; return a handle."""
+    return _many(CollectiveKind.REDUCESCATTER, tensors, name, process_set, op=_reducescatter_op(op),
+                 prescale=prescale_factor, postscale=postscale_factor)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op: Any = ReduceOp.AVERAGE,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[np.ndarray]:
+    """Reducescatter a list of tensors as one group; return the list of slices."""
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                                   postscale_factor))
+
+
+# -- join and barrier ------------------------------------------------------------------------------
+
+
+def _control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
+             ranks: Sequence[int] = (), target_set: int | None = None) -> Any:
+    current = job()
+    set_id, _ = _process_set(current, process_set, kind.value.capitalize())
+    handle_id = _next_handle(current)
+    request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
+                      ranks=tuple(ranks))
+    entry = Entry(request, None, None, Handle(name))
+    current.engine.enqueue([entry])
+    _register([entry.handle], lambda results: results[0], handle_id)
+    return synchronize(handle_id)
+
+
+def join() -> int:
+    """Declare that this rank has no more data; block until every rank has joined.
+
+    Until then, this rank contributes zeros to the other ranks' allreduces (Average still divides
+    by the full set size, as in Horovod). Returns the rank that joined last, the same on every rank.
+    """
+    return int(_control(CollectiveKind.JOIN, "join.noname"))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of the set has called `barrier`."""
+    _control(CollectiveKind.BARRIER, "barrier.noname", process_set)

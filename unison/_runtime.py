@@ -1,0 +1,360 @@
+"""The job's lifecycle and topology: init, shutdown, rank/size getters, build probes and the timeline switch."""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import importlib.util
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Settings, load_settings, process_environment
+from .coordinator.engine import Engine
+from .errors import ConfigError, InvalidArgumentError, NotInitializedError, UnisonNotImplementedError
+from .process_sets import ProcessSet, global_process_set
+
+__all__ = [
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
+    "init", "is_homogeneous", "is_initialized", "job", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
+    "start_timeline", "stop_timeline",
+]
+
+log = logging.getLogger("unison")
+
+
+@dataclasses.dataclass
+class Job:
+    """Everything `init()` set up; replaced on every init/shutdown cycle."""
+
+    engine: Engine
+    settings: Settings
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
+    process_sets: dict[int, ProcessSet]
+    handle_counter: int = 0
+    names_counter: int = 0
+
+
+_job: Job | None = None
+_init_lock = threading.RLock()
+_atexit_registered = False
+
+
+def job() -> Job:
+    """The running job, or `NotInitializedError`."""
+    current = _job
+    if current is None:
+        raise NotInitializedError()
+    return current
+
+
+def _launcher_size() -> int:
+    env = process_environment()
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        if key in env:
+            try:
+                return int(env[key])
+            except ValueError:
+                continue
+    return 1
+
+
+def _resolve_comm(mpi: Any, comm: Any) -> Any:
+    world = mpi.COMM_WORLD
+    if comm is None:
+        return world
+    if hasattr(comm, "Get_rank"):
+        return comm
+    ranks = sorted(int(r) for r in comm)
+    bad = [r for r in ranks if not 0 <= r < world.Get_size()]
+    if bad or not ranks:
+        raise InvalidArgumentError(
+            f"init(comm=[...]) needs world ranks in range({world.Get_size()}). Got {list(comm)}."
+        )
+    member = world.Get_rank() in ranks
+    sub = world.Split(0 if member else mpi.UNDEFINED, key=world.Get_rank())
+    if not member:
+        raise InvalidArgumentError(
+            f"This process (world rank {world.Get_rank()}) is not in init(comm={ranks}); only the "
+            "listed ranks may call init()."
+        )
+    return sub
+
+
+def _topology(mpi: Any, comm: Any) -> tuple[int, int, int, int, bool]:
+    local = comm.Split_type(mpi.COMM_TYPE_SHARED, key=comm.Get_rank())
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    cross = comm.Split(local_rank, key=comm.Get_rank())
+    cross_rank, cross_size = cross.Get_rank(), cross.Get_size()
+    sizes = comm.allgather(local_size)
+    local.Free()
+    cross.Free()
+    return local_rank, local_size, cross_rank, cross_size, len(set(sizes)) == 1
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
+    """Start this process's part of the job: discover ranks, start the engine thread.
+
+    Repeated calls while initialized do nothing. Settings come from ``UNISON_*`` (or ``HOROVOD_*``)
+    environment variables, read once here.
+
+    Args:
+        comm: None for every process of the launch; a list of world ranks; or an mpi4py communicator.
+        process_sets: process sets to register now (every rank must pass the same list), or
+            ``"dynamic"`` to allow `add_process_set` later.
+
+    Example:
+        >>> import unison as hvd
+        >>> hvd.init()
+        >>> hvd.rank(), hvd.size()
+        (0, 1)
+        >>> hvd.shutdown()
+    """
+    global _job, _atexit_registered
+    with _init_lock:
+        if _job is not None and _job.engine.state == "running":
+            return
+        overrides: dict[str, Any] = {}
+        if process_sets == "dynamic":
+            overrides["dynamic_process_sets"] = True
+            process_sets = None
+        elif isinstance(process_sets, str):
+            raise ConfigError(f"process_sets must be a list of ProcessSet or 'dynamic'. Got {process_sets!r}.")
+        settings = load_settings(**overrides)
+        logging.getLogger("unison").setLevel(
+            {"trace": 5, "fatal": logging.CRITICAL}.get(settings.log_level, settings.log_level.upper())
+        )
+        mpi = None
+        if importlib.util.find_spec("mpi4py") is not None and (
+            comm is not None or _launcher_size() > 1 or mpi_built()
+        ):
+            from .backends.mpi import MpiBackend, import_mpi
+
+            if settings.mpi_threads_disable:
+                import mpi4py
+
+                mpi4py.rc.thread_level = "serialized"
+            mpi = import_mpi()
+            the_comm = _resolve_comm(mpi, comm)
+            launched = _launcher_size()
+            if comm is None and launched > 1 and the_comm.Get_size() == 1:
+                raise ConfigError(
+                    f"The launcher started {launched} processes, but MPI sees each as a job of size 1: "
+                    "the mpiexec used belongs to a different MPI library than the one mpi4py loaded "
+                    f"({mpi.Get_library_version().splitlines()[0].strip()}). Launch with the mpiexec "
+                    "of that library (with the mpich wheel: the mpiexec in the same environment's bin/)."
+                )
+            backend: Any = MpiBackend(the_comm, settings.chunk_bytes)
+            topology = _topology(mpi, the_comm)
+        else:
+            if comm is not None or _launcher_size() > 1:
+                from .backends.mpi import import_mpi
+
+                import_mpi()  # raises MissingDependencyError naming the extra
+            from .backends.loopback import LoopbackBackend
+
+            backend = LoopbackBackend()
+            topology = (0, 1, 0, 1, True)
+        rank, size = backend.rank, backend.size
+        registered = {0: tuple(range(size))}
+        sets: dict[int, ProcessSet] = {0: global_process_set}
+        global_process_set._register(0, list(range(size)), rank)
+        for index, ps in enumerate(process_sets or []):
+            if not isinstance(ps, ProcessSet):
+                raise InvalidArgumentError(
+                    f"process_sets must contain ProcessSet objects. Got {type(ps).__name__} at index {index}."
+                )
+            ranks = _ranks_of(ps, mpi, backend)
+            if tuple(ranks) in registered.values():
+                raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
+            set_id = index + 1
+            backend.add_process_set(set_id, ranks)
+            registered[set_id] = tuple(ranks)
+            ps._register(set_id, ranks, rank)
+            sets[set_id] = ps
+        timeline = None
+        if rank == 0 and settings.timeline and settings.timeline.upper() != "DYNAMIC":
+            from .coordinator.timeline import Timeline
+
+            timeline = Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+        engine = Engine(backend, settings, registered, timeline)
+        engine.start()
+        _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+        log.debug("unison: rank %d/%d initialized with %s", rank, size, backend)
+
+
+def _ranks_of(ps: ProcessSet, mpi: Any, backend: Any) -> list[int]:
+    if ps.mpi_comm is None:
+        assert ps.ranks is not None
+        bad = [r for r in ps.ranks if not 0 <= r < backend.size]
+        if bad or not ps.ranks:
+            raise InvalidArgumentError(
+                f"A process set needs ranks in range(size={backend.size}). Got {ps.ranks}."
+            )
+        return list(ps.ranks)
+    if mpi is None:
+        raise UnisonNotImplementedError("Communicator-based process sets need MPI.")
+    group = ps.mpi_comm.Get_group()
+    world_group = mpi.COMM_WORLD.Get_group()
+    ranks = mpi.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
+    gathered = mpi.COMM_WORLD.allgather(sorted(ranks) if ps.mpi_comm != mpi.COMM_NULL else None)
+    for candidate in gathered:
+        if candidate is not None:
+            return list(candidate)
+    raise InvalidArgumentError("A communicator-based process set has no members.")
+
+
+def shutdown() -> None:
+    """Stop the engine on every rank; pending collectives fail with `ShutdownError`.
+
+    Safe to call more than once, and called automatically at exit.
+    """
+    global _job
+    with _init_lock:
+        current = _job
+        if current is None:
+            return
+        current.engine.shutdown()
+        from ._collectives import _reset_handles
+
+        _reset_handles()
+        for ps in current.process_sets.values():
+            if ps is not global_process_set:
+                ps._invalidate()
+        _job = None
+
+
+def is_initialized() -> bool:
+    """True between `init()` and `shutdown()` (also after the job was stopped by another rank)."""
+    return _job is not None
+
+
+def _get(field: str) -> Any:
+    current = _job
+    if current is None:
+        raise NotInitializedError()
+    return getattr(current, field)
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return int(_get("rank"))
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return int(_get("size"))
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host."""
+    return int(_get("local_rank"))
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return int(_get("local_size"))
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts that have a process with this local rank."""
+    return int(_get("cross_rank"))
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process with this local rank."""
+    return int(_get("cross_size"))
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of processes."""
+    return bool(_get("homogeneous"))
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (user code may call MPI from any thread)."""
+    mpi = _get("mpi")
+    if mpi is None:
+        raise ValueError("MPI is not in use in this job (single process without mpi4py).")
+    return bool(mpi.Query_thread() == mpi.THREAD_MULTIPLE)
+
+
+def mpi_enabled() -> bool:
+    """Whether this job uses MPI."""
+    return _get("mpi") is not None
+
+
+def mpi_built() -> bool:
+    """Whether mpi4py is installed (callable before init; does not initialize MPI)."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def gloo_enabled() -> bool:
+    """Always False: unison has no Gloo backend."""
+    return False
+
+
+def gloo_built() -> bool:
+    """Always False: unison has no Gloo backend."""
+    return False
+
+
+def nccl_built() -> int:
+    """NCCL version code usable through CuPy, or 0 (the GPU data plane is not available yet)."""
+    return 0
+
+
+def ddl_built() -> bool:
+    """Always False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Always False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """Always False until the GPU data plane exists."""
+    return False
+
+
+def rocm_built() -> bool:
+    """Always False."""
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline to `file_path` (rank 0 writes; others do nothing).
+
+    Needs ``UNISON_TIMELINE`` (or ``HOROVOD_TIMELINE``) set at init, e.g. to ``DYNAMIC``.
+    """
+    current = job()
+    if not current.settings.timeline:
+        raise ValueError("Set UNISON_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    if current.rank != 0:
+        return
+    from .coordinator.timeline import Timeline
+
+    current.engine.set_timeline(Timeline(file_path, mark_cycles=mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline and close its file."""
+    current = job()
+    if not current.settings.timeline:
+        raise ValueError("Set UNISON_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
+    if current.rank == 0:
+        current.engine.set_timeline(None)

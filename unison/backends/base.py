@@ -1,0 +1,71 @@
+"""The interface every backend implements: the control-plane exchanges and the data-plane collectives.
+
+Buffers are 1-D, contiguous NumPy arrays; counts are in elements. Reductions receive only SUM, MIN,
+MAX or PRODUCT (Average is Sum plus scaling, done by the executor) and never half-precision buffers.
+Process sets are addressed by id; a backend keeps one communicator per set this rank belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..ops import ReduceOp
+
+__all__ = ["Abandoned", "Backend"]
+
+
+class Abandoned(Exception):
+    """Raised inside the engine thread when a wait was abandoned because the process is giving up."""
+
+
+class Backend(Protocol):
+    """What the engine needs from a transport."""
+
+    name: str
+    rank: int
+    size: int
+
+    def allgather_status(self, row: np.ndarray) -> np.ndarray:
+        """Exchange one uint64 status row per rank; return the (size, len(row)) matrix."""
+
+    def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        """Gather every rank's payload (lengths known to all) to rank 0; others get None."""
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """Broadcast rank 0's payload to every rank."""
+
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+        """Reduce `buf` in place across the set's members."""
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                   process_set_id: int) -> None:
+        """Concatenate each member's `send` (counts[i] elements from set rank i) into `recv`."""
+
+    def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        """Overwrite `buf` on every member with set rank `root`'s."""
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], process_set_id: int) -> None:
+        """Send send_counts[i] elements to set rank i and receive recv_counts[i] from it."""
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      op: ReduceOp, process_set_id: int) -> None:
+        """Reduce `send` across members and leave set rank i's recv_counts[i] elements in `recv`."""
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        """Create the set's communicator; collective over every rank of the job."""
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        """Free the set's communicator (local)."""
+
+    def abandon(self) -> None:
+        """Make any current or future control-plane wait raise `Abandoned`."""
+
+    def close(self) -> None:
+        """Release communicators."""
+
+    def statistics(self) -> dict[str, float]:
+        """Counters: calls, bytes, seconds spent waiting for peers."""

@@ -1,0 +1,201 @@
+"""The MPI backend (mpi4py): control-plane exchanges that wait without spinning, and chunked data-plane calls.
+
+Waiting for peers uses nonblocking requests polled briefly with ``sched_yield`` and then with sleeps
+that back off to 1 ms: MPICH's blocking calls busy-poll a core for as long as a peer is late, while
+``time.sleep`` costs about 90 us here, too slow for the common case where the peer is microseconds
+away. Data-plane calls are made only once negotiation has shown every member is ready, so they are
+blocking (fastest) and split into chunks: a 64 MiB buffer reduced in place as 4 MiB chunks ran 2.5x
+faster than one call on these machines (cache effects).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import MissingDependencyError
+from ..ops import ReduceOp
+from .base import Abandoned
+
+__all__ = ["MpiBackend", "import_mpi"]
+
+_SPIN_SECONDS = 100e-6
+_FIRST_SLEEP_SECONDS = 50e-6
+_MAX_SLEEP_SECONDS = 1e-3
+
+
+def import_mpi() -> Any:
+    """Import mpi4py's MPI module (initializing MPI), or explain how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
+        raise MissingDependencyError(
+            "unison needs mpi4py to run more than one process. Install it with "
+            "`pip install 'unison[mpi]'` (brings mpi4py and the mpich wheel with mpiexec)."
+        ) from exc
+    return MPI
+
+
+class MpiBackend:
+    """Control and data plane over an mpi4py communicator (duplicated, so user traffic never mixes in)."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any, chunk_bytes: int) -> None:
+        self._mpi = import_mpi()
+        self._control = comm.Dup()
+        self._comms: dict[int, Any] = {0: comm.Dup()}
+        self.rank = self._control.Get_rank()
+        self.size = self._control.Get_size()
+        self.chunk_bytes = chunk_bytes
+        self._abandoned = False
+        self._ops = {
+            ReduceOp.SUM: self._mpi.SUM,
+            ReduceOp.MIN: self._mpi.MIN,
+            ReduceOp.MAX: self._mpi.MAX,
+            ReduceOp.PRODUCT: self._mpi.PROD,
+        }
+        self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
+
+    def __repr__(self) -> str:
+        return f"<MpiBackend rank={self.rank} size={self.size} sets={sorted(self._comms)}>"
+
+    def statistics(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    # -- control plane -----------------------------------------------------------------------------
+
+    def _wait(self, request: Any) -> None:
+        if request.Test():
+            return
+        start = time.perf_counter()
+        deadline = start + _SPIN_SECONDS
+        while time.perf_counter() < deadline:
+            if request.Test():
+                self._stats["wait_seconds"] += time.perf_counter() - start
+                return
+            os.sched_yield()
+        delay = _FIRST_SLEEP_SECONDS
+        while not request.Test():
+            if self._abandoned:
+                raise Abandoned()
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+        self._stats["wait_seconds"] += time.perf_counter() - start
+
+    def allgather_status(self, row: np.ndarray) -> np.ndarray:
+        self._stats["control_calls"] += 1
+        out = np.empty((self.size, row.size), dtype=row.dtype)
+        self._wait(self._control.Iallgather(row, out))
+        return out
+
+    def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        self._stats["control_calls"] += 1
+        send = np.frombuffer(payload, dtype=np.uint8)
+        byte = self._mpi.BYTE
+        if self.rank != 0:
+            self._wait(self._control.Igatherv([send, byte], None, root=0))
+            return None
+        counts = [int(n) for n in lengths]
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
+        recv = np.empty(sum(counts), dtype=np.uint8)
+        self._wait(self._control.Igatherv([send, byte], [recv, (counts, displs), byte], root=0))
+        return [recv[d : d + n].tobytes() for d, n in zip(displs, counts)]
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        self._stats["control_calls"] += 1
+        length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
+        self._wait(self._control.Ibcast(length, root=0))
+        if self.rank == 0:
+            buf = np.frombuffer(payload or b"", dtype=np.uint8).copy()
+        else:
+            buf = np.empty(int(length[0]), dtype=np.uint8)
+        self._wait(self._control.Ibcast([buf, self._mpi.BYTE], root=0))
+        return buf.tobytes()
+
+    def abandon(self) -> None:
+        self._abandoned = True
+
+    # -- data plane --------------------------------------------------------------------------------
+
+    def _chunk_elements(self, buf: np.ndarray) -> int:
+        if self.chunk_bytes <= 0:
+            return max(buf.size, 1)
+        return max(self.chunk_bytes // max(buf.itemsize, 1), 1)
+
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+        mpi_op = self._ops[op]
+        step = self._chunk_elements(buf)
+        in_place = self._mpi.IN_PLACE
+        for start in range(0, buf.size, step):
+            comm.Allreduce(in_place, buf[start : start + step], op=mpi_op)
+            self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += buf.nbytes
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                   process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+        counts = [int(c) for c in counts]
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
+        comm.Allgatherv(send, [recv, (counts, displs)])
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += recv.nbytes
+
+    def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+        step = self._chunk_elements(buf)
+        for start in range(0, buf.size, step):
+            comm.Bcast(buf[start : start + step], root=root)
+            self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += buf.nbytes
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+
+        def layout(counts: Sequence[int]) -> tuple[list[int], list[int]]:
+            ints = [int(c) for c in counts]
+            return ints, np.concatenate(([0], np.cumsum(ints)[:-1])).astype(int).tolist()
+
+        comm.Alltoallv([send, layout(send_counts)], [recv, layout(recv_counts)])
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += send.nbytes
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      op: ReduceOp, process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+        comm.Reduce_scatter(send, recv, [int(c) for c in recv_counts], op=self._ops[op])
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += send.nbytes
+
+    # -- process sets ------------------------------------------------------------------------------
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        world = self._comms[0]
+        member = world.Get_rank() in ranks
+        color = 0 if member else self._mpi.UNDEFINED
+        comm = world.Split(color, key=world.Get_rank())
+        if member:
+            self._comms[process_set_id] = comm
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        comm = self._comms.pop(process_set_id, None)
+        if comm is not None and process_set_id != 0:
+            comm.Free()
+
+    def close(self) -> None:
+        for set_id in list(self._comms):
+            comm = self._comms.pop(set_id)
+            try:
+                comm.Free()
+            except Exception:  # noqa: BLE001 - freeing during interpreter exit may fail harmlessly
+                pass
+        try:
+            self._control.Free()
+        except Exception:  # noqa: BLE001
+            pass

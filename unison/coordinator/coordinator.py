@@ -1,0 +1,373 @@
+"""The rank-0 Coordinator: decides from gathered requests which collectives every rank runs, in what order.
+
+Pure logic, no I/O: `Coordinator.handle` takes each rank's request list for one cycle and returns the
+ordered response list that the engine broadcasts. It remembers requests across cycles (so ranks may
+submit in different orders), validates that ranks agree on each collective before it runs, and turns
+disagreement into an error response naming the ranks grouped by value, never a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ..ops import CollectiveKind
+from .messages import Request, Response, ResponseKind
+
+__all__ = ["Coordinator", "reducescatter_rows"]
+
+_WORLD_KINDS = frozenset(
+    {CollectiveKind.ADD_PROCESS_SET, CollectiveKind.REMOVE_PROCESS_SET}
+)
+_NOT_WITH_JOIN = {
+    CollectiveKind.ALLGATHER: "Allgather is not supported with Join at this time. "
+    "Specify sparse_as_dense=True if using DistributedOptimizer.",
+    CollectiveKind.ALLTOALL: "Alltoall is not supported with Join at this time.",
+    CollectiveKind.BROADCAST: "Broadcast is not supported with Join at this time.",
+    CollectiveKind.REDUCESCATTER: "Reducescatter is not supported with Join at this time.",
+}
+_DIM0_MAY_DIFFER = frozenset({CollectiveKind.ALLGATHER, CollectiveKind.ALLTOALL})
+_NEEDS_DIMENSION = frozenset(
+    {CollectiveKind.ALLGATHER, CollectiveKind.ALLTOALL, CollectiveKind.REDUCESCATTER}
+)
+_FIX_HINT = " Every rank must submit the same collective with the same attributes under one name."
+
+
+def reducescatter_rows(dim0: int, size: int) -> list[int]:
+    """Rows each set rank receives from a reducescatter: the first ``dim0 % size`` get one extra.
+
+    Example:
+        >>> reducescatter_rows(5, 3)
+        [2, 2, 1]
+    """
+    base, extra = divmod(dim0, size)
+    return [base + (1 if i < extra else 0) for i in range(size)]
+
+
+def _fmt_ranks(ranks: Iterable[int]) -> str:
+    ranks = sorted(ranks)
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks}"
+
+
+def _group_by_value(requests: Sequence[Request], value: Callable[[Request], str]) -> str:
+    """Render 'A on ranks [0, 1]; B on rank [2]' with groups ordered by their lowest rank."""
+    groups: dict[str, list[int]] = {}
+    for request in sorted(requests, key=lambda r: r.rank):
+        groups.setdefault(value(request), []).append(request.rank)
+    return "; ".join(f"{val} on {_fmt_ranks(ranks)}" for val, ranks in groups.items())
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _factor_text(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Requests received so far for one name, in arrival order."""
+
+    requests: dict[int, Request]
+    first_seen: float
+    ready: bool = False
+
+
+class Coordinator:
+    """Negotiates collectives for one job; lives on global rank 0 and is fed plain data.
+
+    Example:
+        >>> from unison.dtypes import DType
+        >>> c = Coordinator(size=2)
+        >>> a = Request("x", CollectiveKind.ALLREDUCE, 0, DType.FLOAT32, (4,))
+        >>> b = dataclasses.replace(a, rank=1)
+        >>> [r.names for r in c.handle([[a], []], now=0.0)]
+        []
+        >>> [r.names for r in c.handle([[], [b]], now=0.1)]
+        [('x',)]
+    """
+
+    def __init__(self, size: int, process_sets: Mapping[int, Sequence[int]] | None = None) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1. Got size={size}.")
+        self.size = size
+        self._sets: dict[int, tuple[int, ...]] = {0: tuple(range(size))}
+        for set_id, ranks in (process_sets or {}).items():
+            self._sets[set_id] = tuple(sorted(ranks))
+        self._next_set_id = max(self._sets) + 1
+        self._table: dict[str, _Pending] = {}
+        self._joined: set[int] = set()
+        self._last_joined = -1
+        self._groups: dict[str, set[str]] = {}
+        self._stats = {"cycles": 0, "requests": 0, "responses": 0, "errors": 0}
+
+    def __repr__(self) -> str:
+        return (
+            f"<Coordinator size={self.size} pending={len(self._table)} "
+            f"joined={sorted(self._joined)} process_sets={sorted(self._sets)}>"
+        )
+
+    @property
+    def process_sets(self) -> dict[int, tuple[int, ...]]:
+        """Registered process sets: id -> sorted global ranks."""
+        return dict(self._sets)
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: cycles handled, requests received, responses and error responses made."""
+        return dict(self._stats, pending=len(self._table), joined=len(self._joined))
+
+    def pending(self) -> dict[str, tuple[frozenset[int], frozenset[int], float]]:
+        """Names some ranks submitted and others not yet: name -> (submitted, expected, first seen)."""
+        out = {}
+        for name, entry in self._table.items():
+            first = next(iter(entry.requests.values()))
+            expected = self._expected(first)
+            out[name] = (frozenset(entry.requests), frozenset(expected), entry.first_seen)
+        return out
+
+    def abort(self, message: str) -> list[Response]:
+        """Return the response list that stops the job on every rank with `message`."""
+        self._stats["responses"] += 1
+        return [Response(ResponseKind.ABORT, (), message=message)]
+
+    def handle(self, request_lists: Sequence[Sequence[Request]], now: float) -> list[Response]:
+        """Take one cycle's request list from each global rank; return the responses, in order.
+
+        Args:
+            request_lists: index r holds what rank r sent this cycle (rank 0's own list first).
+            now: a monotonic timestamp, used to remember when a name was first requested.
+
+        Returns:
+            Responses to execute on every rank in this order: ready collectives (ordered by when they
+            became ready), error responses for those whose ranks disagreed, then a join response when
+            every rank has joined, and a shutdown response if any rank asked to stop.
+        """
+        self._stats["cycles"] += 1
+        out: list[Response] = []
+        shutdown_ranks: list[int] = []
+        for rank, requests in enumerate(request_lists):
+            for request in requests:
+                self._stats["requests"] += 1
+                if request.kind is CollectiveKind.SHUTDOWN:
+                    shutdown_ranks.append(rank)
+                elif request.kind is CollectiveKind.JOIN:
+                    self._joined.add(rank)
+                    self._last_joined = rank
+                else:
+                    self._add(request, now, out)
+        if self._joined:
+            # Joining can complete tensors that were only waiting for the joined ranks.
+            for name, entry in list(self._table.items()):
+                if not entry.ready and self._is_ready(entry):
+                    self._mark_ready(name, entry, out)
+        if len(self._joined) == self.size:
+            out.append(Response(CollectiveKind.JOIN.value, ("join",), last_joined=self._last_joined))
+            self._joined.clear()
+        if shutdown_ranks:
+            out.append(
+                Response(CollectiveKind.SHUTDOWN.value, (), ranks=tuple(sorted(set(shutdown_ranks))))
+            )
+        self._stats["responses"] += len(out)
+        return out
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def _expected(self, request: Request) -> tuple[int, ...]:
+        if request.kind in _WORLD_KINDS:
+            return self._sets[0]
+        members = self._sets.get(request.process_set_id, ())
+        return tuple(r for r in members if r not in self._joined)
+
+    def _is_ready(self, entry: _Pending) -> bool:
+        first = next(iter(entry.requests.values()))
+        expected = self._expected(first)
+        return bool(expected) and all(r in entry.requests for r in expected)
+
+    def _add(self, request: Request, now: float, out: list[Response]) -> None:
+        entry = self._table.get(request.name)
+        if entry is None:
+            entry = self._table[request.name] = _Pending({}, now)
+        if request.rank in entry.requests:
+            out.append(self._error(
+                (request.name,),
+                f"Rank {request.rank} submitted {request.kind.value} '{request.name}' twice before it "
+                "completed. Use a different name for each tensor in flight.",
+            ))
+            return
+        entry.requests[request.rank] = request
+        if self._is_ready(entry):
+            self._mark_ready(request.name, entry, out)
+
+    def _mark_ready(self, name: str, entry: _Pending, out: list[Response]) -> None:
+        entry.ready = True
+        first = next(iter(entry.requests.values()))
+        if not first.group:
+            del self._table[name]
+            out.append(self._respond(name, list(entry.requests.values())))
+            return
+        members = self._groups.setdefault(first.group, set())
+        members.add(name)
+        if len(members) < first.group_size:
+            return
+        # The whole group is ready: respond for all its members together, in name order.
+        del self._groups[first.group]
+        for member in sorted(members, key=_group_index):
+            out.append(self._respond(member, list(self._table.pop(member).requests.values())))
+
+    def _error(self, names: tuple[str, ...], message: str) -> Response:
+        self._stats["errors"] += 1
+        return Response(ResponseKind.ERROR, names, message=message)
+
+    # -- agreement checks --------------------------------------------------------------------------
+
+    def _respond(self, name: str, requests: list[Request]) -> Response:
+        """Check that every rank agrees on `name`; return its response or an error response."""
+        requests.sort(key=lambda r: r.rank)
+        first = requests[0]
+        kind = first.kind
+        problem = self._disagreement(name, requests)
+        if problem:
+            return self._error((name,), problem + _FIX_HINT)
+        if kind in _NOT_WITH_JOIN and self._joined:
+            return self._error(
+                (name,), f"{_NOT_WITH_JOIN[kind]} Joined {_fmt_ranks(self._joined)}."
+            )
+        if kind is CollectiveKind.ADD_PROCESS_SET:
+            return self._add_process_set(name, first)
+        if kind is CollectiveKind.REMOVE_PROCESS_SET:
+            self._sets.pop(first.process_set_id, None)
+            return Response(kind.value, (name,), process_set_id=first.process_set_id)
+        members = self._sets[first.process_set_id]
+        sizes: tuple[Any, ...] = ()
+        by_rank = {r.rank: r for r in requests}
+        if kind is CollectiveKind.ALLGATHER:
+            sizes = (tuple(by_rank[r].shape[0] if r in by_rank else 0 for r in members),)
+        elif kind is CollectiveKind.ALLTOALL:
+            sizes = (tuple(_splits_of(by_rank[r], len(members)) for r in members),)
+        return Response(
+            kind.value, (name,), first.dtype, (first.shape,), first.reduce_op, first.root_rank,
+            first.prescale, first.postscale, first.process_set_id, first.device, sizes,
+            group=first.group,
+        )
+
+    def _disagreement(self, name: str, requests: list[Request]) -> str:
+        first = requests[0]
+        kind = first.kind
+
+        def differs(value: Callable[[Request], object]) -> bool:
+            return any(value(r) != value(first) for r in requests[1:])
+
+        label = f"{kind.value} '{name}'"
+        if differs(lambda r: r.kind):
+            return f"Mismatched operations for '{name}': " + _group_by_value(
+                requests, lambda r: r.kind.upper
+            ) + "."
+        if differs(lambda r: r.process_set_id):
+            return f"Mismatched process sets for {label}: " + _group_by_value(
+                requests, lambda r: f"process set {r.process_set_id}"
+            ) + "."
+        if kind in _WORLD_KINDS:
+            if differs(lambda r: r.ranks):
+                return f"Mismatched process set ranks for {label}: " + _group_by_value(
+                    requests, lambda r: str(list(r.ranks))
+                ) + "."
+            return ""
+        if kind in (CollectiveKind.BARRIER,):
+            return ""
+        if differs(lambda r: r.dtype):
+            return f"Mismatched data types for {label}: " + _group_by_value(
+                requests, lambda r: r.dtype.value
+            ) + "."
+        if kind in _NEEDS_DIMENSION:
+            scalars = [r for r in requests if not r.shape]
+            if scalars:
+                return (
+                    f"{kind.upper} of '{name}' needs a tensor with at least one dimension; "
+                    f"{_fmt_ranks(r.rank for r in scalars)} sent a scalar (shape [])."
+                )
+        if kind in _DIM0_MAY_DIFFER:
+            if differs(lambda r: len(r.shape)):
+                return f"Mismatched {kind.upper} tensor shapes for '{name}': " + _group_by_value(
+                    requests, lambda r: f"a tensor of rank {len(r.shape)} {_shape_text(r.shape)}"
+                ) + "."
+            if differs(lambda r: r.shape[1:]):
+                return (
+                    f"Mismatched {kind.upper} tensor shapes for '{name}': dimensions after the first "
+                    "must match: " + _group_by_value(
+                        requests, lambda r: "[?" + "".join(f", {d}" for d in r.shape[1:]) + "]"
+                    ) + "."
+                )
+        elif differs(lambda r: r.shape):
+            return f"Mismatched {kind.upper} tensor shapes for '{name}': " + _group_by_value(
+                requests, lambda r: _shape_text(r.shape)
+            ) + "."
+        if differs(lambda r: (r.prescale, r.postscale)):
+            return f"Mismatched prescale and/or postscale factors for {label}: " + _group_by_value(
+                requests, lambda r: f"({_factor_text(r.prescale)}, {_factor_text(r.postscale)})"
+            ) + "."
+        if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.REDUCESCATTER) and differs(
+            lambda r: r.reduce_op
+        ):
+            return f"Mismatched reduction operation for {label}: " + _group_by_value(
+                requests, lambda r: r.reduce_op.name
+            ) + "."
+        if kind is CollectiveKind.BROADCAST and differs(lambda r: r.root_rank):
+            return f"Mismatched BROADCAST root ranks for '{name}': " + _group_by_value(
+                requests, lambda r: f"root rank {r.root_rank}"
+            ) + "."
+        if differs(lambda r: r.device):
+            return f"Mismatched {kind.upper} CPU/GPU device selection for '{name}': " + _group_by_value(
+                requests, lambda r: "GPU" if r.device != "cpu" else "CPU"
+            ) + "."
+        if differs(lambda r: (r.group, r.group_size)):
+            return f"Mismatched groups for {label}: " + _group_by_value(
+                requests, lambda r: f"group '{r.group}' of {r.group_size}"
+            ) + "."
+        if kind is CollectiveKind.ALLTOALL:
+            dim0 = {r.rank: r.shape[0] for r in requests}
+            members = self._sets[first.process_set_id]
+            for r in requests:
+                splits = _splits_of(r, len(members))
+                if sum(splits) != dim0[r.rank]:
+                    return (
+                        f"alltoall '{name}': splits on rank {r.rank} sum to {sum(splits)} but its "
+                        f"tensor has {dim0[r.rank]} rows; the splits must cover the first dimension."
+                    )
+        return ""
+
+    def _add_process_set(self, name: str, first: Request) -> Response:
+        ranks = tuple(sorted(first.ranks))
+        for set_id, existing in self._sets.items():
+            if existing == ranks:
+                return self._error(
+                    (name,),
+                    f"Attempted to add a duplicate process set: ranks {list(ranks)} are already "
+                    f"registered as process set {set_id}.",
+                )
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad or not ranks:
+            return self._error(
+                (name,), f"A process set needs ranks in range(size={self.size}). Got {list(ranks)}."
+            )
+        set_id = self._next_set_id
+        self._next_set_id += 1
+        self._sets[set_id] = ranks
+        return Response(CollectiveKind.ADD_PROCESS_SET.value, (name,), process_set_id=set_id,
+                        ranks=ranks)
+
+
+def _group_index(name: str) -> tuple[int, str]:
+    """Sort key for grouped member names ending in '_<i>of<N>'."""
+    head, _, tail = name.rpartition("_")
+    index, _, _ = tail.partition("of")
+    return (int(index), head) if index.isdigit() else (0, name)
+
+
+def _splits_of(request: Request, set_size: int) -> tuple[int, ...]:
+    if request.splits:
+        return tuple(request.splits)
+    dim0 = request.shape[0] if request.shape else 0
+    return tuple([dim0 // set_size] * set_size)
+

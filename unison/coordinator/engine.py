@@ -1,0 +1,542 @@
+"""The engine: one background thread per process that negotiates and executes every collective.
+
+Framework threads call `Engine.enqueue` (returns at once); the engine thread wakes on enqueue, runs one
+cycle (status exchange, then the slow path only if some rank has uncached work), executes the agreed
+responses in the agreed order, and completes the handles. See `unison.coordinator` for the cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import Settings
+from ..errors import (
+    AbortedError,
+    DuplicateNameError,
+    HorovodInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
+from ..ops import CollectiveKind
+from ..backends.base import Abandoned
+from .cache import CacheState, ResponseCache
+from .coordinator import Coordinator
+from .executor import Entry, Executor
+from .fusion import FusionPolicy, plan_fusion
+from .messages import Request, Response, ResponseKind, decode_requests, decode_responses
+from .messages import encode_requests, encode_responses
+from .stall import StallInspector
+
+__all__ = ["Engine"]
+
+log = logging.getLogger(__name__)
+
+# Status-row flag bits (column 0 of the exchanged matrix).
+_FLAG_JOINED = 1
+_FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown): force the slow path
+_HEADER = 2  # flags, payload length
+_MAX_BACKOFF_SECONDS = 1e-3
+_STALL_PERIOD_SECONDS = 1.0
+_CACHEABLE = CollectiveKind.ALLREDUCE.value
+
+
+def _bits(mask: int) -> list[int]:
+    """Set bit positions of a non-negative int, ascending."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def _to_words(mask: int, words: int) -> np.ndarray:
+    return np.frombuffer(mask.to_bytes(words * 8, "little"), dtype="<u8")
+
+
+def _from_words(words: np.ndarray) -> int:
+    return int.from_bytes(np.ascontiguousarray(words, dtype="<u8").tobytes(), "little")
+
+
+class Engine:
+    """Owns the communication thread of one process.
+
+    Args:
+        backend: transport for control and data (see `unison.backends.base.Backend`).
+        settings: the job's settings.
+        process_sets: id -> sorted global ranks, registered identically on every rank.
+        timeline: a `Timeline` on rank 0, or None.
+    """
+
+    def __init__(self, backend: Any, settings: Settings,
+                 process_sets: dict[int, tuple[int, ...]] | None = None,
+                 timeline: Any = None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.rank: int = backend.rank
+        self.size: int = backend.size
+        self.process_sets: dict[int, tuple[int, ...]] = dict(process_sets or {0: tuple(range(self.size))})
+        self.cache = ResponseCache(settings.cache_capacity)
+        self.executor = Executor(backend, self.rank, self.process_sets)
+        self.coordinator = Coordinator(self.size, self.process_sets) if self.rank == 0 else None
+        self.stall = None
+        if self.rank == 0 and not settings.stall_check_disable:
+            self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
+        self.policy = FusionPolicy(settings.fusion_threshold_bytes,
+                                   group_only=settings.disable_group_fusion)
+        self.timeline = None
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._queue: list[list[Entry]] = []
+        self._in_flight: set[str] = set()  # names submitted and not yet completed (this rank)
+        self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
+        self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
+        self._shutdown_requested = False
+        self._shutdown_sent = False
+        self._news: str = ""  # rank 0: a stall report to broadcast as a job stop
+        self._joined = False
+        self._invalid = 0  # slots this rank found stale this cycle
+        self._negotiating: set[str] = set()  # rank 0 timeline: names in negotiation
+        self._progress = False
+        self._backoff = 50e-6
+        self._last_stall_check = 0.0
+        self._foreign_version = -1
+        self._foreign_mask = 0
+        self._stop_error: BaseException | None = None
+        self._state = "created"
+        self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
+                                        daemon=True)
+        if timeline is not None:
+            self.set_timeline(timeline)
+        self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "cache_hits_executed": 0,
+                       "responses": 0, "errors": 0}
+
+    def __repr__(self) -> str:
+        return (f"<Engine rank={self.rank}/{self.size} state={self._state} pending={len(self._pending)} "
+                f"cache={len(self.cache)}>")
+
+    # -- public, called from framework threads ------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """Lifecycle state: created, running, stopped."""
+        return self._state
+
+    def start(self) -> None:
+        """Start the communication thread."""
+        self._state = "running"
+        self._thread.start()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters of the engine and of its cache, executor, backend and coordinator."""
+        out: dict[str, Any] = dict(self._stats)
+        out["cache"] = self.cache.statistics()
+        out["executor"] = self.executor.statistics()
+        out["backend"] = self.backend.statistics()
+        if self.coordinator is not None:
+            out["coordinator"] = self.coordinator.statistics()
+        return out
+
+    def enqueue(self, entries: Sequence[Entry]) -> None:
+        """Submit entries as one atomic group (one entry for an ordinary op).
+
+        Raises:
+            DuplicateNameError: a name is already in flight on this rank.
+            ShutdownError: the job has stopped.
+        """
+        group = list(entries)
+        if len(group) > 1:
+            for entry in group:
+                entry.group = group
+        with self._lock:
+            if self._state != "running":
+                raise self._stopped_error()
+            for entry in group:
+                name = entry.request.name
+                if name in self._in_flight or sum(e.request.name == name for e in group) > 1:
+                    raise DuplicateNameError(
+                        f"Requested to {entry.request.kind.value} a tensor named '{name}' while "
+                        "another tensor with that name is still being processed on this rank. "
+                        "Use a different name for each tensor in flight."
+                    )
+            for entry in group:
+                self._in_flight.add(entry.request.name)
+            self._queue.append(group)
+        self._event.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Ask every rank to stop, wait for this rank's thread, and fail what is still pending."""
+        with self._lock:
+            if self._state == "created":
+                self._state = "stopped"
+                return
+            self._shutdown_requested = True
+        self._event.set()
+        if threading.current_thread() is self._thread:
+            return
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("unison: rank %d: peers did not answer shutdown within %.0f s; leaving them.",
+                        self.rank, timeout)
+            self.backend.abandon()
+            self._thread.join(2.0)
+
+    def _stopped_error(self) -> BaseException:
+        if self._stop_error is not None:
+            return type(self._stop_error)(str(self._stop_error))
+        return ShutdownError("unison has been shut down; no more collectives can run in this job.")
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._state == "running":
+                self._wait_for_work()
+                self._cycle()
+        except Abandoned:
+            self._stop(ShutdownError("unison was shut down while peers did not respond."))
+        except BaseException as exc:  # noqa: BLE001 - the thread must fail every waiter, not die silently
+            log.exception("unison: rank %d: engine failed", self.rank)
+            self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
+        finally:
+            self._stop(ShutdownError("unison has been shut down; no more collectives can run."))
+            try:
+                if self.timeline is not None:
+                    self.timeline.close()
+            finally:
+                self.backend.close()
+
+    def _wait_for_work(self) -> None:
+        with self._lock:
+            ready = bool(self._queue) or (self._shutdown_requested and not self._shutdown_sent)
+        if ready or self._news or self._unsent:
+            self._backoff = 50e-6
+            return
+        if self._pending:
+            if self._progress:
+                self._backoff = 50e-6
+                return
+            # Pending work that made no progress: everyone may be waiting on someone's compute.
+            self._event.wait(self._backoff)
+            self._backoff = min(self._backoff * 2, _MAX_BACKOFF_SECONDS)
+        else:
+            self._event.wait(self.settings.idle_cycle_seconds)
+        self._event.clear()
+
+    def _admit(self, group: list[Entry]) -> None:
+        """Classify newly drained entries against the cache."""
+        capacity = self.settings.cache_capacity
+        slots: list[int] = []
+        any_miss = False
+        for entry in group:
+            self._pending[entry.request.name] = entry
+            if entry.request.kind is CollectiveKind.JOIN:
+                self._joined = True
+            if capacity <= 0 or entry.request.kind.value != _CACHEABLE:
+                slots.append(-1)
+                any_miss = True
+                continue
+            state, slot = self.cache.lookup(entry.request)
+            if state is CacheState.HIT:
+                slots.append(slot)
+            else:
+                if state is CacheState.INVALID:
+                    self._invalid |= 1 << slot
+                slots.append(-1)
+                any_miss = True
+        for entry, slot in zip(group, slots):
+            # A group is all cached or all negotiated, so it can only ever run whole.
+            entry.slot = -1 if any_miss else slot
+            if entry.slot < 0:
+                self._unsent.append(entry)
+
+    def _foreign(self) -> int:
+        """Cache slots of process sets this rank is not in (it votes for them, never blocks them)."""
+        if self._foreign_version != self.cache.version:
+            mask = 0
+            for slot in self.cache.slots():
+                members = self.process_sets.get(self.cache.peek(slot).process_set_id, ())
+                if self.rank not in members:
+                    mask |= 1 << slot
+            self._foreign_mask = mask
+            self._foreign_version = self.cache.version
+        return self._foreign_mask
+
+    def _revalidate(self) -> None:
+        """After the cache changed, send through negotiation any pending hit whose slot is gone."""
+        lost: list[Entry] = []
+        for entry in self._pending.values():
+            if entry.slot >= 0 and self.cache.slot_of(entry.request.name) != entry.slot:
+                lost.extend(entry.group or [entry])
+        for entry in lost:
+            if entry.slot >= 0:
+                entry.slot = -1
+                self._unsent.append(entry)
+
+    def _cycle(self) -> None:
+        self._stats["cycles"] += 1
+        now = time.monotonic()
+        if self.timeline is not None:
+            self.timeline.mark_cycle()
+        with self._lock:
+            new_groups, self._queue = self._queue, []
+            send_shutdown = self._shutdown_requested and not self._shutdown_sent
+            self._shutdown_sent = self._shutdown_sent or send_shutdown
+        self._invalid = 0
+        for group in new_groups:
+            self._admit(group)
+        progress = bool(new_groups)
+
+        # 1. Status exchange: flags, payload length, cache votes, invalidated slots.
+        unsent = self._unsent
+        self._unsent = []
+        requests = [e.request for e in unsent]
+        if send_shutdown:
+            requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank))
+        payload = encode_requests(requests) if requests else b""
+        words = (self.cache.num_slots + 63) // 64
+        hits = 0
+        if self._joined:
+            hits = (1 << self.cache.num_slots) - 1
+        else:
+            for entry in self._pending.values():
+                if entry.slot >= 0:
+                    hits |= 1 << entry.slot
+            hits |= self._foreign()
+        flags = (_FLAG_JOINED if self._joined else 0) | (_FLAG_NEWS if self._news else 0)
+        row = np.empty(_HEADER + 2 * words, dtype=np.uint64)
+        row[0], row[1] = flags, len(payload)
+        if words:
+            row[_HEADER : _HEADER + words] = _to_words(hits, words)
+            row[_HEADER + words :] = _to_words(self._invalid, words)
+        matrix = self.backend.allgather_status(row)
+
+        # 2. Fast path: slots every rank voted for run without asking the coordinator.
+        common = invalid = 0
+        if words:
+            votes = matrix[:, _HEADER : _HEADER + words]
+            common = _from_words(np.bitwise_and.reduce(votes, axis=0))
+            # Joined ranks vote for every slot; a slot also needs one real submitter to run.
+            real = votes[(matrix[:, 0] & _FLAG_JOINED) == 0]
+            common &= _from_words(np.bitwise_or.reduce(real, axis=0)) if len(real) else 0
+            invalid = _from_words(np.bitwise_or.reduce(matrix[:, _HEADER + words :], axis=0))
+        cached: list[Response] = [self.cache.get(slot) for slot in _bits(common & ~invalid)]
+        if cached:
+            self._stats["cache_hits_executed"] += len(cached)
+        if invalid:
+            self.cache.erase(_bits(invalid))
+            self._revalidate()
+        if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
+            self._last_stall_check = now
+            self._check_stall(now, matrix, words, common)
+
+        # 3. Slow path, only when some rank has requests the cache could not answer.
+        fresh: list[Response] = []
+        if matrix[:, 1].any() or (matrix[:, 0] & _FLAG_NEWS).any():
+            self._stats["slow_cycles"] += 1
+            gathered = self.backend.gather_bytes(payload, matrix[:, 1].tolist())
+            data: bytes | None = None
+            if self.coordinator is not None:
+                assert gathered is not None
+                lists = [decode_requests(b) if b else [] for b in gathered]
+                if self._news:
+                    responses = [Response(ResponseKind.STALL, (), message=self._news)]
+                    self._news = ""
+                else:
+                    responses = self.coordinator.handle(lists, now)
+                self._timeline_negotiation(lists, responses)
+                data = encode_responses(responses)
+            fresh = decode_responses(self.backend.broadcast_bytes(data))
+            if self.settings.cache_capacity > 0:
+                changed = False
+                for response in fresh:
+                    if response.kind == _CACHEABLE and len(response.names) == 1:
+                        self.cache.put(response)
+                        changed = True
+                if changed:
+                    self._revalidate()
+        else:
+            self._stats["fast_cycles"] += 1
+
+        # 4. Execute, in the same order on every rank.
+        executed = 0
+        for response in plan_fusion(cached + fresh, self.policy):
+            executed += 1
+            if not self._execute(response):
+                break
+        self._progress = progress or executed > 0
+
+    # -- execution ----------------------------------------------------------------------------------
+
+    def _take(self, name: str) -> Entry | None:
+        entry = self._pending.pop(name, None)
+        if entry is not None:
+            with self._lock:
+                self._in_flight.discard(name)
+        return entry
+
+    def _execute(self, response: Response) -> bool:
+        """Run one response; return False when the job stops."""
+        self._stats["responses"] += 1
+        kind = response.kind
+        if kind == CollectiveKind.SHUTDOWN.value:
+            ranks = list(response.ranks)
+            self._stop(ShutdownError(
+                f"unison has been shut down: rank(s) {ranks} called shutdown() (or exited) while this "
+                "rank still had collectives pending. A rank that finishes early, or fails, stops the job "
+                "for everyone: check that every rank runs the same collectives, and look in the log of "
+                f"rank(s) {ranks} for an exception."
+            ))
+            return False
+        if kind == ResponseKind.STALL:
+            log.error("unison: rank %d: %s", self.rank, response.message)
+            self._stop(StallError(response.message))
+            return False
+        if kind == ResponseKind.ABORT:
+            self._stop(AbortedError(response.message))
+            return False
+        if kind == ResponseKind.ERROR:
+            self._stats["errors"] += 1
+            for name in response.names:
+                entry = self._take(name)
+                if entry is not None:
+                    entry.handle.fail(MismatchError(response.message))
+            return True
+        if kind == CollectiveKind.JOIN.value:
+            entry = self._take("join.noname")
+            self._joined = False
+            if entry is not None:
+                entry.handle.complete(response.last_joined)
+            return True
+        if kind == CollectiveKind.ADD_PROCESS_SET.value:
+            self.backend.add_process_set(response.process_set_id, response.ranks)
+            self.process_sets[response.process_set_id] = tuple(response.ranks)
+            self.cache.version += 1
+            entry = self._take(response.names[0])
+            if entry is not None:
+                entry.handle.complete(response.process_set_id)
+            return True
+        if kind == CollectiveKind.REMOVE_PROCESS_SET.value:
+            self.backend.remove_process_set(response.process_set_id)
+            self.process_sets.pop(response.process_set_id, None)
+            entry = self._take(response.names[0])
+            if entry is not None:
+                entry.handle.complete(True)
+            return True
+        if self.rank not in self.process_sets.get(response.process_set_id, ()):
+            return True
+        entries = [self._take(name) for name in response.names]
+        if kind == CollectiveKind.BARRIER.value:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.complete(None)
+            return True
+        if self.timeline is not None:
+            for name in response.names:
+                self.timeline.start(name, kind)
+        try:
+            results = self.executor.run(response, entries)
+        except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
+            log.exception("unison: rank %d: %s failed", self.rank, kind)
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.fail(HorovodInternalError(f"{kind} of {list(response.names)} failed: {exc}"))
+            return True
+        finally:
+            if self.timeline is not None:
+                for name, shape in zip(response.names, response.shapes or [()] * len(response.names)):
+                    self.timeline.end(name, response.dtype.value, tuple(shape))
+        for entry, result in zip(entries, results):
+            if entry is not None:
+                entry.handle.complete(result)
+        return True
+
+    def _stop(self, error: BaseException) -> None:
+        """Fail everything pending or queued with `error` and mark the engine stopped."""
+        with self._lock:
+            if self._state == "stopped" and self._stop_error is not None:
+                error = self._stop_error
+            self._state = "stopped"
+            if self._stop_error is None:
+                self._stop_error = error
+            queued = [e for group in self._queue for e in group]
+            self._queue = []
+            self._in_flight.clear()
+        for entry in list(self._pending.values()) + queued:
+            entry.handle.fail(type(error)(str(error)))
+        self._pending.clear()
+        self._unsent = []
+
+    # -- rank 0 only: stall inspection and timeline --------------------------------------------------
+
+    def _check_stall(self, now: float, matrix: np.ndarray, words: int, common: int) -> None:
+        assert self.stall is not None and self.coordinator is not None
+        pending = {
+            name: (submitted, expected)
+            for name, (submitted, expected, _) in self.coordinator.pending().items()
+        }
+        if words:
+            rows = [_from_words(matrix[r, _HEADER : _HEADER + words]) for r in range(self.size)]
+            voted_any = 0
+            for r, row in enumerate(rows):
+                if not matrix[r, 0] & _FLAG_JOINED:
+                    voted_any |= row
+            for slot in _bits(voted_any & ~common):
+                if slot not in self.cache.slots():
+                    continue
+                response = self.cache.peek(slot)
+                members = self.process_sets.get(response.process_set_id, ())
+                expected = frozenset(r for r in members if not matrix[r, 0] & _FLAG_JOINED)
+                submitted = frozenset(r for r in expected if rows[r] >> slot & 1)
+                if submitted and submitted != expected:
+                    pending[response.names[0]] = (submitted, expected)
+        report = self.stall.observe(now, pending)
+        if report is None:
+            return
+        if report.shutdown:
+            log.error("unison: %s", report.text)
+            self._news = report.text
+        else:
+            log.warning("unison: %s", report.text)
+
+    def set_timeline(self, timeline: Any) -> None:
+        """Start (or with None, stop) writing the timeline; rank 0 only."""
+        old, self.timeline = self.timeline, timeline
+        self._negotiating.clear()
+        if timeline is None:
+            self.executor.activity = None
+        else:
+            def activity(names: Sequence[str], what: str | None) -> None:
+                for name in names:
+                    if what is None:
+                        timeline.activity_end(name)
+                    else:
+                        timeline.activity_start(name, what)
+            self.executor.activity = activity
+        if old is not None and old is not timeline:
+            old.close()
+
+    def _timeline_negotiation(self, lists: list[list[Request]], responses: list[Response]) -> None:
+        timeline = self.timeline
+        if timeline is None:
+            return
+        for rank, requests in enumerate(lists):
+            for request in requests:
+                if request.kind is CollectiveKind.SHUTDOWN:
+                    continue
+                if request.name not in self._negotiating:
+                    self._negotiating.add(request.name)
+                    timeline.negotiate_start(request.name, request.kind.value)
+                timeline.negotiate_rank_ready(request.name, rank)
+        for response in responses:
+            for name in response.names:
+                if name in self._negotiating:
+                    self._negotiating.discard(name)
+                    timeline.negotiate_end(name)

@@ -1,0 +1,330 @@
+"""The executor: runs one negotiated response on this rank's buffers, with Horovod's numerics.
+
+Numerics: Average is Sum followed by ``postscale / set_size``; float32/float64 are scaled in their own
+precision; float16 and bfloat16 are widened to float32, scaled, reduced and rounded once (never summed
+in half precision, which MPICH cannot do and which loses accuracy); integers are scaled through float64
+and truncated toward zero, as Horovod does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
+from ..ops import CollectiveKind, ReduceOp
+from .coordinator import reducescatter_rows
+from .messages import Request, Response
+
+__all__ = ["Entry", "Executor", "Handle"]
+
+
+class Handle:
+    """Completion of one submitted collective: poll `done()`, then read `result` or raise `error`."""
+
+    __slots__ = ("_event", "error", "name", "result")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        state = "failed" if self.error else ("done" if self.done() else "pending")
+        return f"<Handle {self.name!r} {state}>"
+
+    def done(self) -> bool:
+        """True once the collective finished (successfully or not)."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; return False on timeout."""
+        return self._event.wait(timeout)
+
+    def complete(self, result: Any) -> None:
+        """Record the result and wake waiters."""
+        self.result = result
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Record the error and wake waiters."""
+        if not self._event.is_set():
+            self.error = error
+            self._event.set()
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """A request submitted on this rank, with its buffers and handle.
+
+    Attributes:
+        request: what was asked.
+        input: the local buffer (storage dtype; bfloat16 as uint16 bits), or None for barrier/join.
+        output: where an allreduce/broadcast writes (the input itself for in-place forms).
+        handle: completed by the executor.
+        slot: response-cache slot this request hit, or -1.
+        group: the entries submitted with it as one atomic group (including itself).
+    """
+
+    request: Request
+    input: np.ndarray | None
+    output: np.ndarray | None
+    handle: Handle
+    slot: int = -1
+    group: list[Entry] | None = None
+
+
+def _widen(values: np.ndarray, dtype: DType) -> np.ndarray:
+    flat = values.reshape(-1)
+    if dtype is DType.BFLOAT16:
+        return bfloat16_to_float32(flat)
+    return flat.astype(np.float32)
+
+
+def _narrow(values: np.ndarray, dtype: DType, out: np.ndarray) -> None:
+    if dtype is DType.BFLOAT16:
+        float32_to_bfloat16(values, out=out)
+    else:
+        out[...] = values.reshape(out.shape)
+
+
+def _scale_(buf: np.ndarray, factor: float, dtype: DType) -> None:
+    """Multiply `buf` in place by `factor` with Horovod's per-dtype rules."""
+    if factor == 1.0:
+        return
+    if dtype.is_integer:
+        buf[...] = (buf.astype(np.float64) * factor).astype(buf.dtype)
+    else:
+        np.multiply(buf, factor, out=buf, casting="unsafe")
+
+
+def _copy_scaled(src: np.ndarray, dst: np.ndarray, factor: float, dtype: DType) -> None:
+    if factor == 1.0:
+        np.copyto(dst, src.reshape(dst.shape))
+    elif dtype.is_integer:
+        dst[...] = (src.reshape(dst.shape).astype(np.float64) * factor).astype(dst.dtype)
+    else:
+        np.multiply(src.reshape(dst.shape), factor, out=dst, casting="unsafe")
+
+
+def _raw(buf: np.ndarray) -> np.ndarray:
+    """View a buffer as unsigned integers of its item size, so byte-moving ops never see odd types."""
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[buf.itemsize]
+    return buf.reshape(-1).view(kind)
+
+
+def _elements(shape: Sequence[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+class Executor:
+    """Runs responses on one rank; owns the persistent fusion buffer.
+
+    Args:
+        backend: the data plane.
+        rank: this process's global rank.
+        process_sets: live mapping of process set id -> sorted global ranks.
+        activity: callback (name, activity or None) for the timeline; None when no timeline.
+    """
+
+    def __init__(self, backend: Any, rank: int, process_sets: dict[int, tuple[int, ...]]) -> None:
+        self.backend = backend
+        self.rank = rank
+        self.process_sets = process_sets
+        self._fusion = np.empty(0, dtype=np.uint8)
+        self.activity: Callable[[Sequence[str], str | None], None] | None = None
+        self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "bytes": 0}
+
+    def __repr__(self) -> str:
+        return f"<Executor rank={self.rank} fusion_buffer_bytes={self._fusion.nbytes}>"
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: responses and tensors executed, fused responses, bytes reduced or moved."""
+        return dict(self._stats, fusion_buffer_bytes=self._fusion.nbytes)
+
+    def _mark(self, names: Sequence[str], activity: str | None) -> None:
+        if self.activity is not None:
+            self.activity(names, activity)
+
+    def _fusion_view(self, nbytes: int, dtype: np.dtype) -> np.ndarray:
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(nbytes, dtype=np.uint8)
+        return self._fusion[:nbytes].view(dtype)
+
+    def run(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
+        """Execute `response`; `entries[i]` is this rank's entry for ``response.names[i]`` or None
+        (a joined rank, which contributes zeros). Returns one result per name."""
+        self._stats["responses"] += 1
+        self._stats["tensors"] += len(response.names)
+        kind = CollectiveKind(response.kind)
+        if kind is CollectiveKind.ALLREDUCE:
+            return self._allreduce(response, entries)
+        entry = entries[0]
+        assert entry is not None and entry.input is not None  # only allreduce runs without an entry
+        if kind is CollectiveKind.ALLGATHER:
+            return [self._allgather(response, entry)]
+        if kind is CollectiveKind.BROADCAST:
+            return [self._broadcast(response, entry)]
+        if kind is CollectiveKind.ALLTOALL:
+            return [self._alltoall(response, entry)]
+        if kind is CollectiveKind.REDUCESCATTER:
+            return [self._reducescatter(response, entry)]
+        raise ValueError(f"executor cannot run {response.kind!r}")
+
+    def _set_rank(self, response: Response) -> tuple[int, int]:
+        members = self.process_sets[response.process_set_id]
+        return members.index(self.rank), len(members)
+
+    def _post_factor(self, response: Response, set_size: int) -> float:
+        if response.reduce_op is ReduceOp.AVERAGE:
+            return response.postscale / set_size
+        return response.postscale
+
+    @staticmethod
+    def _mpi_op(op: ReduceOp) -> ReduceOp:
+        return ReduceOp.SUM if op in (ReduceOp.AVERAGE, ReduceOp.SUM) else op
+
+    def _allreduce(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
+        dtype = response.dtype
+        _, set_size = self._set_rank(response)
+        pre, post = response.prescale, self._post_factor(response, set_size)
+        op = self._mpi_op(response.reduce_op)
+        set_id = response.process_set_id
+        total = sum(_elements(s) for s in response.shapes)
+        self._stats["bytes"] += total * dtype.itemsize
+        names = response.names
+        single = entries[0] if len(entries) == 1 else None
+        if single is not None and not dtype.is_half:
+            # One tensor: reduce directly in its output buffer, no fusion copy.
+            assert single.input is not None and single.output is not None
+            out = single.output.reshape(-1)
+            if single.output is not single.input:
+                _copy_scaled(single.input.reshape(-1), out, pre, dtype)
+            else:
+                _scale_(out, pre, dtype)
+            self._mark(names, "MPI_ALLREDUCE")
+            self.backend.allreduce_(out, op, set_id)
+            self._mark(names, None)
+            _scale_(out, post, dtype)
+            return [single.output]
+        self._stats["fused_responses"] += len(entries) > 1
+        work_dtype = np.dtype(np.float32) if dtype.is_half else dtype.storage
+        buf = self._fusion_view(total * work_dtype.itemsize, work_dtype)
+        self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
+        offset = 0
+        for entry, shape in zip(entries, response.shapes):
+            count = _elements(shape)
+            part = buf[offset : offset + count]
+            if entry is None:
+                part[...] = 0
+            elif dtype.is_half:
+                assert entry.input is not None
+                np.multiply(_widen(entry.input, dtype), pre, out=part)
+            else:
+                assert entry.input is not None
+                _copy_scaled(entry.input.reshape(-1), part, pre, dtype)
+            offset += count
+        self._mark(names, None)
+        self._mark(names, "MPI_ALLREDUCE")
+        self.backend.allreduce_(buf, op, set_id)
+        self._mark(names, None)
+        self._mark(names, "MEMCPY_OUT_FUSION_BUFFER")
+        work = DType.FLOAT32 if dtype.is_half else dtype
+        _scale_(buf, post, work)
+        results: list[Any] = []
+        offset = 0
+        for entry, shape in zip(entries, response.shapes):
+            count = _elements(shape)
+            part = buf[offset : offset + count]
+            offset += count
+            if entry is None or entry.output is None:
+                results.append(None)
+                continue
+            if dtype.is_half:
+                _narrow(part, dtype, entry.output.reshape(-1))
+            else:
+                np.copyto(entry.output.reshape(-1), part)
+            results.append(entry.output)
+        self._mark(names, None)
+        return results
+
+    def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
+        assert entry.input is not None
+        dim0s = response.sizes[0]
+        rest = entry.input.shape[1:]
+        row = _elements(rest)
+        out = np.empty((sum(dim0s), *rest), dtype=entry.input.dtype)
+        self._stats["bytes"] += out.nbytes
+        self._mark(response.names, "MPI_ALLGATHER")
+        self.backend.allgatherv(_raw(np.ascontiguousarray(entry.input)), _raw(out),
+                                [d * row for d in dim0s], response.process_set_id)
+        self._mark(response.names, None)
+        return out
+
+    def _broadcast(self, response: Response, entry: Entry) -> np.ndarray:
+        assert entry.input is not None and entry.output is not None
+        members = self.process_sets[response.process_set_id]
+        root = members.index(response.root_rank)
+        out = entry.output
+        if out is not entry.input and self.rank == response.root_rank:
+            np.copyto(out, entry.input)
+        self._stats["bytes"] += out.nbytes
+        self._mark(response.names, "MPI_BCAST")
+        self.backend.broadcast_(_raw(out), root, response.process_set_id)
+        self._mark(response.names, None)
+        return out
+
+    def _alltoall(self, response: Response, entry: Entry) -> tuple[np.ndarray, np.ndarray]:
+        assert entry.input is not None
+        me, set_size = self._set_rank(response)
+        matrix = response.sizes[0]
+        rest = entry.input.shape[1:]
+        row = _elements(rest)
+        received = [matrix[sender][me] for sender in range(set_size)]
+        out = np.empty((sum(received), *rest), dtype=entry.input.dtype)
+        self._stats["bytes"] += entry.input.nbytes
+        self._mark(response.names, "MPI_ALLTOALL")
+        self.backend.alltoallv(_raw(np.ascontiguousarray(entry.input)),
+                               [c * row for c in matrix[me]], _raw(out),
+                               [c * row for c in received], response.process_set_id)
+        self._mark(response.names, None)
+        return out, np.array(received, dtype=np.int32)
+
+    def _reducescatter(self, response: Response, entry: Entry) -> np.ndarray:
+        assert entry.input is not None
+        dtype = response.dtype
+        me, set_size = self._set_rank(response)
+        shape = entry.input.shape
+        rows = reducescatter_rows(shape[0], set_size)
+        row = _elements(shape[1:])
+        counts = [r * row for r in rows]
+        pre, post = response.prescale, self._post_factor(response, set_size)
+        op = self._mpi_op(response.reduce_op)
+        self._stats["bytes"] += entry.input.nbytes
+        work_dtype = np.dtype(np.float32) if dtype.is_half else dtype.storage
+        if dtype.is_half:
+            send = _widen(entry.input, dtype) * np.float32(pre)
+        elif pre != 1.0:
+            send = np.empty(entry.input.size, dtype=work_dtype)
+            _copy_scaled(entry.input.reshape(-1), send, pre, dtype)
+        else:
+            send = np.ascontiguousarray(entry.input).reshape(-1)
+        recv = np.empty(counts[me], dtype=work_dtype)
+        self._mark(response.names, "MPI_REDUCESCATTER")
+        self.backend.reducescatter(send, recv, counts, op, response.process_set_id)
+        self._mark(response.names, None)
+        _scale_(recv, post, DType.FLOAT32 if dtype.is_half else dtype)
+        out = np.empty((rows[me], *shape[1:]), dtype=dtype.storage)
+        if dtype.is_half:
+            _narrow(recv, dtype, out.reshape(-1))
+        else:
+            out.reshape(-1)[...] = recv
+        return out

@@ -1,0 +1,351 @@
+"""The timeline: a Chrome-trace / Perfetto JSON record of every collective, written by rank 0.
+
+The format is Horovod's (``docs/timeline.rst``), so existing viewers and scripts keep working: a
+JSON array that starts with metadata records for pid 0 carrying ``start_time_since_epoch_in_micros``;
+every tensor name is its own "process" (a ``process_name`` and a ``process_sort_index`` record on
+first sight); negotiation is a ``NEGOTIATE_<OP>`` B/E pair with one zero-length X event per rank
+that submitted; execution is an ``<OP>`` B/E pair with nested activity pairs (``MPI_ALLREDUCE``,
+``MEMCPY_IN_FUSION_BUFFER``...), closed by an E event carrying the dtype and shape. ``ts`` is in
+integer microseconds since the timeline started.
+
+The event methods are called by the engine thread only and sit on its hot path: each formats one
+line and appends it to a list. The list is written out when it holds `FLUSH_EVENTS` events or when
+`FLUSH_SECONDS` have passed since the last write, checked in those same calls (the engine calls
+`mark_cycle` every cycle, idle ones included, so buffered events never wait much longer). While
+open, the file is a JSON array without its closing ``]``, which Chrome and Perfetto accept;
+`close` (callable from any thread) adds it, so ``json.load`` reads the result.
+
+Example:
+    >>> tl = Timeline("/tmp/timeline.json")  # doctest: +SKIP
+    >>> tl.negotiate_start("allreduce.loss", "allreduce")  # doctest: +SKIP
+    >>> tl.negotiate_rank_ready("allreduce.loss", 0)  # doctest: +SKIP
+    >>> tl.negotiate_end("allreduce.loss")  # doctest: +SKIP
+    >>> tl.start("allreduce.loss", "allreduce")  # doctest: +SKIP
+    >>> tl.end("allreduce.loss", "float32", (1,))  # doctest: +SKIP
+    >>> tl.close()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+from ..errors import ConfigError
+
+__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "Timeline"]
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVENTS = 512
+"""Buffered events that trigger a write to the file."""
+
+FLUSH_SECONDS = 0.5
+"""Time since the last write after which the next event call writes the buffer out."""
+
+_FLUSH_MICROS = int(FLUSH_SECONDS * 1_000_000)
+
+# Where each tensor is in its life, so that B/E events stay balanced even when the engine calls
+# negotiate_start twice (a cache miss on a later cycle) or ends a tensor inside an activity.
+_IDLE, _NEGOTIATING, _TOP_LEVEL, _ACTIVITY = 0, 1, 2, 3
+
+
+class Timeline:
+    """Write a Horovod-compatible Chrome-trace timeline of the collectives rank 0 coordinates.
+
+    Only the engine thread may call the event methods (`negotiate_start` ... `mark_cycle`, `flush`);
+    `close`, `statistics` and `repr` may be called from any thread.
+
+    Args:
+        path: the file to write; it is created or truncated now.
+        mark_cycles: emit a ``CYCLE_START`` instant event from every `mark_cycle` call.
+        clock: seconds from an arbitrary origin, monotonic (injectable for tests).
+
+    Raises:
+        ConfigError: the file cannot be opened for writing (missing directory, a directory, no
+            permission...).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        mark_cycles: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._path = path
+        self._mark_cycles = mark_cycles
+        self._clock = clock
+        try:
+            file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(
+                f"The timeline file {path!r} cannot be opened for writing: {reason}. Give the path of "
+                "a file in an existing, writable directory (UNISON_TIMELINE / HOROVOD_TIMELINE)."
+            ) from exc
+        self._lock = threading.Lock()
+        self._state = "open"
+        self._origin = clock()
+        start_micros = int(time.time() * 1_000_000)
+        self._last_ts = 0
+        self._flushed_ts = 0
+        # name -> [pid, state]; a list so the hot path mutates the state without a second lookup.
+        self._tensors: dict[str, list[int]] = {}
+        # Escaped JSON fragments for op and activity names, built once per distinct name.
+        self._fragments: dict[str, str] = {}
+        self._buffer: list[str] = []
+        self._events_written = 0
+        self._events_dropped = 0
+        self._flushes = 0
+        header = (
+            '[\n{"name":"process_name","ph":"M","pid":0,"args":{"start_time_since_epoch_in_micros":'
+            f"{start_micros}}}}},\n"
+            '{"name":"process_sort_index","ph":"M","pid":0,"args":{"sort_index":0}}'
+        )
+        try:
+            file.write(header)
+            file.flush()
+        except OSError as exc:
+            file.close()
+            raise ConfigError(
+                f"The timeline file {path!r} cannot be written: {exc.strerror or exc}. Give the path "
+                "of a file on a writable file system (UNISON_TIMELINE / HOROVOD_TIMELINE)."
+            ) from exc
+        self._bytes_written = len(header)
+        self._file: IO[str] | None = file
+
+    @property
+    def path(self) -> str:
+        """The file this timeline writes."""
+        return self._path
+
+    @property
+    def state(self) -> str:
+        """``"open"``, ``"closed"``, or ``"failed"`` after a write error stopped the timeline."""
+        return self._state
+
+    def __repr__(self) -> str:
+        return (
+            f"<Timeline {self._state} path={self._path!r} tensors={len(self._tensors)} "
+            f"events_written={self._events_written} buffered={len(self._buffer)}>"
+        )
+
+    # ----------------------------------------------------------------------------------- events
+
+    def negotiate_start(self, name: str, kind: str) -> None:
+        """Open the ``NEGOTIATE_<KIND>`` span of tensor `name`; repeated calls while open are ignored.
+
+        Args:
+            name: the tensor's cross-rank name, e.g. ``allreduce.grad/fc1.weight``.
+            kind: the collective, e.g. ``"allreduce"`` (upper-cased in the event name).
+        """
+        entry = self._entry(name)
+        if entry[1] == _NEGOTIATING:
+            return
+        entry[1] = _NEGOTIATING
+        self._begin(entry[0], "NEGOTIATE_" + kind.upper())
+
+    def negotiate_rank_ready(self, name: str, rank: int) -> None:
+        """Mark that `rank` submitted tensor `name` (a zero-length X event named after the rank)."""
+        pid = self._entry(name)[0]
+        ts = self._now()
+        self._emit(f',\n{{"ph":"X","name":"{rank:d}","ts":{ts},"pid":{pid},"tid":0,"dur":0}}', ts)
+
+    def negotiate_end(self, name: str) -> None:
+        """Close the negotiation span of tensor `name` (ignored if none is open)."""
+        entry = self._entry(name)
+        if entry[1] != _NEGOTIATING:
+            return
+        entry[1] = _IDLE
+        self._finish(entry[0])
+
+    def start(self, name: str, kind: str) -> None:
+        """Open the execution span (``ALLREDUCE``, ``BROADCAST``...) of tensor `name`."""
+        entry = self._entry(name)
+        if entry[1] == _NEGOTIATING:
+            self._finish(entry[0])
+        elif entry[1] == _ACTIVITY:
+            self._finish(entry[0])
+            self._finish(entry[0])
+        elif entry[1] == _TOP_LEVEL:
+            self._finish(entry[0])
+        entry[1] = _TOP_LEVEL
+        self._begin(entry[0], kind.upper())
+
+    def activity_start(self, name: str, activity: str) -> None:
+        """Open a nested activity span (e.g. ``MPI_ALLREDUCE``); an open activity is closed first."""
+        entry = self._entry(name)
+        if entry[1] == _ACTIVITY:
+            self._finish(entry[0])
+        elif entry[1] != _TOP_LEVEL:
+            # An activity outside an execution span would unbalance the viewer's stack.
+            return
+        entry[1] = _ACTIVITY
+        self._begin(entry[0], activity)
+
+    def activity_end(self, name: str) -> None:
+        """Close the open activity span of tensor `name` (ignored if none is open)."""
+        entry = self._entry(name)
+        if entry[1] != _ACTIVITY:
+            return
+        entry[1] = _TOP_LEVEL
+        self._finish(entry[0])
+
+    def end(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+        """Close the execution span of tensor `name` (and any open activity), noting dtype and shape.
+
+        Args:
+            name: the tensor's name.
+            dtype: its element type, e.g. ``"float32"``.
+            shape: its shape; written as ``"[3, 4]"``.
+        """
+        entry = self._entry(name)
+        state = entry[1]
+        if state != _TOP_LEVEL and state != _ACTIVITY:
+            return
+        pid = entry[0]
+        if state == _ACTIVITY:
+            self._finish(pid)
+        entry[1] = _IDLE
+        ts = self._now()
+        args = self._fragments.get(dtype) or self._fragment(dtype)
+        shape_text = "[" + ", ".join([str(dim) for dim in shape]) + "]"
+        self._emit(
+            f',\n{{"ph":"E","ts":{ts},"pid":{pid},"tid":0,'
+            f'"args":{{"dtype":{args},"shape":"{shape_text}"}}}}',
+            ts,
+        )
+
+    def mark_cycle(self) -> None:
+        """Mark the start of a cycle (when `mark_cycles` is set) and write the buffer if it is old.
+
+        The engine calls this every cycle, idle cycles included, which bounds how long an event
+        waits in the buffer even when no collective is running.
+        """
+        ts = self._now()
+        if self._mark_cycles:
+            self._emit(
+                f',\n{{"ph":"i","name":"CYCLE_START","ts":{ts},"pid":0,"tid":0,"s":"g"}}', ts
+            )
+        elif self._buffer and ts - self._flushed_ts >= _FLUSH_MICROS:
+            self._write(None, ts)
+
+    def flush(self) -> None:
+        """Write every buffered event to the file now."""
+        self._write(None, self._now())
+
+    def close(self) -> None:
+        """Write the buffered events and the closing ``]``, and close the file; idempotent.
+
+        Safe to call from any thread. Events recorded after (or racing with) `close` are dropped.
+        """
+        with self._lock:
+            if self._file is None:
+                return
+            buffer, self._buffer = self._buffer, []
+            self._write_locked(buffer, self._last_ts)
+            file, self._file = self._file, None
+            try:
+                if self._state == "open":
+                    file.write("\n]\n")
+                    self._bytes_written += 3
+                file.close()
+            except OSError as exc:
+                self._fail(exc)
+            if self._state == "open":
+                self._state = "closed"
+
+    def statistics(self) -> dict[str, int]:
+        """Return counters: events written, buffered and dropped, tensors seen, bytes, flushes."""
+        return {
+            "events_written": self._events_written,
+            "events_buffered": len(self._buffer),
+            "events_dropped": self._events_dropped,
+            "tensors_seen": len(self._tensors),
+            "bytes_written": self._bytes_written,
+            "flushes": self._flushes,
+        }
+
+    # ---------------------------------------------------------------------------------- helpers
+
+    def _now(self) -> int:
+        ts = int((self._clock() - self._origin) * 1_000_000)
+        # Viewers need non-decreasing timestamps; an injected clock may not guarantee that.
+        if ts < self._last_ts:
+            return self._last_ts
+        self._last_ts = ts
+        return ts
+
+    def _entry(self, name: str) -> list[int]:
+        entry = self._tensors.get(name)
+        if entry is None:
+            entry = self._new_tensor(name)
+        return entry
+
+    def _new_tensor(self, name: str) -> list[int]:
+        pid = len(self._tensors) + 1
+        entry = [pid, _IDLE]
+        self._tensors[name] = entry
+        self._buffer.append(
+            f',\n{{"name":"process_name","ph":"M","pid":{pid},"args":{{"name":{json.dumps(name)}}}}}'
+            f',\n{{"name":"process_sort_index","ph":"M","pid":{pid},"args":{{"sort_index":{pid}}}}}'
+        )
+        return entry
+
+    def _fragment(self, text: str) -> str:
+        fragment = json.dumps(text)
+        self._fragments[text] = fragment
+        return fragment
+
+    def _begin(self, pid: int, event_name: str) -> None:
+        ts = self._now()
+        fragment = self._fragments.get(event_name) or self._fragment(event_name)
+        self._emit(f',\n{{"ph":"B","name":{fragment},"ts":{ts},"pid":{pid},"tid":0}}', ts)
+
+    def _finish(self, pid: int) -> None:
+        ts = self._now()
+        self._emit(f',\n{{"ph":"E","ts":{ts},"pid":{pid},"tid":0}}', ts)
+
+    def _emit(self, line: str, ts: int) -> None:
+        buffer = self._buffer
+        buffer.append(line)
+        if len(buffer) >= FLUSH_EVENTS or ts - self._flushed_ts >= _FLUSH_MICROS:
+            self._write(None, ts)
+
+    def _write(self, lines: list[str] | None, ts: int) -> None:
+        with self._lock:
+            if lines is None:
+                lines, self._buffer = self._buffer, []
+            self._write_locked(lines, ts)
+
+    def _write_locked(self, lines: list[str], ts: int) -> None:
+        self._flushed_ts = ts
+        if self._file is None or self._state != "open":
+            self._events_dropped += len(lines)
+            return
+        text = "".join(lines)
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except OSError as exc:
+            self._events_dropped += len(lines)
+            self._fail(exc)
+            return
+        # A tensor's first-sight metadata pair counts as one event.
+        self._events_written += len(lines)
+        self._bytes_written += len(text)  # ASCII only: names go through json.dumps
+        self._flushes += 1
+
+    def _fail(self, exc: OSError) -> None:
+        # Profiling must not take training down: stop the timeline, say why once, keep running.
+        if self._state == "open":
+            logger.error(
+                "Writing the timeline %r failed (%s); the timeline is stopped and further events "
+                "are dropped.",
+                self._path,
+                exc,
+            )
+        self._state = "failed"
