@@ -1,14 +1,15 @@
-"""A single-process backend: the job is this process alone, so every collective is a local copy."""
+"""In-memory backends: a single-process job, and N ranks as threads of one process (for tests)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from ..ops import ReduceOp
 
-__all__ = ["LoopbackBackend"]
+__all__ = ["LoopbackBackend", "ThreadBackend", "ThreadGroup"]
 
 
 class LoopbackBackend:
@@ -60,6 +61,149 @@ class LoopbackBackend:
 
     def abandon(self) -> None:
         return None
+
+    def close(self) -> None:
+        return None
+
+    def statistics(self) -> dict[str, float]:
+        return {"calls": self._calls, "wait_seconds": 0.0}
+
+
+class _Rendezvous:
+    """Exchange one value per member among threads (two barrier phases per exchange)."""
+
+    def __init__(self, size: int) -> None:
+        self.slots: list[object] = [None] * size
+        self.barrier = threading.Barrier(size)
+
+    def exchange(self, index: int, value: object) -> list[object]:
+        from .base import Abandoned
+
+        try:
+            self.slots[index] = value
+            self.barrier.wait()
+            result = list(self.slots)
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise Abandoned() from None
+        return result
+
+
+_NUMPY_OPS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+
+class ThreadGroup:
+    """N in-process ranks for tests: each thread gets a backend from `backend(rank)`.
+
+    Example:
+        >>> group = ThreadGroup(2)
+        >>> group.backend(1).size
+        2
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._sets: dict[int, tuple[tuple[int, ...], _Rendezvous]] = {
+            0: (tuple(range(size)), _Rendezvous(size))
+        }
+        self._control = _Rendezvous(size)
+
+    def backend(self, rank: int) -> ThreadBackend:
+        """The backend for one rank."""
+        return ThreadBackend(self, rank)
+
+    def _set(self, process_set_id: int) -> tuple[tuple[int, ...], _Rendezvous]:
+        return self._sets[process_set_id]
+
+    def _add(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        with self._lock:
+            if process_set_id not in self._sets:
+                self._sets[process_set_id] = (tuple(sorted(ranks)), _Rendezvous(len(ranks)))
+
+    def abandon(self) -> None:
+        self._control.barrier.abort()
+        for _, rendezvous in self._sets.values():
+            rendezvous.barrier.abort()
+
+
+class ThreadBackend:
+    """One rank of a `ThreadGroup`; semantics match the MPI backend, data moves through memory."""
+
+    name = "threads"
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.size = group.size
+        self._calls = 0
+
+    def __repr__(self) -> str:
+        return f"<ThreadBackend rank={self.rank} size={self.size}>"
+
+    def _exchange(self, process_set_id: int, value: object) -> tuple[list[object], int]:
+        members, rendezvous = self.group._set(process_set_id)
+        index = members.index(self.rank)
+        self._calls += 1
+        return rendezvous.exchange(index, value), index
+
+    def allgather_status(self, row: np.ndarray) -> np.ndarray:
+        self._calls += 1
+        return np.stack(self.group._control.exchange(self.rank, row.copy()))  # type: ignore[arg-type]
+
+    def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        values = self.group._control.exchange(self.rank, payload)
+        return [bytes(v) for v in values] if self.rank == 0 else None  # type: ignore[arg-type]
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        values = self.group._control.exchange(self.rank, payload)
+        return bytes(values[0])  # type: ignore[arg-type]
+
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+        values, _ = self._exchange(process_set_id, buf.copy())
+        result = values[0].copy()  # type: ignore[union-attr]
+        for value in values[1:]:
+            _NUMPY_OPS[op](result, value, out=result)
+        buf[...] = result
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                   process_set_id: int) -> None:
+        values, _ = self._exchange(process_set_id, send.copy())
+        recv[...] = np.concatenate(values)  # type: ignore[arg-type]
+
+    def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        values, _ = self._exchange(process_set_id, buf.copy())
+        buf[...] = values[root]
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], process_set_id: int) -> None:
+        offsets = np.concatenate(([0], np.cumsum(send_counts))).astype(int)
+        pieces = [send[offsets[i] : offsets[i + 1]].copy() for i in range(len(send_counts))]
+        values, index = self._exchange(process_set_id, pieces)
+        recv[...] = np.concatenate([v[index] for v in values])  # type: ignore[index]
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      op: ReduceOp, process_set_id: int) -> None:
+        total = send.copy()
+        self.allreduce_(total, op, process_set_id)
+        members, _ = self.group._set(process_set_id)
+        index = members.index(self.rank)
+        start = int(sum(recv_counts[:index]))
+        recv[...] = total[start : start + recv_counts[index]]
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        self.group._add(process_set_id, ranks)
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        return None
+
+    def abandon(self) -> None:
+        self.group.abandon()
 
     def close(self) -> None:
         return None

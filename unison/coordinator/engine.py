@@ -330,9 +330,6 @@ class Engine:
         cached: list[Response] = [self.cache.get(slot) for slot in _bits(common & ~invalid)]
         if cached:
             self._stats["cache_hits_executed"] += len(cached)
-        if invalid:
-            self.cache.erase(_bits(invalid))
-            self._revalidate()
         if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
             self._last_stall_check = now
             self._check_stall(now, matrix, words, common)
@@ -354,14 +351,6 @@ class Engine:
                 self._timeline_negotiation(lists, responses)
                 data = encode_responses(responses)
             fresh = decode_responses(self.backend.broadcast_bytes(data))
-            if self.settings.cache_capacity > 0:
-                changed = False
-                for response in fresh:
-                    if response.kind == _CACHEABLE and len(response.names) == 1:
-                        self.cache.put(response)
-                        changed = True
-                if changed:
-                    self._revalidate()
         else:
             self._stats["fast_cycles"] += 1
 
@@ -370,8 +359,19 @@ class Engine:
         for response in plan_fusion(cached + fresh, self.policy):
             executed += 1
             if not self._execute(response):
-                break
+                return
         self._progress = progress or executed > 0
+
+        # 5. Update the cache identically everywhere. Only now: an erase or eviction must not send
+        # back to negotiation a tensor that ran from the cache in this very cycle.
+        if invalid:
+            self.cache.erase(_bits(invalid))
+        cacheable = [r for r in fresh if r.kind == _CACHEABLE and len(r.names) == 1]
+        if self.settings.cache_capacity > 0:
+            for response in cacheable:
+                self.cache.put(response)
+        if invalid or cacheable:
+            self._revalidate()
 
     # -- execution ----------------------------------------------------------------------------------
 

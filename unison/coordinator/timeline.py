@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -109,7 +110,9 @@ class Timeline:
             file.write(header)
             file.flush()
         except OSError as exc:
-            file.close()
+            # Closing retries the failed write and fails the same way; the first error is the news.
+            with contextlib.suppress(OSError):
+                file.close()
             raise ConfigError(
                 f"The timeline file {path!r} cannot be written: {exc.strerror or exc}. Give the path "
                 "of a file on a writable file system (UNISON_TIMELINE / HOROVOD_TIMELINE)."

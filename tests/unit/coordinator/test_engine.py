@@ -1,0 +1,236 @@
+"""The engine end to end with N ranks as threads: ordering, exactly-once, results, errors, join, shutdown."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unison.backends.loopback import ThreadGroup
+from unison.config import load_settings
+from unison.coordinator.engine import Engine
+from unison.coordinator.executor import Entry, Handle
+from unison.coordinator.messages import Request
+from unison.dtypes import DType
+from unison.errors import DuplicateNameError, MismatchError, ShutdownError
+from unison.ops import CollectiveKind, ReduceOp
+
+TIMEOUT = 20.0
+
+
+class Job:
+    """N engines over a ThreadGroup, each recording the order it executed responses in."""
+
+    def __init__(self, size: int, **overrides: object) -> None:
+        overrides.setdefault("idle_cycle_seconds", 0.005)
+        overrides.setdefault("stall_check_disable", True)
+        self.settings = load_settings({}, **overrides)
+        self.group = ThreadGroup(size)
+        self.engines = [Engine(self.group.backend(r), self.settings) for r in range(size)]
+        self.executed: list[list[tuple[str, ...]]] = [[] for _ in range(size)]
+        for rank, engine in enumerate(self.engines):
+            original = engine._execute
+
+            def record(response, original=original, rank=rank):  # type: ignore[no-untyped-def]
+                self.executed[rank].append((response.kind, *response.names))
+                return original(response)
+
+            engine._execute = record  # type: ignore[method-assign]
+            engine.start()
+
+    def run_ranks(self, fn: Callable[[int, Engine], object]) -> list[object]:
+        results: list[object] = [None] * len(self.engines)
+        errors: list[BaseException] = []
+
+        def target(rank: int) -> None:
+            try:
+                results[rank] = fn(rank, self.engines[rank])
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(len(self.engines))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+            assert not t.is_alive(), "a rank hung"
+        if errors:
+            raise errors[0]
+        return results
+
+    def close(self) -> None:
+        for engine in self.engines:
+            with engine._lock:
+                engine._shutdown_requested = True
+            engine._event.set()
+        for engine in self.engines:
+            engine._thread.join(TIMEOUT)
+            assert not engine._thread.is_alive()
+
+
+def allreduce_entry(name: str, rank: int, value: np.ndarray, op: ReduceOp = ReduceOp.SUM) -> Entry:
+    dtype = DType(value.dtype.name)
+    request = Request(name, CollectiveKind.ALLREDUCE, rank, dtype, value.shape, op)
+    return Entry(request, value, np.empty_like(value), Handle(name))
+
+
+def wait(entry: Entry) -> object:
+    assert entry.handle.wait(TIMEOUT), f"{entry.request.name} never completed"
+    if entry.handle.error is not None:
+        raise entry.handle.error
+    return entry.handle.result
+
+
+@pytest.fixture
+def job2():
+    job = Job(2)
+    yield job
+    job.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    size=st.integers(2, 3),
+    names=st.lists(st.sampled_from([f"t{i}" for i in range(10)]), min_size=1, max_size=8, unique=True),
+    steps=st.integers(1, 3),
+    capacity=st.sampled_from([0, 2, 1024]),
+    threshold=st.sampled_from([0, 64, 1 << 20]),
+    data=st.data(),
+)
+def test_same_order_everywhere_exactly_once_with_correct_sums(size, names, steps, capacity, threshold, data):
+    orders = [[data.draw(st.permutations(names)) for _ in range(steps)] for _ in range(size)]
+    lengths = {n: data.draw(st.integers(1, 20)) for n in names}
+    job = Job(size, cache_capacity=capacity, fusion_threshold_bytes=threshold)
+    try:
+        def work(rank: int, engine: Engine) -> None:
+            for step in range(steps):
+                entries = []
+                for name in orders[rank][step]:
+                    value = np.full(lengths[name], float(rank + 1 + step), dtype=np.float32)
+                    entry = allreduce_entry(name, rank, value)
+                    engine.enqueue([entry])
+                    entries.append(entry)
+                expected = sum(r + 1 + step for r in range(size))
+                for entry in entries:
+                    np.testing.assert_array_equal(wait(entry), np.full(lengths[entry.request.name], expected))
+
+        job.run_ranks(work)
+    finally:
+        job.close()
+    ran = [[names_ for kind, *names_ in log if kind == "allreduce"] for log in job.executed]
+    assert all(r == ran[0] for r in ran), "ranks executed different sequences"
+    flat = sorted(n for group in ran[0] for n in group)
+    assert flat == sorted(names * steps)
+
+
+def test_duplicate_name_in_flight_raises_at_once(job2: Job) -> None:
+    value = np.ones(2, np.float32)
+    job2.engines[0].enqueue([allreduce_entry("dup", 0, value)])
+    with pytest.raises(DuplicateNameError, match="'dup' while another tensor with that name"):
+        job2.engines[0].enqueue([allreduce_entry("dup", 0, value)])
+    job2.engines[1].enqueue([allreduce_entry("dup", 1, value)])
+
+
+def test_mismatch_fails_on_every_rank_and_the_job_continues(job2: Job) -> None:
+    def work(rank: int, engine: Engine) -> object:
+        bad = allreduce_entry("m", rank, np.ones(2 + rank, np.float32))
+        engine.enqueue([bad])
+        with pytest.raises(MismatchError, match=r"\[2\] on rank \[0\]; \[3\] on rank \[1\]"):
+            wait(bad)
+        good = allreduce_entry("g", rank, np.ones(2, np.float32))
+        engine.enqueue([good])
+        return wait(good)
+
+    for result in job2.run_ranks(work):
+        np.testing.assert_array_equal(result, [2, 2])
+
+
+def test_cache_mismatch_after_steady_state_is_caught(job2: Job) -> None:
+    """A name that hit the cache is later resubmitted with another shape on one rank only."""
+    def work(rank: int, engine: Engine) -> None:
+        for _ in range(3):
+            entry = allreduce_entry("c", rank, np.ones(4, np.float32))
+            engine.enqueue([entry])
+            wait(entry)
+        entry = allreduce_entry("c", rank, np.ones(4 + rank, np.float32))
+        engine.enqueue([entry])
+        with pytest.raises(MismatchError, match="Mismatched ALLREDUCE tensor shapes for 'c'"):
+            wait(entry)
+
+    job2.run_ranks(work)
+    assert job2.engines[0].statistics()["cache_hits_executed"] >= 2
+
+
+def test_join_contributes_zeros_and_returns_last_rank() -> None:
+    job = Job(3)
+    try:
+        def work(rank: int, engine: Engine) -> object:
+            steps = rank + 1  # uneven: rank 0 does 1 step, rank 2 does 3
+            for step in range(steps):
+                entry = allreduce_entry(f"s{step}", rank, np.full(2, 1.0, np.float32))
+                engine.enqueue([entry])
+                result = wait(entry)
+                assert result.tolist() == [3 - step] * 2  # ranks that joined add zeros
+            join = Entry(Request("join.noname", CollectiveKind.JOIN, rank), None, None, Handle("join"))
+            engine.enqueue([join])
+            return wait(join)
+
+        assert job.run_ranks(work) == [2, 2, 2]
+    finally:
+        job.close()
+
+
+def test_shutdown_fails_pending_ops_with_the_ranks_named(job2: Job) -> None:
+    entry = allreduce_entry("never", 0, np.ones(1, np.float32))
+    job2.engines[0].enqueue([entry])
+    job2.engines[1].shutdown(timeout=TIMEOUT)
+    with pytest.raises(ShutdownError, match=r"rank\(s\) \[1\] called shutdown\(\)"):
+        wait(entry)
+    with pytest.raises(ShutdownError):
+        job2.engines[0].enqueue([allreduce_entry("late", 0, np.ones(1, np.float32))])
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(2, 3), steps=st.integers(1, 4), capacity=st.sampled_from([1, 2, 3, 1024]),
+       data=st.data())
+def test_groups_run_whole_and_once_under_cache_pressure(size, steps, capacity, data):
+    """Groups g0 (3 tensors) and g1 (2) plus a loose tensor, submitted in random orders."""
+    layout = {"g0": 3, "g1": 2, "loose": 1}
+    orders = [[data.draw(st.permutations(list(layout))) for _ in range(steps)] for _ in range(size)]
+    job = Job(size, cache_capacity=capacity)
+    try:
+        def work(rank: int, engine: Engine) -> None:
+            for step in range(steps):
+                pending = []
+                for group in orders[rank][step]:
+                    count = layout[group]
+                    entries = [
+                        allreduce_entry(f"{group}_{i + 1}of{count}" if count > 1 else group, rank,
+                                        np.full(3, float(rank + step), np.float32))
+                        for i in range(count)
+                    ]
+                    if count > 1:
+                        entries = [Entry(dataclasses.replace(e.request, group=group, group_size=count),
+                                         e.input, e.output, e.handle) for e in entries]
+                    engine.enqueue(entries)
+                    pending += entries
+                expected = sum(r + step for r in range(size))
+                for entry in pending:
+                    np.testing.assert_array_equal(wait(entry), [expected] * 3)
+
+        job.run_ranks(work)
+    finally:
+        job.close()
+    logs = [[tuple(names) for kind, *names in log if kind == "allreduce"] for log in job.executed]
+    assert all(log == logs[0] for log in logs)
+    for names in logs[0]:
+        groups = {n.split("_")[0] for n in names if "of" in n}
+        for g in groups:  # a fused response holds whole groups
+            assert sum(n.startswith(g + "_") for n in names) == layout[g]
+    total = sum(len(names) for names in logs[0])
+    assert total == steps * sum(layout.values())

@@ -1,0 +1,48 @@
+"""Wire encoding of requests and responses: lossless, JSON, never pickle."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unison.coordinator.messages import (
+    Request,
+    Response,
+    decode_requests,
+    decode_responses,
+    encode_requests,
+    encode_responses,
+)
+from unison.dtypes import DType
+from unison.ops import CollectiveKind, ReduceOp
+
+shapes = st.lists(st.integers(0, 10**9), max_size=4).map(tuple)
+requests = st.builds(
+    Request,
+    name=st.text(max_size=20), kind=st.sampled_from(list(CollectiveKind)), rank=st.integers(0, 4096),
+    dtype=st.sampled_from(list(DType)), shape=shapes, reduce_op=st.sampled_from(list(ReduceOp)),
+    root_rank=st.integers(-1, 64), prescale=st.floats(allow_nan=False), postscale=st.floats(allow_nan=False),
+    process_set_id=st.integers(0, 5), group=st.text(max_size=5), group_size=st.integers(0, 5),
+    splits=shapes, ranks=shapes,
+)
+
+
+@given(st.lists(requests, max_size=5))
+def test_requests_round_trip(items) -> None:
+    data = encode_requests(items)
+    assert decode_requests(data) == items
+    json.loads(data)  # plain JSON on the wire
+
+
+@given(st.lists(st.builds(
+    Response, kind=st.sampled_from(["allreduce", "allgather", "error", "join"]),
+    names=st.lists(st.text(max_size=8), max_size=3).map(tuple), dtype=st.sampled_from(list(DType)),
+    shapes=st.lists(shapes, max_size=3).map(tuple), message=st.text(max_size=30),
+    sizes=st.one_of(st.just(()), shapes.map(lambda s: (s,)),
+                    st.lists(shapes, max_size=3).map(lambda m: (tuple(m),))),
+    last_joined=st.integers(-1, 8),
+), max_size=4))
+def test_responses_round_trip(items) -> None:
+    assert decode_responses(encode_responses(items)) == items

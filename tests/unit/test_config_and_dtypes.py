@@ -1,0 +1,80 @@
+"""Settings parsing (UNISON_* with HOROVOD_* aliases) and dtype handling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unison.config import SETTINGS_TABLE, Settings, load_settings
+from unison.dtypes import DType, bfloat16_to_float32, check_supported, dtype_of, float32_to_bfloat16
+from unison.errors import ConfigError, UnsupportedDtypeError
+from unison.ops import CollectiveKind
+
+
+def test_defaults_match_the_table() -> None:
+    settings = load_settings({})
+    for setting in SETTINGS_TABLE:
+        assert getattr(settings, setting.field) == setting.default, setting.field
+    assert settings == Settings()
+
+
+def test_horovod_alias_and_unison_precedence() -> None:
+    assert load_settings({"HOROVOD_FUSION_THRESHOLD": "1024"}).fusion_threshold_bytes == 1024
+    both = {"HOROVOD_FUSION_THRESHOLD": "1024", "UNISON_FUSION_THRESHOLD": "2048"}
+    assert load_settings(both).fusion_threshold_bytes == 2048
+    assert load_settings({"HOROVOD_CYCLE_TIME": "5"}).cycle_time_seconds == pytest.approx(0.005)
+    assert load_settings({"HOROVOD_LOG_LEVEL": "DEBUG"}).log_level == "debug"
+    assert load_settings({"UNISON_STALL_CHECK_DISABLE": "1"}).stall_check_disable is True
+
+
+@pytest.mark.parametrize(("var", "value", "expect"), [
+    ("UNISON_CACHE_CAPACITY", "lots", "must be a non-negative integer"),
+    ("HOROVOD_FUSION_THRESHOLD", "-1", "must be a non-negative integer"),
+    ("UNISON_STALL_CHECK_TIME_SECONDS", "nan", "must be a non-negative number"),
+    ("HOROVOD_LOG_LEVEL", "loud", "must be one of trace, debug"),
+    ("UNISON_CONTROLLER", "carrier-pigeon", "must be one of mpi"),
+    ("UNISON_DYNAMIC_PROCESS_SETS", "maybe", "must be 0 or 1"),
+])
+def test_bad_values_name_the_variable_and_value(var: str, value: str, expect: str) -> None:
+    with pytest.raises(ConfigError, match=f"{var} {expect}.*Got {var}='{value}'"):
+        load_settings({var: value})
+
+
+def test_stall_shutdown_must_exceed_warning() -> None:
+    with pytest.raises(ConfigError, match="at least UNISON_STALL_CHECK_TIME_SECONDS"):
+        load_settings({"UNISON_STALL_CHECK_TIME_SECONDS": "10", "UNISON_STALL_SHUTDOWN_TIME_SECONDS": "5"})
+    assert load_settings({"UNISON_STALL_SHUTDOWN_TIME_SECONDS": "0"}).stall_shutdown_seconds == 0
+
+
+def test_keyword_overrides_and_unknown_names() -> None:
+    assert load_settings({}, cache_capacity=3).cache_capacity == 3
+    with pytest.raises(ConfigError, match="Unknown setting 'fusion'"):
+        load_settings({}, fusion=1)
+
+
+def test_dtype_support() -> None:
+    assert dtype_of(np.zeros(1, np.int16)) is DType.INT16
+    with pytest.raises(UnsupportedDtypeError, match="Tensor type complex64 is not supported. Supported types: uint8"):
+        dtype_of(np.zeros(1, np.complex64))
+    check_supported(CollectiveKind.ALLGATHER, DType.BOOL)
+    with pytest.raises(UnsupportedDtypeError, match="allreduce does not support dtype bool"):
+        check_supported(CollectiveKind.ALLREDUCE, DType.BOOL)
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False), max_size=50))
+def test_bfloat16_round_trip_is_nearest_even(values) -> None:
+    x = np.array(values, dtype=np.float32)
+    bits = float32_to_bfloat16(x)
+    back = bfloat16_to_float32(bits)
+    # exact for values already representable; otherwise within half a bfloat16 ulp
+    again = bfloat16_to_float32(float32_to_bfloat16(back))
+    np.testing.assert_array_equal(again, back)
+    finite = np.isfinite(back)
+    tol = np.maximum(np.abs(x[finite]) * 2.0**-8, 2.0**-133)  # subnormals: absolute half-ulp
+    assert (np.abs(back[finite] - x[finite]) <= tol).all()
+
+
+def test_bfloat16_nan_stays_nan() -> None:
+    assert np.isnan(bfloat16_to_float32(float32_to_bfloat16(np.array([np.nan], np.float32))))[0]

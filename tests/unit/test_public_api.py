@@ -1,0 +1,51 @@
+"""The public surface: sorted __all__, lazy imports, errors before init."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import unison
+from unison import errors
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert unison.__all__ == sorted(unison.__all__)
+    for name in unison.__all__:
+        assert hasattr(unison, name), name
+    assert errors.__all__ == sorted(errors.__all__)
+
+
+def test_import_initializes_nothing() -> None:
+    code = ("import sys, unison; "
+            "bad = [m for m in ('mpi4py.MPI', 'torch', 'tensorflow') if m in sys.modules]; "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert out.stderr == ""
+
+
+def test_calls_before_init_raise_clearly() -> None:
+    with pytest.raises(errors.NotInitializedError, match=r"unison has not been initialized; use hvd.init\(\)"):
+        unison.rank()
+    with pytest.raises(ValueError):
+        unison.size()
+    with pytest.raises(errors.NotInitializedError):
+        unison.allreduce([1.0])
+
+
+def test_exception_tree() -> None:
+    assert issubclass(errors.MismatchError, errors.HorovodInternalError)
+    assert issubclass(errors.HorovodInternalError, RuntimeError)
+    assert issubclass(errors.StallError, errors.ShutdownError)
+    assert issubclass(errors.MissingDependencyError, ImportError)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.UnisonError)
+
+
+def test_build_probes_work_before_init() -> None:
+    assert unison.mpi_built() in (True, False)
+    assert unison.nccl_built() == 0
+    assert unison.gloo_built() is False and unison.ccl_built() is False

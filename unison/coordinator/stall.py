@@ -1,0 +1,248 @@
+"""The stall inspector: decides when tensors that only some ranks submitted deserve a report.
+
+Pure logic, in the style of the rest of the protocol: the engine (rank 0) calls `observe` with the
+current time and the tensors that some but not all expected ranks have submitted; the inspector
+returns a `StallReport` when one is due and the engine logs it, or stops the job when the report
+says ``shutdown``. Nothing here does I/O or reads the clock.
+
+When reports are due:
+
+* The first warning comes once some tensor has been pending ``check_seconds``.
+* Later warnings back off exponentially: the next one is due twice the previous gap after the
+  previous warning (``check``, then ``+2*check``, ``+4*check``... when observed on time), so a long
+  stall gives a handful of reports instead of one a minute. Once nothing has been pending for
+  ``check_seconds`` any more, the stall is over and the next one starts again at ``check_seconds``.
+* A shutdown report (``shutdown=True``) is returned at every observation where some tensor has been
+  pending ``shutdown_seconds`` (when that is not 0), regardless of the backoff.
+
+Example:
+    >>> inspector = StallInspector(check_seconds=60, shutdown_seconds=600)
+    >>> pending = {"allreduce.x": (frozenset({0}), frozenset({0, 1}))}
+    >>> inspector.observe(0.0, pending) is None
+    True
+    >>> print(inspector.observe(60.0, pending).text.splitlines()[1])
+      rank 1 has not submitted: allreduce.x (waiting 60.0 s, submitted by ranks [0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+
+from ..errors import ConfigError
+
+__all__ = ["StallInspector", "StallReport"]
+
+_SHUTDOWN_VARIABLE = "UNISON_STALL_SHUTDOWN_TIME_SECONDS"
+_CHECK_VARIABLE = "UNISON_STALL_CHECK_TIME_SECONDS"
+
+
+@dataclasses.dataclass(frozen=True)
+class StallReport:
+    """What the inspector found: the stalled tensors and the text to log.
+
+    Attributes:
+        waiting: one entry per tensor pending at least ``check_seconds``, longest first (ties by
+            name): (tensor name, ranks that submitted it, ranks missing, seconds pending), the rank
+            tuples sorted.
+        shutdown: some tensor has been pending at least ``shutdown_seconds``; the job must stop.
+        text: the human-readable report, one line per missing rank.
+    """
+
+    waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...]
+    shutdown: bool
+    text: str
+
+
+class StallInspector:
+    """Track how long tensors have waited for missing ranks, and say when to warn or stop.
+
+    Args:
+        check_seconds: warn once a tensor has been pending this long (> 0).
+        shutdown_seconds: stop the job once a tensor has been pending this long; 0 never stops,
+            otherwise at least `check_seconds`.
+        max_names_per_rank: tensor names listed per missing rank before ``... and N more``.
+
+    Raises:
+        ConfigError: a value is out of range; the message gives the values.
+    """
+
+    def __init__(
+        self,
+        check_seconds: float = 60.0,
+        shutdown_seconds: float = 600.0,
+        max_names_per_rank: int = 6,
+    ) -> None:
+        if not (check_seconds > 0 and math.isfinite(check_seconds)):
+            raise ConfigError(
+                f"The stall check time must be a positive number of seconds ({_CHECK_VARIABLE}). "
+                f"Got check_seconds={check_seconds!r}."
+            )
+        if not (
+            shutdown_seconds == 0
+            or (shutdown_seconds >= check_seconds and math.isfinite(shutdown_seconds))
+        ):
+            raise ConfigError(
+                f"The stall shutdown time must be 0 (never stop) or at least the stall check time "
+                f"({_SHUTDOWN_VARIABLE} >= {_CHECK_VARIABLE}). Got shutdown_seconds="
+                f"{shutdown_seconds!r} with check_seconds={check_seconds!r}."
+            )
+        if not (isinstance(max_names_per_rank, int) and max_names_per_rank >= 1):
+            raise ConfigError(
+                "max_names_per_rank must be an integer >= 1. "
+                f"Got max_names_per_rank={max_names_per_rank!r}."
+            )
+        self._check_seconds = float(check_seconds)
+        self._shutdown_seconds = float(shutdown_seconds)
+        self._max_names = max_names_per_rank
+        self._first_seen: dict[str, float] = {}
+        self._last_warning: float | None = None  # time of the latest warning of the current stall
+        self._next_warning: float | None = None  # when the next warning of this stall is due
+        self._longest_seconds = 0.0
+        self._stalled = 0
+        self._observations = 0
+        self._warnings = 0
+        self._shutdown_reports = 0
+
+    @property
+    def check_seconds(self) -> float:
+        """Seconds a tensor may be pending before a warning."""
+        return self._check_seconds
+
+    @property
+    def shutdown_seconds(self) -> float:
+        """Seconds a tensor may be pending before the job stops; 0 means never."""
+        return self._shutdown_seconds
+
+    def __repr__(self) -> str:
+        return (
+            f"<StallInspector check_seconds={self._check_seconds:g} "
+            f"shutdown_seconds={self._shutdown_seconds:g} tracked={len(self._first_seen)} "
+            f"stalled={self._stalled} warnings={self._warnings}>"
+        )
+
+    def observe(
+        self, now: float, pending: Mapping[str, tuple[frozenset[int], frozenset[int]]]
+    ) -> StallReport | None:
+        """Record the tensors pending at `now` and return a report if one is due.
+
+        Args:
+            now: the current time in seconds (any origin, non-decreasing between calls).
+            pending: tensor name -> (ranks that submitted it, ranks expected to submit it), for every
+                tensor some but not all expected ranks have submitted. Names missing here are
+                forgotten: they completed.
+
+        Returns:
+            A `StallReport` when a warning or a shutdown is due, else None.
+        """
+        now = float(now)
+        self._observations += 1
+        first_seen = self._first_seen
+        self._first_seen = {name: first_seen.get(name, now) for name in pending}
+        stalled: list[tuple[str, tuple[int, ...], tuple[int, ...], float]] = []
+        longest = 0.0
+        for name, (submitted, expected) in pending.items():
+            seconds = max(0.0, now - self._first_seen[name])
+            longest = max(longest, seconds)
+            missing = expected - submitted
+            if seconds >= self._check_seconds and missing:
+                stalled.append((name, tuple(sorted(submitted)), tuple(sorted(missing)), seconds))
+        self._longest_seconds = longest
+        self._stalled = len(stalled)
+        if not stalled:
+            # The stall is over: the next one gets its first warning after check_seconds again.
+            self._last_warning = self._next_warning = None
+            return None
+        stalled.sort(key=lambda entry: (-entry[3], entry[0]))
+        shutdown = 0 < self._shutdown_seconds <= stalled[0][3]
+        if shutdown:
+            self._shutdown_reports += 1
+        elif self._next_warning is not None and now < self._next_warning:
+            return None
+        else:
+            gap = self._check_seconds if self._last_warning is None else now - self._last_warning
+            self._last_warning = now
+            self._next_warning = now + 2.0 * gap
+            self._warnings += 1
+        waiting = tuple(stalled)
+        return StallReport(waiting, shutdown, self._text(waiting, shutdown))
+
+    def statistics(self) -> dict[str, int | float]:
+        """Return counters: observations, warnings and shutdown reports issued, tensors tracked and
+        stalled at the latest observation, and the longest time one of them had been pending."""
+        return {
+            "observations": self._observations,
+            "warnings": self._warnings,
+            "shutdown_reports": self._shutdown_reports,
+            "tensors_tracked": len(self._first_seen),
+            "tensors_stalled": self._stalled,
+            "longest_pending_seconds": self._longest_seconds,
+        }
+
+    def _text(
+        self,
+        waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...],
+        shutdown: bool,
+    ) -> str:
+        count = len(waiting)
+        lines = [
+            (
+                f"Stall: {count} {'tensor has' if count == 1 else 'tensors have'} waited more than "
+                f"{self._check_seconds:g} s for ranks that have not submitted "
+                f"{'it' if count == 1 else 'them'} (this may mean ranks run different code paths "
+                "or one rank is stuck):"
+            )
+        ]
+        by_rank: dict[int, list[tuple[str, tuple[int, ...], float]]] = {}
+        for name, submitted, missing, seconds in waiting:  # longest first, so each list is too
+            for rank in missing:
+                by_rank.setdefault(rank, []).append((name, submitted, seconds))
+        for rank in sorted(by_rank):
+            entries = by_rank[rank]
+            name, submitted, seconds = entries[0]
+            shown = [
+                f"{name} (waiting {seconds:.1f} s, submitted by ranks {_format_ranks(submitted)})"
+            ]
+            shown.extend(entry[0] for entry in entries[1 : self._max_names])
+            more = len(entries) - self._max_names
+            tail = f", ... and {more} more" if more > 0 else ""
+            lines.append(f"  rank {rank} has not submitted: {', '.join(shown)}{tail}")
+        if shutdown:
+            stopped = sorted(
+                {rank for _, _, missing, seconds in waiting if seconds >= self._shutdown_seconds
+                 for rank in missing}
+            )
+            lines.append(
+                f"Stopping the job: rank(s) {_format_ranks(stopped)} stalled for more than "
+                f"{self._shutdown_seconds:g} s ({_SHUTDOWN_VARIABLE})."
+            )
+        elif self._shutdown_seconds > 0:
+            lines.append(
+                f"The job will stop if this lasts {self._shutdown_seconds:g} s "
+                f"({_SHUTDOWN_VARIABLE}); 0 disables."
+            )
+        else:
+            lines.append(
+                f"The job will not be stopped ({_SHUTDOWN_VARIABLE}=0); set it to stop a stalled "
+                "job with an error on every rank."
+            )
+        return "\n".join(lines)
+
+
+def _format_ranks(ranks: Iterable[int]) -> str:
+    """Format sorted ranks as ``[0, 2, 5-9]``: runs of three or more collapse to a range."""
+    ordered = sorted(ranks)
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+            i = j + 1
+        else:
+            parts.append(str(ordered[i]))
+            i += 1
+    return "[" + ", ".join(parts) + "]"
