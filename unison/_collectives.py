@@ -133,11 +133,6 @@ def _submit(
     for index, array in enumerate(arrays):
         buf, dtype = _storage(array, in_place=in_place)
         check_supported(kind, dtype)
-        if grouped and dtypes and dtype is not dtypes[0]:
-            raise InvalidArgumentError(
-                f"All tensors of a grouped {kind.value} must have one dtype. Got {dtypes[0].value} and "
-                f"{dtype.value}."
-            )
         tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
         request = Request(
             tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,
@@ -178,6 +173,8 @@ def _one(kind: CollectiveKind, array: Any, name: str | None, process_set: Proces
          **kw: Any) -> int:
     handle_id, originals, dtypes = _submit(kind, [array], name, process_set, **kw)
     like, dtype = originals[0], dtypes[0]
+    if kw.get("in_place"):
+        return _finish_with(handle_id, lambda results: like)
     return _finish_with(handle_id, lambda results: _restore(results[0], dtype, like))
 
 
@@ -187,6 +184,8 @@ def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process
         current = job()
         return _register([], lambda results: [], _next_handle(current))
     handle_id, originals, dtypes = _submit(kind, list(arrays), name, process_set, grouped=True, **kw)
+    if kw.get("in_place"):
+        return _finish_with(handle_id, lambda results: list(originals))
     return _finish_with(
         handle_id,
         lambda results: [_restore(r, d, o) for r, d, o in zip(results, dtypes, originals)],
