@@ -1,0 +1,67 @@
+"""Process sets: registered at init or dynamically, collectives run among members only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unison as hvd
+from unison.errors import ConfigError, InvalidArgumentError
+
+
+@pytest.fixture(autouse=True)
+def fresh_job():
+    hvd.shutdown()
+    yield
+    hvd.shutdown()
+
+
+def test_static_process_sets() -> None:
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    head = hvd.ProcessSet([0])
+    tail = hvd.ProcessSet(range(1, size))
+    hvd.init(process_sets=[head, tail])
+    rank = hvd.rank()
+    assert (head.process_set_id, tail.process_set_id) == (1, 2)
+    assert tail.included() == (rank > 0) and head.included() == (rank == 0)
+    assert tail.rank() == (rank - 1 if rank > 0 else None)
+    if tail.included():
+        out = hvd.allreduce(np.full(3, rank + 1.0), op=hvd.Sum, name="tail", process_set=tail)
+        np.testing.assert_array_equal(out, np.full(3, float(sum(r + 1 for r in range(1, size)))))
+        out = hvd.broadcast(np.full(2, rank), root_rank=size - 1, name="tailb", process_set=tail)
+        assert out.tolist() == [size - 1] * 2
+        gathered = hvd.allgather(np.array([rank]), name="tailg", process_set=tail)
+        assert gathered.tolist() == list(range(1, size))
+        with pytest.raises(InvalidArgumentError, match="invalid root rank 0"):
+            hvd.broadcast(np.ones(1), root_rank=0, process_set=tail)
+    else:
+        with pytest.raises(InvalidArgumentError, match=f"Allreduce: Rank {rank} is not a member"):
+            hvd.allreduce(np.ones(1), process_set=tail)
+        out = hvd.allreduce(np.full(2, 5.0), op=hvd.Average, name="head", process_set=head)
+        assert out.tolist() == [5.0, 5.0]  # a one-rank set averages over itself
+    # the global set still works for everyone
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="global")[0] == size
+
+
+def test_dynamic_process_sets() -> None:
+    hvd.init(process_sets="dynamic")
+    rank, size = hvd.rank(), hvd.size()
+    ps = hvd.add_process_set(list(range(size - 1, 0, -1)))  # every rank but 0, given unsorted
+    assert ps.ranks == list(range(1, size)) and ps.process_set_id is not None
+    with pytest.raises(InvalidArgumentError, match="Attempted to add a duplicate process set"):
+        hvd.add_process_set(list(range(size)))  # the global set
+    if ps.included():
+        out = hvd.allreduce(np.full(2, float(rank)), op=hvd.Sum, name="dyn", process_set=ps)
+        assert out.tolist() == [float(sum(range(1, size)))] * 2
+    assert hvd.remove_process_set(ps) is True
+    assert ps.process_set_id is None
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.remove")[0] == size
+
+
+def test_dynamic_sets_need_opt_in() -> None:
+    hvd.init()
+    with pytest.raises(ConfigError, match="UNISON_DYNAMIC_PROCESS_SETS=1"):
+        hvd.add_process_set([0])

@@ -1,0 +1,93 @@
+"""The stall inspector names missing ranks and stops the job; the timeline is a valid Chrome trace."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import unison as hvd
+from unison.errors import ShutdownError, StallError
+
+
+@pytest.fixture(autouse=True)
+def fresh_job():
+    hvd.shutdown()
+    yield
+    hvd.shutdown()
+
+
+def test_stall_report_then_job_stops_on_every_rank(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("UNISON_STALL_CHECK_TIME_SECONDS", "1")
+    monkeypatch.setenv("UNISON_STALL_SHUTDOWN_TIME_SECONDS", "2")
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    caplog.set_level(logging.WARNING, logger="unison")
+    start = time.monotonic()
+    if rank == 0:
+        # rank 0 submits a tensor nobody else ever submits
+        with pytest.raises(StallError, match=r"rank 1 has not submitted: allreduce\.lonely") as info:
+            hvd.allreduce(np.ones(2), name="lonely")
+        assert "Stopping the job" in str(info.value)
+        assert any("Stall:" in r.getMessage() for r in caplog.records)
+    else:
+        # the others wait, then find the job stopped
+        deadline = time.monotonic() + 30
+        while hvd._runtime.job().engine.state == "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(StallError):
+            hvd.allreduce(np.ones(2), name="after.stall")
+    assert time.monotonic() - start < 15
+
+
+def test_a_rank_shutting_down_early_fails_the_others_with_its_rank(monkeypatch) -> None:
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    if rank == size - 1:
+        hvd.shutdown()
+    else:
+        with pytest.raises(ShutdownError, match=rf"rank\(s\) \[{size - 1}\] called shutdown\(\)"):
+            hvd.allreduce(np.ones(2), name="left.behind")
+
+
+def test_timeline_file_is_valid_chrome_trace(monkeypatch, tmp_path) -> None:
+    from mpi4py import MPI
+
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "timeline.json"), root=0)
+    monkeypatch.setenv("UNISON_TIMELINE", path)
+    monkeypatch.setenv("UNISON_TIMELINE_MARK_CYCLES", "1")
+    hvd.init()
+    for _ in range(3):
+        hvd.allreduce(np.ones(10), name="test_allreduce")
+    hvd.allgather(np.ones(2), name="test_allgather")
+    hvd.shutdown()
+    MPI.COMM_WORLD.Barrier()
+    with open(path) as f:  # every rank reads rank 0's file: one writer, valid JSON once closed
+        events = json.load(f)
+    text = json.dumps(events)
+    for needle in ("allreduce.test_allreduce", "NEGOTIATE_ALLREDUCE", '"ALLREDUCE"', "CYCLE_START",
+                   "MPI_ALLREDUCE", "allgather.test_allgather"):
+        assert needle in text, needle
+    for event in events:
+        assert event["ph"] in ("B", "E", "X", "M", "i"), event
+
+
+def test_dynamic_timeline(monkeypatch, tmp_path) -> None:
+    from mpi4py import MPI
+
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "dyn.json"), root=0)
+    hvd.init()
+    with pytest.raises(ValueError, match="Set UNISON_TIMELINE=DYNAMIC"):
+        hvd.start_timeline(path)
+    hvd.shutdown()
+    monkeypatch.setenv("HOROVOD_TIMELINE", "DYNAMIC")
+    hvd.init()
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(3), name="dyn")
+    hvd.stop_timeline()
+    if hvd.rank() == 0:
+        with open(path) as f:
+            assert "allreduce.dyn" in json.dumps(json.load(f))
