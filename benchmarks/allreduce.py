@@ -51,7 +51,7 @@ def timed(comm: MPI.Comm, fn) -> float:  # type: ignore[no-untyped-def]
 def side_by_side(comm: MPI.Comm, sides: dict, repeats: int) -> dict[str, float]:  # type: ignore[type-arg]
     """Alternate the sides `repeats` times; return each side's median seconds (max over ranks)."""
     samples: dict[str, list[float]] = {name: [] for name in sides}
-    for name, fn in sides.items():  # warm-up: first call negotiates, allocates, fills caches
+    for fn in sides.values():  # warm-up: first call negotiates, allocates, fills caches
         fn()
     for _ in range(repeats):
         for name, fn in sides.items():
@@ -88,8 +88,8 @@ def main() -> None:
         uni_out = np.empty_like(x)
         name = f"bench.{nbytes}"
         med = side_by_side(comm, {
-            "raw": lambda: comm.Allreduce(x, raw_out, op=MPI.SUM),
-            "unison": lambda: hvd.allreduce_(uni_out, op=hvd.Sum, name=name),
+            "raw": lambda x=x, out=raw_out: comm.Allreduce(x, out, op=MPI.SUM),
+            "unison": lambda out=uni_out, name=name: hvd.allreduce_(out, op=hvd.Sum, name=name),
         }, repeats_for(nbytes, args.quick))
         cases.append({"case": "allreduce", "bytes": nbytes, **med})
 
@@ -116,7 +116,6 @@ def main() -> None:
     backend = hvd._runtime.job().engine.backend
     default_chunk = backend.chunk_bytes
     x = np.ones(64 * MiB // 4, np.float32)
-    sweep: dict[str, float] = {}
     chunk_sides = {}
     for chunk in (0, 1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB):
         def run(chunk: int = chunk) -> None:

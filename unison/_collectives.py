@@ -59,7 +59,7 @@ def resolve_op(op: Any, average: Any) -> ReduceOp:
 def _process_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
     set_id = process_set.process_set_id
     members = current.engine.process_sets.get(set_id) if set_id is not None else None
-    if members is None:
+    if set_id is None or members is None:
         raise InvalidArgumentError(
             f"{what}: Process set provided does not exist, or has not been registered."
         )

@@ -24,7 +24,7 @@ def test_stall_report_then_job_stops_on_every_rank(monkeypatch, caplog) -> None:
     monkeypatch.setenv("UNISON_STALL_CHECK_TIME_SECONDS", "1")
     monkeypatch.setenv("UNISON_STALL_SHUTDOWN_TIME_SECONDS", "2")
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
+    rank = hvd.rank()
     caplog.set_level(logging.WARNING, logger="unison")
     start = time.monotonic()
     if rank == 0:

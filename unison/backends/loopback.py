@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -73,10 +74,10 @@ class _Rendezvous:
     """Exchange one value per member among threads (two barrier phases per exchange)."""
 
     def __init__(self, size: int) -> None:
-        self.slots: list[object] = [None] * size
+        self.slots: list[Any] = [None] * size
         self.barrier = threading.Barrier(size)
 
-    def exchange(self, index: int, value: object) -> list[object]:
+    def exchange(self, index: int, value: Any) -> list[Any]:
         from .base import Abandoned
 
         try:
@@ -146,7 +147,7 @@ class ThreadBackend:
     def __repr__(self) -> str:
         return f"<ThreadBackend rank={self.rank} size={self.size}>"
 
-    def _exchange(self, process_set_id: int, value: object) -> tuple[list[object], int]:
+    def _exchange(self, process_set_id: int, value: Any) -> tuple[list[Any], int]:
         members, rendezvous = self.group._set(process_set_id)
         index = members.index(self.rank)
         self._calls += 1
@@ -154,19 +155,19 @@ class ThreadBackend:
 
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
         self._calls += 1
-        return np.stack(self.group._control.exchange(self.rank, row.copy()))  # type: ignore[arg-type]
+        return np.stack(self.group._control.exchange(self.rank, row.copy()))
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         values = self.group._control.exchange(self.rank, payload)
-        return [bytes(v) for v in values] if self.rank == 0 else None  # type: ignore[arg-type]
+        return [bytes(v) for v in values] if self.rank == 0 else None
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         values = self.group._control.exchange(self.rank, payload)
-        return bytes(values[0])  # type: ignore[arg-type]
+        return bytes(values[0])
 
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
         values, _ = self._exchange(process_set_id, buf.copy())
-        result = values[0].copy()  # type: ignore[union-attr]
+        result = values[0].copy()
         for value in values[1:]:
             _NUMPY_OPS[op](result, value, out=result)
         buf[...] = result
@@ -174,7 +175,7 @@ class ThreadBackend:
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
         values, _ = self._exchange(process_set_id, send.copy())
-        recv[...] = np.concatenate(values)  # type: ignore[arg-type]
+        recv[...] = np.concatenate(values)
 
     def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
         values, _ = self._exchange(process_set_id, buf.copy())
@@ -185,7 +186,7 @@ class ThreadBackend:
         offsets = np.concatenate(([0], np.cumsum(send_counts))).astype(int)
         pieces = [send[offsets[i] : offsets[i + 1]].copy() for i in range(len(send_counts))]
         values, index = self._exchange(process_set_id, pieces)
-        recv[...] = np.concatenate([v[index] for v in values])  # type: ignore[index]
+        recv[...] = np.concatenate([v[index] for v in values])
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
                       op: ReduceOp, process_set_id: int) -> None:

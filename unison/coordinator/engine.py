@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import Abandoned
 from ..config import Settings
 from ..errors import (
     AbortedError,
@@ -25,13 +26,19 @@ from ..errors import (
     StallError,
 )
 from ..ops import CollectiveKind
-from ..backends.base import Abandoned
 from .cache import CacheState, ResponseCache
 from .coordinator import Coordinator
 from .executor import Entry, Executor
 from .fusion import FusionPolicy, plan_fusion
-from .messages import Request, Response, ResponseKind, decode_requests, decode_responses
-from .messages import encode_requests, encode_responses
+from .messages import (
+    Request,
+    Response,
+    ResponseKind,
+    decode_requests,
+    decode_responses,
+    encode_requests,
+    encode_responses,
+)
 from .stall import StallInspector
 
 __all__ = ["Engine"]
