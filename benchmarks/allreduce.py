@@ -112,6 +112,24 @@ def main() -> None:
     }, 5 if args.quick else 15)
     cases.append({"case": "resnet50_step", "tensors": len(shapes), "bytes": total * 4, **med})
 
+    # Fusion policy sweep on the same step: which tensors are worth copying into the fusion buffer.
+    from unison.coordinator.fusion import FusionPolicy
+
+    engine = hvd._runtime.job().engine
+    default_policy = engine.policy
+    policies = {"no_fusion": FusionPolicy(threshold_bytes=0)}
+    for limit in (64 * KiB, 1 * MiB, 16 * MiB, 128 * MiB):
+        policies[f"fuse_up_to_{limit // KiB}KiB"] = FusionPolicy(max_tensor_bytes=limit)
+    policy_sides = {}
+    for label, policy in policies.items():
+        def run_policy(policy: FusionPolicy = policy) -> None:
+            engine.policy = policy
+            unison_step()
+        policy_sides[label] = run_policy
+    med = side_by_side(comm, policy_sides, 3 if args.quick else 8)
+    engine.policy = default_policy
+    cases.append({"case": "fusion_policy_resnet50", **med})
+
     # Chunk-size sweep on 64 MiB: the policy behind UNISON_CHUNK_BYTES.
     backend = hvd._runtime.job().engine.backend
     default_chunk = backend.chunk_bytes
@@ -170,6 +188,9 @@ def report(results: dict) -> None:  # type: ignore[type-arg]
             print("64 MiB allreduce by chunk size: " + ", ".join(
                 f"{'none' if k == 'chunk_0' else str(int(k[6:]) // 1024 // 1024) + ' MiB'}: {fmt_time(v).strip()}"
                 for k, v in case.items() if k.startswith("chunk_")))
+        if case["case"] == "fusion_policy_resnet50":
+            print("resnet50 step by fusion policy: " + ", ".join(
+                f"{k}: {fmt_time(v).strip()}" for k, v in case.items() if k != "case"))
         if case["case"] == "idle_cpu_share":
             print("idle engine CPU, share of one core per rank: " + ", ".join(
                 f"{100 * v:.2f}%" for v in case["per_rank"]))

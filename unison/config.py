@@ -34,6 +34,9 @@ class Setting:
 SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("fusion_threshold_bytes", "UNISON_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "int",
             128 * MiB, "Largest number of bytes packed into one fused reduction; 0 disables fusion."),
+    Setting("fusion_max_tensor_bytes", "UNISON_FUSION_MAX_TENSOR_BYTES", None, "int", 1 * MiB,
+            "Tensors larger than this are reduced in place instead of being copied into the fusion "
+            "buffer (the copy costs about what fusion saves for large tensors)."),
     Setting("chunk_bytes", "UNISON_CHUNK_BYTES", None, "int", 4 * MiB,
             "Large reductions are issued as in-place chunks of this many bytes (faster than one huge "
             "call on shared memory); 0 sends each buffer in one call."),
@@ -81,6 +84,7 @@ class Settings:
     """Every knob of a unison job, parsed once at `init()`; see `SETTINGS_TABLE` for meanings."""
 
     fusion_threshold_bytes: int = 128 * MiB
+    fusion_max_tensor_bytes: int = 1 * MiB
     chunk_bytes: int = 4 * MiB
     cycle_time_seconds: float = 0.0
     idle_cycle_seconds: float = 0.1
@@ -182,3 +186,22 @@ def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
             "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS")
     return {k: env[k] for k in keys if k in env}
 
+
+
+def settings_markdown() -> str:
+    """Render `SETTINGS_TABLE` as the Markdown table of docs/configuration.md."""
+    def default_text(setting: Setting) -> str:
+        value = setting.default
+        if setting.kind == "ms":
+            return f"{value * 1000:g} (ms)"
+        if setting.kind == "bool":
+            return "1" if value else "0"
+        if setting.kind == "str" and value == "":
+            return "unset"
+        return str(value)
+
+    lines = ["| Variable | Horovod alias | Default | Meaning |", "|---|---|---|---|"]
+    for s in SETTINGS_TABLE:
+        alias = f"`{s.alias}`" if s.alias else "-"
+        lines.append(f"| `{s.env}` | {alias} | {default_text(s)} | {s.meaning} |")
+    return "\n".join(lines) + "\n"

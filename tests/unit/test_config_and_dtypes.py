@@ -78,3 +78,14 @@ def test_bfloat16_round_trip_is_nearest_even(values) -> None:
 
 def test_bfloat16_nan_stays_nan() -> None:
     assert np.isnan(bfloat16_to_float32(float32_to_bfloat16(np.array([np.nan], np.float32))))[0]
+
+
+def test_configuration_doc_matches_the_settings_table() -> None:
+    from pathlib import Path
+
+    from unison.config import settings_markdown
+
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    start = doc.index("-->\n", doc.index("<!-- settings-table")) + 4
+    end = doc.index("<!-- end settings-table -->")
+    assert doc[start:end] == settings_markdown(), "regenerate docs/configuration.md from settings_markdown()"

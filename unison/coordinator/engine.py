@@ -96,7 +96,7 @@ class Engine:
         self.stall = None
         if self.rank == 0 and not settings.stall_check_disable:
             self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
-        self.policy = FusionPolicy(settings.fusion_threshold_bytes,
+        self.policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
                                    group_only=settings.disable_group_fusion)
         self.timeline = None
         self._lock = threading.Lock()
