@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import _harness
 import pytest
@@ -55,4 +56,5 @@ def test_named_barrier_times_out_naming_the_absent_ranks(world: tuple[int, int])
         assert barrier.wait("probe", 30) == dict.fromkeys(range(size), "probe")
     while pending:
         pending = [request for request in pending if not request.Test()]
+        time.sleep(0.001)
     barrier.comm.Free()

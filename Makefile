@@ -1,0 +1,43 @@
+# Everything runs from the project's own virtual environment; a machine needs only python3 with venv.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.unison-installed
+# The PyTorch adapter will be tested against the CPU build of this release (not installed yet).
+TORCH_PIN = torch==2.13.0
+
+.PHONY: venv demo test lint bench clean distclean
+
+venv: $(STAMP)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalls whenever pyproject.toml changes.
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install -e '.[mpi,dev]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/numpy_digits.py
+
+test: venv
+	$(VPY) -m pytest tests/unit -q
+	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
+	$(VPY) tests/run_multirank.py -n 3
+
+lint: venv
+	$(VENV)/bin/ruff check unison
+	$(VENV)/bin/mypy unison
+
+bench: venv
+	$(VENV)/bin/mpiexec -n 2 $(VPY) benchmarks/allreduce.py
+
+# Build outputs and tool caches; `distclean` also removes the virtual environment.
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
