@@ -13,6 +13,7 @@ MPI, PMIX_RANK for PMIx launchers). Besides redirecting output, the wrapper
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import runpy
@@ -76,6 +77,7 @@ def main() -> None:
     # pytest points fds 1 and 2 elsewhere while it captures a test's output; stack dumps go to a
     # descriptor of their own so they reach the log even from the middle of a hung test.
     dumps = os.fdopen(os.dup(2), "w")
+    atexit.register(dumps.close)  # open until exit on purpose: faulthandler writes to it
     faulthandler.register(signal.SIGUSR1, file=dumps, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=dumps, all_threads=True, chain=True)
 
