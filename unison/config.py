@@ -34,7 +34,7 @@ class Setting:
 SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("fusion_threshold_bytes", "UNISON_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "int",
             128 * MiB, "Largest number of bytes packed into one fused reduction; 0 disables fusion."),
-    Setting("fusion_max_tensor_bytes", "UNISON_FUSION_MAX_TENSOR_BYTES", None, "int", 1 * MiB,
+    Setting("fusion_max_tensor_bytes", "UNISON_FUSION_MAX_TENSOR_BYTES", None, "int", 64 * 1024,
             "Tensors larger than this are reduced in place instead of being copied into the fusion "
             "buffer (the copy costs about what fusion saves for large tensors)."),
     Setting("chunk_bytes", "UNISON_CHUNK_BYTES", None, "int", 4 * MiB,
@@ -84,7 +84,7 @@ class Settings:
     """Every knob of a unison job, parsed once at `init()`; see `SETTINGS_TABLE` for meanings."""
 
     fusion_threshold_bytes: int = 128 * MiB
-    fusion_max_tensor_bytes: int = 1 * MiB
+    fusion_max_tensor_bytes: int = 64 * 1024
     chunk_bytes: int = 4 * MiB
     cycle_time_seconds: float = 0.0
     idle_cycle_seconds: float = 0.1
