@@ -64,10 +64,13 @@ _ITEMSIZE = {
 }
 
 _BY_NUMPY_NAME = {d.value: d for d in DType}
+# Keyed by dtype object: dtype.name is a slow Python-level property, and this is the submit hot path.
+_BY_NUMPY_DTYPE = {np.dtype(d.value): d for d in DType if d is not DType.BFLOAT16}
 
 _REDUCING = frozenset({CollectiveKind.ALLREDUCE, CollectiveKind.REDUCESCATTER})
 _REDUCIBLE = tuple(d for d in DType if d is not DType.BOOL)
 _ALL = tuple(DType)
+_REDUCIBLE_SET = frozenset(_REDUCIBLE)
 
 
 def dtype_of(array: np.ndarray) -> DType:
@@ -77,8 +80,11 @@ def dtype_of(array: np.ndarray) -> DType:
         >>> dtype_of(np.zeros(3, np.float32))
         <DType.FLOAT32: 'float32'>
     """
+    found = _BY_NUMPY_DTYPE.get(array.dtype)
+    if found is not None:
+        return found
     name = array.dtype.name
-    found = _BY_NUMPY_NAME.get(name)
+    found = _BY_NUMPY_NAME.get(name)  # bfloat16 from ml_dtypes
     if found is None:
         supported = ", ".join(d.value for d in DType)
         raise UnsupportedDtypeError(
@@ -89,6 +95,8 @@ def dtype_of(array: np.ndarray) -> DType:
 
 def check_supported(kind: CollectiveKind, dtype: DType) -> None:
     """Raise `UnsupportedDtypeError` if `kind` cannot carry `dtype` (bool is never reduced)."""
+    if kind not in _REDUCING or dtype in _REDUCIBLE_SET:
+        return
     allowed = _REDUCIBLE if kind in _REDUCING else _ALL
     if dtype not in allowed:
         names = ", ".join(d.value for d in allowed)

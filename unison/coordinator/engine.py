@@ -52,6 +52,11 @@ _HEADER = 2  # flags, payload length
 _MAX_BACKOFF_SECONDS = 1e-3
 _STALL_PERIOD_SECONDS = 1.0
 _CACHEABLE = CollectiveKind.ALLREDUCE.value
+_SHUTDOWN = CollectiveKind.SHUTDOWN.value
+_JOIN = CollectiveKind.JOIN.value
+_BARRIER = CollectiveKind.BARRIER.value
+_ADD_SET = CollectiveKind.ADD_PROCESS_SET.value
+_REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
 
 
 def _bits(mask: int) -> list[int]:
@@ -64,12 +69,22 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _to_words(mask: int, words: int) -> np.ndarray:
-    return np.frombuffer(mask.to_bytes(words * 8, "little"), dtype="<u8")
+_WORD = (1 << 64) - 1
 
 
-def _from_words(words: np.ndarray) -> int:
-    return int.from_bytes(np.ascontiguousarray(words, dtype="<u8").tobytes(), "little")
+def _split_words(mask: int, words: int) -> list[int]:
+    """A non-negative int as `words` little-endian 64-bit words."""
+    return [(mask >> (64 * i)) & _WORD for i in range(words)]
+
+
+def _join_words(words: list[int]) -> int:
+    """Inverse of `_split_words`."""
+    if len(words) == 1:
+        return words[0]
+    mask = 0
+    for i, word in enumerate(words):
+        mask |= word << (64 * i)
+    return mask
 
 
 class Engine:
@@ -165,16 +180,15 @@ class Engine:
         with self._lock:
             if self._state != "running":
                 raise self._stopped_error()
-            for entry in group:
-                name = entry.request.name
-                if name in self._in_flight or sum(e.request.name == name for e in group) > 1:
+            names = [entry.request.name for entry in group]
+            for entry, name in zip(group, names):
+                if name in self._in_flight or (len(group) > 1 and names.count(name) > 1):
                     raise DuplicateNameError(
                         f"Requested to {entry.request.kind.value} a tensor named '{name}' while "
                         "another tensor with that name is still being processed on this rank. "
                         "Use a different name for each tensor in flight."
                     )
-            for entry in group:
-                self._in_flight.add(entry.request.name)
+            self._in_flight.update(names)
             self._queue.append(group)
         self._event.set()
 
@@ -318,34 +332,37 @@ class Engine:
                     hits |= 1 << entry.slot
             hits |= self._foreign()
         flags = (_FLAG_JOINED if self._joined else 0) | (_FLAG_NEWS if self._news else 0)
-        row = np.empty(_HEADER + 2 * words, dtype=np.uint64)
-        row[0], row[1] = flags, len(payload)
+        row = [flags, len(payload)]
         if words:
-            row[_HEADER : _HEADER + words] = _to_words(hits, words)
-            row[_HEADER + words :] = _to_words(self._invalid, words)
-        matrix = self.backend.allgather_status(row)
+            row += _split_words(hits, words) + _split_words(self._invalid, words)
+        matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
 
         # 2. Fast path: slots every rank voted for run without asking the coordinator.
         common = invalid = 0
+        votes: list[int] = []
         if words:
-            votes = matrix[:, _HEADER : _HEADER + words]
-            common = _from_words(np.bitwise_and.reduce(votes, axis=0))
-            # Joined ranks vote for every slot; a slot also needs one real submitter to run.
-            real = votes[(matrix[:, 0] & _FLAG_JOINED) == 0]
-            common &= _from_words(np.bitwise_or.reduce(real, axis=0)) if len(real) else 0
-            invalid = _from_words(np.bitwise_or.reduce(matrix[:, _HEADER + words :], axis=0))
+            votes = [_join_words(r[_HEADER : _HEADER + words]) for r in matrix]
+            common = votes[0]
+            real = 0  # joined ranks vote for every slot; a slot also needs one real submitter
+            for r, vote in enumerate(votes):
+                common &= vote
+                invalid |= _join_words(matrix[r][_HEADER + words :])
+                if not matrix[r][0] & _FLAG_JOINED:
+                    real |= vote
+            common &= real
         cached: list[Response] = [self.cache.get(slot) for slot in _bits(common & ~invalid)]
         if cached:
             self._stats["cache_hits_executed"] += len(cached)
         if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
             self._last_stall_check = now
-            self._check_stall(now, matrix, words, common)
+            self._check_stall(now, matrix, votes, common)
 
         # 3. Slow path, only when some rank has requests the cache could not answer.
         fresh: list[Response] = []
-        if matrix[:, 1].any() or (matrix[:, 0] & _FLAG_NEWS).any():
+        lengths = [r[1] for r in matrix]
+        if any(lengths) or any(r[0] & _FLAG_NEWS for r in matrix):
             self._stats["slow_cycles"] += 1
-            gathered = self.backend.gather_bytes(payload, matrix[:, 1].tolist())
+            gathered = self.backend.gather_bytes(payload, lengths)
             data: bytes | None = None
             if self.coordinator is not None:
                 assert gathered is not None
@@ -363,7 +380,8 @@ class Engine:
 
         # 4. Execute, in the same order on every rank.
         executed = 0
-        for response in plan_fusion(cached + fresh, self.policy):
+        responses = cached + fresh
+        for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
             executed += 1
             if not self._execute(response):
                 return
@@ -393,7 +411,7 @@ class Engine:
         """Run one response; return False when the job stops."""
         self._stats["responses"] += 1
         kind = response.kind
-        if kind == CollectiveKind.SHUTDOWN.value:
+        if kind == _SHUTDOWN:
             ranks = list(response.ranks)
             self._stop(ShutdownError(
                 f"unison has been shut down: rank(s) {ranks} called shutdown() (or exited) while this "
@@ -416,13 +434,13 @@ class Engine:
                 if entry is not None:
                     entry.handle.fail(MismatchError(response.message))
             return True
-        if kind == CollectiveKind.JOIN.value:
+        if kind == _JOIN:
             entry = self._take("join.noname")
             self._joined = False
             if entry is not None:
                 entry.handle.complete(response.last_joined)
             return True
-        if kind == CollectiveKind.ADD_PROCESS_SET.value:
+        if kind == _ADD_SET:
             self.backend.add_process_set(response.process_set_id, response.ranks)
             self.process_sets[response.process_set_id] = tuple(response.ranks)
             self.cache.version += 1
@@ -430,7 +448,7 @@ class Engine:
             if entry is not None:
                 entry.handle.complete(response.process_set_id)
             return True
-        if kind == CollectiveKind.REMOVE_PROCESS_SET.value:
+        if kind == _REMOVE_SET:
             self.backend.remove_process_set(response.process_set_id)
             self.process_sets.pop(response.process_set_id, None)
             entry = self._take(response.names[0])
@@ -440,7 +458,7 @@ class Engine:
         if self.rank not in self.process_sets.get(response.process_set_id, ()):
             return True
         entries = [self._take(name) for name in response.names]
-        if kind == CollectiveKind.BARRIER.value:
+        if kind == _BARRIER:
             for entry in entries:
                 if entry is not None:
                     entry.handle.complete(None)
@@ -483,27 +501,27 @@ class Engine:
 
     # -- rank 0 only: stall inspection and timeline --------------------------------------------------
 
-    def _check_stall(self, now: float, matrix: np.ndarray, words: int, common: int) -> None:
+    def _check_stall(self, now: float, matrix: list[list[int]], votes: list[int], common: int) -> None:
         assert self.stall is not None and self.coordinator is not None
         pending = {
             name: (submitted, expected)
             for name, (submitted, expected, _) in self.coordinator.pending().items()
         }
-        if words:
-            rows = [_from_words(matrix[r, _HEADER : _HEADER + words]) for r in range(self.size)]
-            voted_any = 0
-            for r, row in enumerate(rows):
-                if not matrix[r, 0] & _FLAG_JOINED:
-                    voted_any |= row
-            for slot in _bits(voted_any & ~common):
-                if slot not in self.cache.slots():
-                    continue
-                response = self.cache.peek(slot)
-                members = self.process_sets.get(response.process_set_id, ())
-                expected = frozenset(r for r in members if not matrix[r, 0] & _FLAG_JOINED)
-                submitted = frozenset(r for r in expected if rows[r] >> slot & 1)
-                if submitted and submitted != expected:
-                    pending[response.names[0]] = (submitted, expected)
+        joined = {r for r, row in enumerate(matrix) if row[0] & _FLAG_JOINED}
+        voted_any = 0
+        for r, vote in enumerate(votes):
+            if r not in joined:
+                voted_any |= vote
+        occupied = set(self.cache.slots())
+        for slot in _bits(voted_any & ~common):
+            if slot not in occupied:
+                continue
+            response = self.cache.peek(slot)
+            members = self.process_sets.get(response.process_set_id, ())
+            expected = frozenset(r for r in members if r not in joined)
+            submitted = frozenset(r for r in expected if votes[r] >> slot & 1)
+            if submitted and submitted != expected:
+                pending[response.names[0]] = (submitted, expected)
         report = self.stall.observe(now, pending)
         if report is None:
             return

@@ -22,40 +22,56 @@ from .messages import Request, Response
 
 __all__ = ["Entry", "Executor", "Handle"]
 
+_ALLREDUCE = CollectiveKind.ALLREDUCE.value
+
 
 class Handle:
-    """Completion of one submitted collective: poll `done()`, then read `result` or raise `error`."""
+    """Completion of one submitted collective: poll `done()`, then read `result` or raise `error`.
 
-    __slots__ = ("_event", "error", "name", "result")
+    A plain lock, held from creation until completion, makes waiting cheap: completing releases it,
+    and each waiter acquires and re-releases it so any number of threads may wait.
+    """
+
+    __slots__ = ("_done", "_lock", "error", "name", "result")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._done = False
         self.result: Any = None
         self.error: BaseException | None = None
 
     def __repr__(self) -> str:
-        state = "failed" if self.error else ("done" if self.done() else "pending")
+        state = "failed" if self.error else ("done" if self._done else "pending")
         return f"<Handle {self.name!r} {state}>"
 
     def done(self) -> bool:
         """True once the collective finished (successfully or not)."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; return False on timeout."""
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._lock.release()
+        return True
 
     def complete(self, result: Any) -> None:
-        """Record the result and wake waiters."""
-        self.result = result
-        self._event.set()
+        """Record the result and wake waiters (engine thread only)."""
+        if not self._done:
+            self.result = result
+            self._done = True
+            self._lock.release()
 
     def fail(self, error: BaseException) -> None:
-        """Record the error and wake waiters."""
-        if not self._event.is_set():
+        """Record the error and wake waiters (engine thread only)."""
+        if not self._done:
             self.error = error
-            self._event.set()
+            self._done = True
+            self._lock.release()
 
 
 @dataclasses.dataclass(eq=False)
@@ -164,9 +180,9 @@ class Executor:
         (a joined rank, which contributes zeros). Returns one result per name."""
         self._stats["responses"] += 1
         self._stats["tensors"] += len(response.names)
-        kind = CollectiveKind(response.kind)
-        if kind is CollectiveKind.ALLREDUCE:
+        if response.kind == _ALLREDUCE:
             return self._allreduce(response, entries)
+        kind = CollectiveKind(response.kind)
         entry = entries[0]
         assert entry is not None and entry.input is not None  # only allreduce runs without an entry
         if kind is CollectiveKind.ALLGATHER:
