@@ -65,7 +65,7 @@ _ITEMSIZE = {
 
 _BY_NUMPY_NAME = {d.value: d for d in DType}
 # Keyed by dtype object: dtype.name is a slow Python-level property, and this is the submit hot path.
-_BY_NUMPY_DTYPE = {np.dtype(d.value): d for d in DType if d is not DType.BFLOAT16}
+_BY_NUMPY_DTYPE: dict[np.dtype, DType] = {np.dtype(d.value): d for d in DType if d is not DType.BFLOAT16}
 
 _REDUCING = frozenset({CollectiveKind.ALLREDUCE, CollectiveKind.REDUCESCATTER})
 _REDUCIBLE = tuple(d for d in DType if d is not DType.BOOL)
