@@ -102,7 +102,7 @@ def _register(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_
     return handle_id
 
 
-def _submit(
+def submit(
     kind: CollectiveKind,
     arrays: Sequence[Any],
     name: str | None,
@@ -115,7 +115,19 @@ def _submit(
     in_place: bool = False,
     splits: Sequence[int] = (),
     grouped: bool = False,
+    dtypes: Sequence[DType] | None = None,
+    outputs: Sequence[np.ndarray] | None = None,
+    device: str = "cpu",
 ) -> tuple[int, list[np.ndarray], list[DType]]:
+    """Submit one collective (or one atomic group) on NumPy buffers; return (handle id, arrays, dtypes).
+
+    This is the entry point the framework adapters share. By default each array's dtype is inferred
+    and buffers are made contiguous. An adapter that already holds storage buffers (for example a
+    torch bfloat16 tensor viewed as uint16 bits) passes ``dtypes`` to say what they hold, and may
+    pass ``outputs`` (allreduce and broadcast only) so results land directly in framework memory.
+    `synchronize` on the handle returns the list of raw results, one per array, unless the caller
+    installs another finishing function with `finish_with`.
+    """
     current = job()
     what = kind.value.capitalize()
     set_id, members = _process_set(current, process_set, what)
@@ -128,35 +140,46 @@ def _submit(
         )
     entries: list[Entry] = []
     originals: list[np.ndarray] = []
-    dtypes: list[DType] = []
+    resolved: list[DType] = []
     count = len(arrays)
     for index, array in enumerate(arrays):
-        buf, dtype = _storage(array, in_place=in_place)
+        if dtypes is None:
+            buf, dtype = _storage(array, in_place=in_place)
+        else:
+            buf, dtype = array, dtypes[index]
+            if not buf.flags.c_contiguous:
+                raise InvalidArgumentError("Tensor is required to be contiguous.")
         check_supported(kind, dtype)
         tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
         request = Request(
             tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,
-            float(prescale), float(postscale), set_id,
+            float(prescale), float(postscale), set_id, device,
             group=base if grouped else "", group_size=count if grouped else 0,
             splits=tuple(int(s) for s in splits),
         )
         if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST):
-            output = buf if in_place else np.empty_like(buf)
+            if in_place:
+                output = buf
+            elif outputs is not None:
+                output = outputs[index]
+            else:
+                output = np.empty_like(buf)
         else:
             output = None
         entries.append(Entry(request, buf, output, Handle(tensor_name)))
         originals.append(array)
-        dtypes.append(dtype)
+        resolved.append(dtype)
     current.engine.enqueue(entries)
     _handles[handle_id] = ([e.handle for e in entries], _identity)
-    return handle_id, originals, dtypes
+    return handle_id, originals, resolved
 
 
 def _identity(results: list[Any]) -> Any:
     return results
 
 
-def _finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
+def finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
+    """Make `synchronize(handle_id)` return ``finish(raw results)`` instead of the raw list."""
     handles, _ = _handles[handle_id]
     _handles[handle_id] = (handles, finish)
     return handle_id
@@ -171,11 +194,11 @@ def _restore(result: np.ndarray, dtype: DType, like: Any) -> np.ndarray:
 
 def _one(kind: CollectiveKind, array: Any, name: str | None, process_set: ProcessSet,
          **kw: Any) -> int:
-    handle_id, originals, dtypes = _submit(kind, [array], name, process_set, **kw)
+    handle_id, originals, dtypes = submit(kind, [array], name, process_set, **kw)
     like, dtype = originals[0], dtypes[0]
     if kw.get("in_place"):
-        return _finish_with(handle_id, lambda results: like)
-    return _finish_with(handle_id, lambda results: _restore(results[0], dtype, like))
+        return finish_with(handle_id, lambda results: like)
+    return finish_with(handle_id, lambda results: _restore(results[0], dtype, like))
 
 
 def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process_set: ProcessSet,
@@ -183,10 +206,10 @@ def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process
     if not arrays:
         current = job()
         return _register([], lambda results: [], _next_handle(current))
-    handle_id, originals, dtypes = _submit(kind, list(arrays), name, process_set, grouped=True, **kw)
+    handle_id, originals, dtypes = submit(kind, list(arrays), name, process_set, grouped=True, **kw)
     if kw.get("in_place"):
-        return _finish_with(handle_id, lambda results: list(originals))
-    return _finish_with(
+        return finish_with(handle_id, lambda results: list(originals))
+    return finish_with(
         handle_id,
         lambda results: [_restore(r, d, o) for r, d, o in zip(results, dtypes, originals)],
     )
@@ -401,10 +424,10 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     current = job()
     _, members = _process_set(current, process_set, "Alltoall")
     tensor, split_tuple = _check_splits(current, tensor, splits, members)
-    handle_id, originals, dtypes = _submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
+    handle_id, originals, dtypes = submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
                                            splits=split_tuple)
     like, dtype = originals[0], dtypes[0]
-    return _finish_with(handle_id, lambda results: (_restore(results[0][0], dtype, like), results[0][1]))
+    return finish_with(handle_id, lambda results: (_restore(results[0][0], dtype, like), results[0][1]))
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
