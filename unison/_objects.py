@@ -28,7 +28,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         >>> config = hvd.broadcast_object({"lr": 0.1} if hvd.rank() == 0 else None)   # doctest: +SKIP
     """
     current = job()
-    name = name or type(obj).__name__
+    # Not type(obj).__name__ (Horovod's default): non-root ranks usually pass None, so the names
+    # would differ across ranks and the broadcast would never match. Call order is the same everywhere.
+    name = name or f"broadcast_object.{current.next_name_index(process_set.process_set_id or 0)}"
     if current.rank == root_rank:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         length = np.array([payload.size], dtype=np.int64)
@@ -47,7 +49,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return the list of every set member's `obj`, in set-rank order (pickled; trusted peers only)."""
-    name = name or type(obj).__name__
+    current = job()
+    name = name or f"allgather_object.{current.next_name_index(process_set.process_set_id or 0)}"
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sz",
                       process_set=process_set)
@@ -79,8 +82,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     for existing in current.engine.process_sets.values():
         if tuple(existing) == tuple(ps.ranks):
             raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
-    current.names_counter += 1
-    set_id = _control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.names_counter}",
+    set_id = _control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
                       ranks=ps.ranks, target_set=0)
     ps._register(int(set_id), list(ps.ranks), current.rank)
     current.process_sets[int(set_id)] = ps
@@ -99,8 +101,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0 or set_id not in current.engine.process_sets:
         return False
-    current.names_counter += 1
-    _control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.names_counter}",
+    _control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.next_name_index(0)}",
              target_set=set_id)
     current.process_sets.pop(set_id, None)
     process_set._invalidate()

@@ -41,7 +41,12 @@ class Job:
     mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
     process_sets: dict[int, ProcessSet]
     handle_counter: int = 0
-    names_counter: int = 0
+    names_counters: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def next_name_index(self, process_set_id: int) -> int:
+        """A per-process-set call counter: default names that match when members call in one order."""
+        self.names_counters[process_set_id] = self.names_counters.get(process_set_id, 0) + 1
+        return self.names_counters[process_set_id]
 
 
 _job: Job | None = None

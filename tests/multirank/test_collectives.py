@@ -210,6 +210,10 @@ def test_barrier_and_objects() -> None:
     obj = {"rank": hvd.rank(), "list": [1, 2, 3]} if hvd.rank() == 0 else None
     assert hvd.broadcast_object(obj, root_rank=0, name="cfg") == {"rank": 0, "list": [1, 2, 3]}
     assert hvd.allgather_object(("r", hvd.rank())) == [("r", r) for r in range(hvd.size())]
+    # without names: non-roots pass None, objects differ in type across ranks; call order matches them
+    assert hvd.broadcast_object([1, 2] if hvd.rank() == 0 else None) == [1, 2]
+    mixed = hvd.allgather_object("text" if hvd.rank() % 2 else 7)
+    assert mixed == ["text" if r % 2 else 7 for r in range(hvd.size())]
 
 
 def test_many_tensors_in_flight_with_mixed_kinds() -> None:

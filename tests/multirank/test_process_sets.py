@@ -41,6 +41,10 @@ def test_static_process_sets() -> None:
             hvd.allreduce(np.ones(1), process_set=tail)
         out = hvd.allreduce(np.full(2, 5.0), op=hvd.Average, name="head", process_set=head)
         assert out.tolist() == [5.0, 5.0]  # a one-rank set averages over itself
+    # unnamed object broadcasts inside a set do not disturb later global ones
+    if tail.included():
+        assert hvd.broadcast_object("x" if rank == 1 else None, root_rank=1, process_set=tail) == "x"
+    assert hvd.broadcast_object("g" if rank == 0 else None) == "g"
     # the global set still works for everyone
     assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="global")[0] == size
 
