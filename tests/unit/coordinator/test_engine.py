@@ -234,3 +234,44 @@ def test_groups_run_whole_and_once_under_cache_pressure(size, steps, capacity, d
             assert sum(n.startswith(g + "_") for n in names) == layout[g]
     total = sum(len(names) for names in logs[0])
     assert total == steps * sum(layout.values())
+
+
+@settings(max_examples=20, deadline=None)
+@given(capacity=st.sampled_from([0, 2, 1024]), steps=st.integers(1, 3), data=st.data())
+def test_process_set_tensors_run_only_among_members(capacity, steps, data):
+    """Size 3 with a set {0, 2}: set tensors and global tensors interleave in random orders."""
+    size, members = 3, (0, 2)
+    global_names = ["g0", "g1"]
+    set_names = ["p0", "p1", "p2"]
+    orders = []
+    for rank in range(size):
+        mine = global_names + (set_names if rank in members else [])
+        orders.append([data.draw(st.permutations(mine)) for _ in range(steps)])
+    settings_ = load_settings({}, idle_cycle_seconds=0.005, stall_check_disable=True,
+                              cache_capacity=capacity)
+    group = ThreadGroup(size)
+    group._add(1, members)
+    engines = [Engine(group.backend(r), settings_, {0: (0, 1, 2), 1: members}) for r in range(size)]
+    for engine in engines:
+        engine.start()
+    job = Job.__new__(Job)
+    job.engines, job.group = engines, group
+    try:
+        def work(rank: int, engine: Engine) -> None:
+            for step in range(steps):
+                entries = []
+                for name in orders[rank][step]:
+                    value = np.full(2, float(rank + 1), np.float32)
+                    entry = allreduce_entry(name, rank, value)
+                    if name.startswith("p"):
+                        entry = Entry(dataclasses.replace(entry.request, process_set_id=1),
+                                      entry.input, entry.output, entry.handle)
+                    engine.enqueue([entry])
+                    entries.append(entry)
+                for entry in entries:
+                    ranks = members if entry.request.process_set_id == 1 else range(size)
+                    np.testing.assert_array_equal(wait(entry), [sum(r + 1 for r in ranks)] * 2)
+
+        job.run_ranks(work)
+    finally:
+        job.close()
