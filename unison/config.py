@@ -64,7 +64,18 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("log_hide_time", "UNISON_LOG_HIDE_TIME", "HOROVOD_LOG_HIDE_TIME", "bool", False,
             "Drop timestamps from unison's log lines."),
     Setting("controller", "UNISON_CONTROLLER", "HOROVOD_CONTROLLER", "str", "mpi",
-            "Control plane carrying the negotiation: mpi."),
+            "Control plane carrying the negotiation: mpi, or grpc (a service hosted by rank 0; data "
+            "still moves over MPI)."),
+    Setting("service_addr", "UNISON_SERVICE_ADDR", None, "str", "",
+            "host:port the grpc coordinator service binds on rank 0. Unset: 127.0.0.1 and a free port "
+            "on a single host; required when ranks span several hosts."),
+    Setting("secret", "UNISON_SECRET", None, "str", "",
+            "Per-job secret authenticating every call to the grpc service (at least 32 characters). "
+            "Unset: rank 0 makes a random one and hands it to the other ranks over MPI."),
+    Setting("secret_file", "UNISON_SECRET_FILE", None, "str", "",
+            "File holding the secret instead (must not be readable by group or others: mode 0600)."),
+    Setting("heartbeat_timeout_seconds", "UNISON_HEARTBEAT_TIMEOUT_SECONDS", None, "float", 10.0,
+            "grpc controller: a rank silent this long is declared dead and the job is aborted."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
     Setting("dynamic_process_sets", "UNISON_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS",
@@ -76,7 +87,7 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
 )
 
 _LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
-_CHOICES = {"controller": ("mpi",), "cpu_operations": ("mpi",)}
+_CHOICES = {"controller": ("mpi", "grpc"), "cpu_operations": ("mpi",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +108,10 @@ class Settings:
     log_level: str = "warning"
     log_hide_time: bool = False
     controller: str = "mpi"
+    service_addr: str = ""
+    secret: str = dataclasses.field(default="", repr=False)
+    secret_file: str = ""
+    heartbeat_timeout_seconds: float = 10.0
     cpu_operations: str = "mpi"
     dynamic_process_sets: bool = False
     disable_group_fusion: bool = False

@@ -1,0 +1,220 @@
+"""A rank's side of the gRPC service: the negotiation stream, heartbeats, and the Backend built on them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from ..backends.base import Abandoned
+from ..errors import AbortedError, ConfigError
+from ..ops import ReduceOp
+from . import coordinator_pb2 as pb
+from . import coordinator_pb2_grpc as pb_grpc
+from .server import CHANNEL_OPTIONS, RANK_KEY
+from .security import TOKEN_KEY
+
+__all__ = ["ControlClient", "GrpcBackend"]
+
+log = logging.getLogger(__name__)
+
+_HEARTBEAT_SECONDS = 1.0
+_CALL_DEADLINE_SECONDS = 10.0
+
+
+class ControlClient:
+    """One rank's connection to the coordinator service.
+
+    Args:
+        address: the service's ``host:port``.
+        secret: the job secret.
+        rank: this rank.
+        progress: returns (cycles, names waiting) for heartbeats; may be replaced after construction.
+    """
+
+    def __init__(self, address: str, secret: str, rank: int,
+                 progress: Callable[[], tuple[int, Sequence[str]]] | None = None) -> None:
+        self.address = address
+        self.rank = rank
+        self.progress = progress or (lambda: (0, ()))
+        self._metadata = ((TOKEN_KEY, secret), (RANK_KEY, str(rank)))
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._outbox: queue.SimpleQueue[pb.Exchange | None] = queue.SimpleQueue()
+        self._replies: Any = None
+        self._sequences = {pb.STATUS: 0, pb.GATHER: 0, pb.BROADCAST: 0}
+        self._closed = threading.Event()
+        self.abort_reason = ""
+        self.on_abort: Callable[[str], None] | None = None
+        self._heartbeat = threading.Thread(target=self._beat, name=f"unison-heartbeat-{rank}", daemon=True)
+
+    def __repr__(self) -> str:
+        return f"<ControlClient rank={self.rank} -> {self.address}>"
+
+    def register(self, version: str, timeout: float = 60.0) -> pb.RegisterReply:
+        """Register with the service (waiting for it to come up), open the stream, start heartbeats."""
+        request = pb.RegisterRequest(rank=self.rank, host=socket.gethostname(), pid=os.getpid(),
+                                     version=version)
+        try:
+            reply = self._stub.Register(request, metadata=self._metadata, timeout=timeout,
+                                        wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise ConfigError(
+                f"rank {self.rank} could not register with the coordinator service at {self.address} "
+                f"within {timeout:.0f} s: {exc.code().name}: {exc.details()}. Check that every rank "
+                "uses the same UNISON_SERVICE_ADDR and secret, and that no firewall blocks the port."
+            ) from None
+        self._replies = self._stub.Negotiate(self._requests(), metadata=self._metadata)
+        self._heartbeat.start()
+        return reply
+
+    def _requests(self) -> Iterator[pb.Exchange]:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            yield item
+
+    def exchange(self, phase: int, data: bytes) -> pb.ExchangeReply:
+        """Run one control-plane exchange; raises `AbortedError` if the job is being aborted."""
+        sequence = self._sequences[phase]
+        self._sequences[phase] = sequence + 1
+        self._outbox.put(pb.Exchange(phase=phase, sequence=sequence, data=data))
+        try:
+            reply = next(self._replies)
+        except grpc.RpcError as exc:
+            if self._closed.is_set():
+                raise Abandoned() from None
+            reason = self.abort_reason or (
+                f"lost the coordinator service at {self.address}: {exc.code().name}: {exc.details()} "
+                "(rank 0 died or stopped)"
+            )
+            raise AbortedError(reason) from None
+        except StopIteration:
+            raise Abandoned() from None
+        if reply.abort:
+            raise AbortedError(reply.abort)
+        return reply
+
+    def _beat(self) -> None:
+        while not self._closed.wait(_HEARTBEAT_SECONDS):
+            cycles, waiting = self.progress()
+            request = pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000])
+            try:
+                reply = self._stub.Heartbeat(request, metadata=self._metadata,
+                                             timeout=_CALL_DEADLINE_SECONDS)
+            except grpc.RpcError as exc:
+                if self._closed.is_set():
+                    return
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._aborted(f"rank {self.rank} lost the coordinator service at {self.address} "
+                                  f"({exc.code().name}): rank 0 died or is unreachable")
+                    return
+                continue
+            if reply.abort:
+                self._aborted(reply.abort)
+                return
+
+    def _aborted(self, reason: str) -> None:
+        if not self.abort_reason:
+            self.abort_reason = reason
+            log.error("unison: rank %d: job aborted: %s", self.rank, reason)
+            if self.on_abort is not None:
+                self.on_abort(reason)
+
+    def abort(self, reason: str) -> None:
+        """Ask the service to abort the job (best effort, bounded)."""
+        try:
+            self._stub.Abort(pb.AbortRequest(rank=self.rank, reason=reason), metadata=self._metadata,
+                             timeout=2.0)
+        except grpc.RpcError:
+            pass  # best effort: the caller is failing already
+
+    def close(self) -> None:
+        """Close the stream and the channel."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._outbox.put(None)
+        if self._replies is not None:
+            try:
+                for _ in self._replies:  # drain until the server ends the stream
+                    pass
+            except grpc.RpcError:
+                pass  # the stream is going away either way
+        self._channel.close()
+
+
+class GrpcBackend:
+    """Control plane over the coordinator service, data plane delegated to another backend (MPI)."""
+
+    name = "grpc+mpi"
+
+    def __init__(self, control: ControlClient, data: Any, size: int, server: Any = None) -> None:
+        self.control = control
+        self.data = data
+        self.rank = control.rank
+        self.size = size
+        self.server = server  # rank 0 owns the service; closed after the engine's last cycle
+
+    def __repr__(self) -> str:
+        return f"<GrpcBackend rank={self.rank} size={self.size} service={self.control.address}>"
+
+    def statistics(self) -> dict[str, float]:
+        out = dict(self.data.statistics())
+        out["service_sequence_status"] = self.control._sequences[pb.STATUS]
+        return out
+
+    def allgather_status(self, row: np.ndarray) -> np.ndarray:
+        reply = self.control.exchange(pb.STATUS, np.ascontiguousarray(row, dtype="<u8").tobytes())
+        return np.frombuffer(reply.data, dtype="<u8").reshape(self.size, -1)
+
+    def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        reply = self.control.exchange(pb.GATHER, payload)
+        return list(reply.parts) if self.rank == 0 else None
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        reply = self.control.exchange(pb.BROADCAST, payload or b"")
+        return payload or b"" if self.rank == 0 else bytes(reply.data)
+
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+        self.data.allreduce_(buf, op, process_set_id)
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                   process_set_id: int) -> None:
+        self.data.allgatherv(send, recv, counts, process_set_id)
+
+    def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        self.data.broadcast_(buf, root, process_set_id)
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], process_set_id: int) -> None:
+        self.data.alltoallv(send, send_counts, recv, recv_counts, process_set_id)
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      op: ReduceOp, process_set_id: int) -> None:
+        self.data.reducescatter(send, recv, recv_counts, op, process_set_id)
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        self.data.add_process_set(process_set_id, ranks)
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        self.data.remove_process_set(process_set_id)
+
+    def abandon(self) -> None:
+        self.control.close()
+        self.data.abandon()
+
+    def close(self) -> None:
+        self.control.close()
+        if self.server is not None:
+            self.server.wait_for_streams_closed(timeout=10.0)
+            self.server.stop()
+        self.data.close()

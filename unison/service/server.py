@@ -1,0 +1,258 @@
+"""The gRPC coordinator service hosted by rank 0: authentication, exchanges, heartbeats, status, abort."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from ..errors import ConfigError
+from . import coordinator_pb2 as pb
+from . import coordinator_pb2_grpc as pb_grpc
+from .rendezvous import JobAborted, Rendezvous
+from .security import TOKEN_KEY, token_matches
+
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "CoordinatorServer", "RANK_KEY"]
+
+log = logging.getLogger(__name__)
+
+RANK_KEY = "x-unison-rank"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Client and server keepalive settings agree, so the server never answers pings with GOAWAY
+# ("too_many_pings"), and idle streams survive long validation phases.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_SERVER_OPTIONS = CHANNEL_OPTIONS + [
+    ("grpc.so_reuseport", 0),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+class _Authenticate(grpc.ServerInterceptor):
+    """Refuses every call that does not carry the job secret, before any handler runs."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+        self.refused = 0
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        metadata = dict(details.invocation_metadata or ())
+        if token_matches(metadata.get(TOKEN_KEY), self._secret):
+            return continuation(details)
+        self.refused += 1
+        handler = continuation(details)
+        if handler is None:
+            return None
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job secret")
+
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(deny)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class _RankState:
+    __slots__ = ("cycles", "host", "last_seen", "pid", "streams", "waiting")
+
+    def __init__(self) -> None:
+        self.host = ""
+        self.pid = 0
+        self.cycles = 0
+        self.last_seen = 0.0
+        self.waiting: tuple[str, ...] = ()
+        self.streams = 0
+
+
+class _Servicer(pb_grpc.CoordinatorServicer):
+    def __init__(self, server: CoordinatorServer) -> None:
+        self.server = server
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+        srv = self.server
+        if not 0 <= request.rank < srv.size:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"rank must be in range(size={srv.size}); got {request.rank}")
+        if request.version != srv.version:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"rank {request.rank} runs unison {request.version}, rank 0 runs {srv.version}")
+        with srv.lock:
+            state = srv.ranks[request.rank]
+            state.host, state.pid, state.last_seen = request.host, request.pid, time.monotonic()
+            members = [pb.Member(rank=r, host=s.host, pid=s.pid) for r, s in enumerate(srv.ranks) if s.pid]
+        return pb.RegisterReply(size=srv.size, members=members)
+
+    def Negotiate(self, requests: Iterator[pb.Exchange], context: grpc.ServicerContext) -> Iterator[pb.ExchangeReply]:
+        srv = self.server
+        rank = srv.rank_of(context)
+        rendezvous = srv.rendezvous
+        with srv.lock:
+            srv.ranks[rank].streams += 1
+        try:
+            for exchange in requests:
+                reply = pb.ExchangeReply(phase=exchange.phase, sequence=exchange.sequence)
+                try:
+                    if exchange.phase == pb.STATUS:
+                        reply.data = rendezvous.status(rank, exchange.sequence, exchange.data)
+                    elif exchange.phase == pb.GATHER:
+                        parts = rendezvous.gather(rank, exchange.sequence, exchange.data)
+                        if parts is not None:
+                            reply.parts.extend(parts)
+                    elif exchange.phase == pb.BROADCAST:
+                        reply.data = rendezvous.broadcast(rank, exchange.sequence, exchange.data)
+                    else:
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown exchange phase")
+                except JobAborted as exc:
+                    reply.abort = str(exc)
+                yield reply
+        finally:
+            with srv.lock:
+                srv.ranks[rank].streams -= 1
+                srv.lock.notify_all()
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        srv = self.server
+        rank = srv.rank_of(context)
+        with srv.lock:
+            state = srv.ranks[rank]
+            state.last_seen = time.monotonic()
+            state.cycles = request.cycles
+            state.waiting = tuple(request.waiting)
+        return pb.HeartbeatReply(abort=srv.rendezvous.aborted)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        return self.server.status()
+
+    def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortReply:
+        self.server.abort(request.reason or f"rank {request.rank} asked the job to stop")
+        return pb.AbortReply()
+
+
+class CoordinatorServer:
+    """The service of one job, run by rank 0 (a gRPC server on a thread pool, plus a liveness monitor).
+
+    Args:
+        size: ranks in the job.
+        secret: the job secret every call must present.
+        address: ``host:port`` to bind (port 0: any free port).
+        version: unison's version; ranks running another one are refused at registration.
+        heartbeat_timeout_seconds: a registered rank silent this long aborts the job.
+    """
+
+    def __init__(self, size: int, secret: str, address: str, version: str,
+                 heartbeat_timeout_seconds: float = 10.0) -> None:
+        self.size = size
+        self.version = version
+        self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
+        self.rendezvous = Rendezvous(size)
+        self.lock = threading.Condition()
+        self.ranks = [_RankState() for _ in range(size)]
+        self._auth = _Authenticate(secret)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2 * size + 8, thread_name_prefix="unison-service"),
+            interceptors=[self._auth], options=_SERVER_OPTIONS,
+            maximum_concurrent_rpcs=4 * size + 16,
+        )
+        pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), self._server)
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"UNISON_SERVICE_ADDR must be host:port. Got {address!r}.")
+        if host in ("0.0.0.0", "::", "[::]"):
+            log.warning("unison: the coordinator service listens on every interface (%s) as "
+                        "UNISON_SERVICE_ADDR asks; calls still need the job secret.", address)
+        try:
+            bound = self._server.add_insecure_port(address)
+        except RuntimeError as exc:
+            bound = 0
+            reason = str(exc)
+        else:
+            reason = "the port is in use or the address is not local"
+        if not bound:
+            raise ConfigError(f"The coordinator service cannot listen on {address}: {reason}.")
+        self.address = f"{host}:{bound}"
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._watch, name="unison-service-monitor", daemon=True)
+        self._server.start()
+        self._monitor.start()
+
+    def __repr__(self) -> str:
+        return f"<CoordinatorServer {self.address} size={self.size} {self.rendezvous!r}>"
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: exchanges served, calls refused for a missing or wrong secret."""
+        return {"exchanges": self.rendezvous.exchanges, "refused": self._auth.refused}
+
+    def rank_of(self, context: grpc.ServicerContext) -> int:
+        metadata = dict(context.invocation_metadata())
+        text = metadata.get(RANK_KEY, "")
+        if not str(text).isdigit() or not 0 <= int(text) < self.size:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{RANK_KEY} must name a rank of the job")
+        return int(text)
+
+    def abort(self, reason: str) -> None:
+        """Abort the job: every waiting and future exchange answers with `reason`."""
+        if not self.rendezvous.aborted:
+            log.error("unison: aborting the job: %s", reason)
+        self.rendezvous.abort(reason)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            now = time.monotonic()
+            with self.lock:
+                silent = [(r, s) for r, s in enumerate(self.ranks)
+                          if s.last_seen and now - s.last_seen > self.heartbeat_timeout_seconds]
+            if silent and not self.rendezvous.aborted:
+                rank, state = silent[0]
+                self.abort(
+                    f"rank {rank} ({state.host}, pid {state.pid}) sent no heartbeat for "
+                    f"{now - state.last_seen:.1f} s (UNISON_HEARTBEAT_TIMEOUT_SECONDS="
+                    f"{self.heartbeat_timeout_seconds:g}); it died or is stopped."
+                )
+
+    def status(self) -> pb.StatusReply:
+        """The live table served by the Status call."""
+        now = time.monotonic()
+        reply = pb.StatusReply(size=self.size, abort=self.rendezvous.aborted)
+        with self.lock:
+            waiting = [set(s.waiting) for s in self.ranks]
+            everyone = set().union(*waiting) if waiting else set()
+            for rank, state in enumerate(self.ranks):
+                reply.ranks.add(
+                    rank=rank, host=state.host, pid=state.pid, cycles=state.cycles,
+                    seconds_since_heartbeat=(now - state.last_seen) if state.last_seen else -1.0,
+                    waiting=sorted(waiting[rank]),
+                    others_wait_for=sorted(everyone - waiting[rank]),
+                )
+        return reply
+
+    def wait_for_streams_closed(self, timeout: float) -> bool:
+        """Wait until every rank closed its negotiation stream (the job's last cycle is done)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while any(s.streams for s in self.ranks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.lock.wait(left)
+        return True
+
+    def stop(self, grace_seconds: float = 2.0) -> None:
+        """Stop serving (in-flight calls get `grace_seconds`)."""
+        self._stop.set()
+        self._server.stop(grace_seconds).wait()
