@@ -18,8 +18,8 @@ from ..errors import AbortedError, ConfigError
 from ..ops import ReduceOp
 from . import coordinator_pb2 as pb
 from . import coordinator_pb2_grpc as pb_grpc
-from .server import CHANNEL_OPTIONS, RANK_KEY
 from .security import TOKEN_KEY
+from .server import CHANNEL_OPTIONS, RANK_KEY
 
 __all__ = ["ControlClient", "GrpcBackend"]
 

@@ -54,6 +54,7 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
             server = CoordinatorServer(size, secret, address, __version__,
                                        settings.heartbeat_timeout_seconds)
             outcome = ("ok", server.address)
+            log.info("unison: coordinator service listening on %s", server.address)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             outcome = ("error", f"{type(exc).__name__}: {exc}")
             failure = exc

@@ -1,0 +1,167 @@
+"""The coordinator service in one process: pairing, authentication, limits, port ownership, liveness."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from unison.config import load_settings
+from unison.errors import AbortedError, ConfigError
+from unison.service import coordinator_pb2 as pb
+from unison.service import coordinator_pb2_grpc as pb_grpc
+from unison.service.client import ControlClient
+from unison.service.rendezvous import JobAborted, Rendezvous
+from unison.service.security import TOKEN_KEY, load_secret
+from unison.service.server import MAX_MESSAGE_BYTES, RANK_KEY, CoordinatorServer
+from unison.status import format_status
+
+SECRET = "s" * 64
+
+
+@pytest.fixture
+def server():
+    srv = CoordinatorServer(2, SECRET, "127.0.0.1:0", "test", heartbeat_timeout_seconds=30)
+    yield srv
+    srv.stop(0)
+
+
+def stub(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, pb_grpc.CoordinatorStub(channel)
+
+
+def in_threads(*fns):
+    results = [None] * len(fns)
+
+    def run(i, fn):
+        results[i] = fn()
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    return results
+
+
+def test_rendezvous_pairs_exchanges_by_sequence() -> None:
+    r = Rendezvous(3)
+    rows = in_threads(*(lambda i=i: r.status(i, 0, bytes([i])) for i in range(3)))
+    assert rows == [b"\x00\x01\x02"] * 3
+    parts = in_threads(*(lambda i=i: r.gather(i, 0, f"p{i}".encode()) for i in range(3)))
+    assert parts[0] == [b"p0", b"p1", b"p2"] and parts[1] is None and parts[2] is None
+    got = in_threads(*(lambda i=i: r.broadcast(i, 0, b"resp" if i == 0 else b"") for i in range(3)))
+    assert got == [b"resp"] * 3
+    assert r.blocked() == {} and not r._slots  # everything collected, nothing left behind
+
+
+def test_rendezvous_abort_releases_waiters() -> None:
+    r = Rendezvous(2)
+    threading.Timer(0.2, r.abort, args=("rank 1 vanished",)).start()
+    with pytest.raises(JobAborted, match="rank 1 vanished"):
+        r.status(0, 0, b"x")
+
+
+def test_two_clients_negotiate_through_the_server(server: CoordinatorServer) -> None:
+    clients = [ControlClient(server.address, SECRET, rank) for rank in range(2)]
+    in_threads(*(lambda c=c: c.register("test") for c in clients))
+    replies = in_threads(*(lambda c=c: c.exchange(pb.STATUS, bytes([c.rank]) * 8) for c in clients))
+    assert [r.data for r in replies] == [b"\x00" * 8 + b"\x01" * 8] * 2
+    status = server.status()
+    assert [r.pid for r in status.ranks] == [os.getpid()] * 2
+    for c in clients:
+        c.close()
+    assert server.wait_for_streams_closed(5)
+
+
+@pytest.mark.parametrize("metadata", [(), ((TOKEN_KEY, "wrong" * 10),), ((TOKEN_KEY, SECRET[:-1] + "t"),)])
+def test_calls_without_the_secret_are_refused_and_the_service_goes_on(server, metadata) -> None:
+    channel, s = stub(server.address)
+    with channel:
+        for call in (lambda: s.Status(pb.StatusRequest(), metadata=metadata, timeout=5),
+                     lambda: s.Register(pb.RegisterRequest(rank=0, version="test"), metadata=metadata, timeout=5),
+                     lambda: list(s.Negotiate(iter([pb.Exchange(phase=pb.STATUS)]), metadata=metadata, timeout=5))):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ok = s.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, SECRET),), timeout=5)
+        assert ok.size == 2
+    assert server.statistics()["refused"] == 3
+
+
+def test_oversized_messages_and_random_bytes_are_refused(server: CoordinatorServer) -> None:
+    channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", -1)])
+    s = pb_grpc.CoordinatorStub(channel)
+    with channel:
+        big = pb.HeartbeatRequest(rank=0, waiting=["x" * (MAX_MESSAGE_BYTES + 16)])
+        with pytest.raises(grpc.RpcError) as info:
+            s.Heartbeat(big, metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "0")), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    host, port = server.address.rsplit(":", 1)
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(np.random.default_rng(0).bytes(4096))
+            raw.settimeout(2)
+            try:
+                raw.recv(1024)
+            except OSError:
+                pass
+    channel, s = stub(server.address)
+    with channel:
+        assert s.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, SECRET),), timeout=5).size == 2
+
+
+def test_the_port_is_not_shared(server: CoordinatorServer) -> None:
+    with pytest.raises(ConfigError, match=f"cannot listen on {server.address}"):
+        CoordinatorServer(2, SECRET, server.address, "test")
+
+
+def test_bad_addresses_are_refused() -> None:
+    with pytest.raises(ConfigError, match="must be host:port"):
+        CoordinatorServer(2, SECRET, "localhost", "test")
+
+
+def test_silent_rank_aborts_the_job_with_its_rank_named() -> None:
+    srv = CoordinatorServer(2, SECRET, "127.0.0.1:0", "test", heartbeat_timeout_seconds=1.0)
+    try:
+        channel, s = stub(srv.address)
+        with channel:  # rank 1 registers, then never beats again
+            s.Register(pb.RegisterRequest(rank=1, host="h1", pid=4242, version="test"),
+                       metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "1")), timeout=5)
+        client = ControlClient(srv.address, SECRET, 0)
+        client.register("test")
+        start = time.monotonic()
+        with pytest.raises(AbortedError, match=r"rank 1 \(h1, pid 4242\) sent no heartbeat for 1\.\d s"):
+            client.exchange(pb.STATUS, b"row")  # waits for rank 1's row until the abort
+        assert time.monotonic() - start < 5
+        assert "ABORTING: rank 1" in format_status(srv.status())
+        client.close()
+    finally:
+        srv.stop(0)
+
+
+def test_version_mismatch_is_refused(server: CoordinatorServer) -> None:
+    client = ControlClient(server.address, SECRET, 1)
+    with pytest.raises(ConfigError, match="runs unison 9.9, rank 0 runs test"):
+        client.register("9.9", timeout=5)
+
+
+def test_secret_sources(tmp_path) -> None:
+    assert load_secret(load_settings({})) is None
+    assert load_secret(load_settings({"UNISON_SECRET": SECRET})) == SECRET
+    with pytest.raises(ConfigError, match="at least 32 characters; it has 5"):
+        load_secret(load_settings({"UNISON_SECRET": "short"}))
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="accessible to group or others .mode 0644.; make it private"):
+        load_secret(load_settings({"UNISON_SECRET_FILE": str(path)}))
+    path.chmod(0o600)
+    assert load_secret(load_settings({"UNISON_SECRET_FILE": str(path)})) == SECRET

@@ -1,0 +1,72 @@
+"""Print a live status table of a running job: ``python -m unison.status HOST:PORT``.
+
+Needs the job's ``UNISON_CONTROLLER=grpc`` service address (rank 0 logs it at INFO) and its secret in
+``UNISON_SECRET`` or ``UNISON_SECRET_FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["format_status", "main"]
+
+
+def format_status(reply: object) -> str:
+    """Render a StatusReply as a table, one line per rank."""
+    ranks = list(reply.ranks)  # type: ignore[attr-defined]
+    lines = [f"job of {reply.size} ranks" + (f" - ABORTING: {reply.abort}" if reply.abort else "")]  # type: ignore[attr-defined]
+    lines.append(f"{'rank':>4}  {'host':<16} {'pid':>7} {'cycles':>8} {'heartbeat':>10}  "
+                 "waiting on / others wait for it on")
+    for r in ranks:
+        beat = "never" if r.seconds_since_heartbeat < 0 else f"{r.seconds_since_heartbeat:.1f} s ago"
+        lines.append(f"{r.rank:>4}  {r.host[:16]:<16} {r.pid:>7} {r.cycles:>8} {beat:>10}  "
+                     f"waiting: {_names(r.waiting)}")
+        if r.others_wait_for:
+            lines.append(f"{'':>50}others wait for it: {_names(r.others_wait_for)}")
+    return "\n".join(lines)
+
+
+def _names(names: object, limit: int = 6) -> str:
+    items = list(names)  # type: ignore[call-overload]
+    if not items:
+        return "-"
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m unison.status``."""
+    parser = argparse.ArgumentParser(prog="python -m unison.status", description=__doc__.splitlines()[0])
+    parser.add_argument("address", help="the coordinator service, host:port")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    args = parser.parse_args(argv)
+    import grpc
+
+    from .config import load_settings
+    from .errors import ConfigError
+    from .service import coordinator_pb2 as pb
+    from .service import coordinator_pb2_grpc as pb_grpc
+    from .service.security import TOKEN_KEY, load_secret
+
+    try:
+        secret = load_secret(load_settings())
+    except ConfigError as exc:
+        print(f"unison.status: {exc}", file=sys.stderr)
+        return 2
+    if secret is None:
+        print("unison.status: set UNISON_SECRET or UNISON_SECRET_FILE to the job's secret.", file=sys.stderr)
+        return 2
+    with grpc.insecure_channel(args.address) as channel:
+        stub = pb_grpc.CoordinatorStub(channel)
+        try:
+            reply = stub.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, secret),), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"unison.status: {args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    print(format_status(reply))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
