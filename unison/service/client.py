@@ -82,7 +82,7 @@ class ControlClient:
                 return
             yield item
 
-    def exchange(self, phase: int, data: bytes) -> pb.ExchangeReply:
+    def exchange(self, phase: pb.Phase, data: bytes) -> pb.ExchangeReply:
         """Run one control-plane exchange; raises `AbortedError` if the job is being aborted."""
         sequence = self._sequences[phase]
         self._sequences[phase] = sequence + 1
