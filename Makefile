@@ -6,7 +6,7 @@ STAMP := $(VENV)/.unison-installed
 # The PyTorch adapter will be tested against the CPU build of this release (not installed yet).
 TORCH_PIN = torch==2.13.0
 
-.PHONY: venv demo test lint bench clean distclean
+.PHONY: venv demo test lint bench proto clean distclean
 
 venv: $(STAMP)
 
@@ -16,16 +16,18 @@ $(VPY):
 # Reinstalls whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
-	$(VPY) -m pip install -e '.[mpi,dev]'
+	$(VPY) -m pip install -e '.[mpi,grpc,dev]'
 	touch $@
 
 demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/numpy_digits.py
 
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples -q
+	$(VPY) -m pytest tests/unit tests/examples tests/service -q
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
+	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 2
+	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3
 
 lint: venv
 	$(VENV)/bin/ruff check unison
@@ -33,6 +35,11 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) benchmarks/allreduce.py
+
+# Regenerate the gRPC modules of the coordinator service (committed; needs grpcio-tools).
+proto: venv
+	$(VPY) -m pip install grpcio-tools
+	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. unison/service/coordinator.proto
 
 # Build outputs and tool caches; `distclean` also removes the virtual environment.
 clean:

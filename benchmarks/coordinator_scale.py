@@ -1,0 +1,144 @@
+"""Benchmark: the gRPC coordinator service with N simulated workers on loopback.
+
+The master process hosts the service and plays rank 0 (it runs the `Coordinator` on the gathered
+requests, exactly as rank 0's engine does). Ranks 1..N-1 are threads spread over two worker processes;
+each submits 100 tensors per cycle. *Cached* cycles are a status exchange only (steady-state training);
+*uncached* cycles use new tensor names every cycle, so every request goes through the gather, the
+Coordinator and the broadcast. Reported per N: cycle latency p50/p99 seen by rank 0 and the master
+process's CPU time per cycle (service threads included). On a 2-core machine the simulated workers
+compete with the master for the CPU, so latencies are upper bounds; the master CPU time is the number
+that predicts a real cluster.
+
+Run: python benchmarks/coordinator_scale.py [--sizes 8 64 256] [--cycles 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from unison.coordinator.coordinator import Coordinator
+from unison.coordinator.messages import Request, decode_requests, encode_requests, encode_responses
+from unison.dtypes import DType
+from unison.ops import CollectiveKind
+from unison.service import coordinator_pb2 as pb
+from unison.service.client import ControlClient
+from unison.service.server import CoordinatorServer
+
+SECRET = "b" * 64
+TENSORS = 100
+WORDS = (TENSORS + 63) // 64
+
+
+def status_row(cached: bool, payload_bytes: int) -> bytes:
+    hits = [(1 << 64) - 1, (1 << (TENSORS - 64)) - 1] if cached else [0] * WORDS
+    return np.array([0, payload_bytes, *hits, *([0] * WORDS)], dtype="<u8").tobytes()
+
+
+def requests_for(rank: int, cycle: int) -> bytes:
+    return encode_requests([
+        Request(f"grad.{cycle}.{i}", CollectiveKind.ALLREDUCE, rank, DType.FLOAT32, (256, 64))
+        for i in range(TENSORS)
+    ])
+
+
+def run_worker_ranks(address: str, ranks: list[int], cycles: int, cached: bool, start: mp.Event) -> None:
+    """A worker process: one thread per simulated rank, each running `cycles` cycles."""
+    clients = [ControlClient(address, SECRET, rank) for rank in ranks]
+    for client in clients:
+        client.register("bench")
+    start.wait()
+
+    def rank_loop(client: ControlClient) -> None:
+        for cycle in range(cycles):
+            payload = b"" if cached else requests_for(client.rank, cycle)
+            client.exchange(pb.STATUS, status_row(cached, len(payload)))
+            if not cached:
+                client.exchange(pb.GATHER, payload)
+                client.exchange(pb.BROADCAST, b"")
+
+    threads = [threading.Thread(target=rank_loop, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for client in clients:
+        client.close()
+
+
+def measure(size: int, cycles: int, cached: bool) -> dict[str, float]:
+    server = CoordinatorServer(size, SECRET, "127.0.0.1:0", "bench", heartbeat_timeout_seconds=600)
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    others = list(range(1, size))
+    groups = [others[0::2], others[1::2]]
+    workers = [ctx.Process(target=run_worker_ranks, args=(server.address, g, cycles, cached, start))
+               for g in groups if g]
+    for w in workers:
+        w.start()
+    master = ControlClient(server.address, SECRET, 0)
+    master.register("bench")
+    coordinator = Coordinator(size)
+    while sum(1 for s in server.ranks if s.pid) < size:
+        time.sleep(0.01)
+    start.set()
+    latencies: list[float] = []
+    cpu_before = time.process_time()
+    for cycle in range(cycles):
+        t0 = time.perf_counter()
+        payload = b"" if cached else requests_for(0, cycle)
+        reply = master.exchange(pb.STATUS, status_row(cached, len(payload)))
+        matrix = np.frombuffer(reply.data, dtype="<u8").reshape(size, -1)
+        if cached:
+            np.bitwise_and.reduce(matrix[:, 2 : 2 + WORDS], axis=0)  # the engine's fast-path decision
+        else:
+            parts = master.exchange(pb.GATHER, payload).parts
+            responses = coordinator.handle([decode_requests(p) for p in parts], now=time.monotonic())
+            assert len(responses) == TENSORS, len(responses)
+            master.exchange(pb.BROADCAST, encode_responses(responses))
+        latencies.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - cpu_before) / cycles
+    for w in workers:
+        w.join(120)
+    master.close()
+    server.stop(0)
+    latencies.sort()
+    return {"p50_ms": 1e3 * statistics.median(latencies),
+            "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "master_cpu_ms_per_cycle": 1e3 * cpu,
+            "master_cpu_us_per_worker": 1e6 * cpu / size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "coordinator_scale.json"))
+    args = parser.parse_args()
+    results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS, "cases": []}
+    print(f"{'N':>5} {'mode':>9} {'p50 ms':>9} {'p99 ms':>9} {'master CPU ms/cycle':>20} {'us/worker':>10}")
+    for size in args.sizes:
+        for cached in (True, False):
+            row = measure(size, args.cycles * (3 if cached else 1), cached)
+            mode = "cached" if cached else "uncached"
+            results["cases"].append({"size": size, "mode": mode, **row})
+            print(f"{size:>5} {mode:>9} {row['p50_ms']:>9.2f} {row['p99_ms']:>9.2f} "
+                  f"{row['master_cpu_ms_per_cycle']:>20.2f} {row['master_cpu_us_per_worker']:>10.1f}",
+                  flush=True)
+    results["load_after"] = os.getloadavg()
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
