@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from . import _failure
 from .config import Settings, load_settings, process_environment
 from .coordinator.engine import Engine
 from .errors import ConfigError, InvalidArgumentError, NotInitializedError, UnisonNotImplementedError
@@ -158,8 +159,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                     f"({mpi.Get_library_version().splitlines()[0].strip()}). Launch with the mpiexec "
                     "of that library (with the mpich wheel: the mpiexec in the same environment's bin/)."
                 )
-            backend: Any = MpiBackend(the_comm, settings.chunk_bytes)
             topology = _topology(mpi, the_comm)
+            if settings.controller == "grpc":
+                from .service.setup import grpc_backend
+
+                backend: Any = grpc_backend(the_comm, settings, local_size=topology[1])
+            else:
+                backend = MpiBackend(the_comm, settings.chunk_bytes)
         else:
             if comm is not None or _launcher_size() > 1:
                 from .backends.mpi import import_mpi
@@ -192,7 +198,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
             timeline = Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
         engine = Engine(backend, settings, registered, timeline)
+        if settings.controller == "grpc" and mpi is not None:
+            from .service.setup import watch_engine
+
+            watch_engine(backend, engine)
         engine.start()
+        _failure.install(engine, rank, size, mpi)
         _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -232,6 +243,8 @@ def shutdown() -> None:
         if current is None:
             return
         current.engine.shutdown()
+        _failure.mark_finished()
+        _failure.uninstall()
         from ._collectives import _reset_handles
 
         _reset_handles()

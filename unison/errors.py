@@ -8,6 +8,7 @@
     ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
     ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
     ├── UnisonNotImplementedError    (NotImplementedError)
+    ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
     └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
         ├── MismatchError                              ranks disagreed on a collective's attributes
         ├── ShutdownError                              the job was shut down while the op was pending
@@ -23,6 +24,7 @@ __all__ = [
     "DuplicateNameError",
     "HorovodInternalError",
     "InvalidArgumentError",
+    "LaunchError",
     "MismatchError",
     "MissingDependencyError",
     "NotInitializedError",
@@ -67,6 +69,10 @@ class MissingDependencyError(UnisonError, ImportError):
 
 class UnisonNotImplementedError(UnisonError, NotImplementedError):
     """A Horovod feature that unison does not implement yet."""
+
+
+class LaunchError(UnisonError, RuntimeError):
+    """A job started by `unisonrun` or `unison.run` could not start, or ended without a result."""
 
 
 class HorovodInternalError(UnisonError, RuntimeError):

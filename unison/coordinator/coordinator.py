@@ -142,11 +142,18 @@ class Coordinator:
         Returns:
             Responses to execute on every rank in this order: ready collectives (ordered by when they
             became ready), error responses for those whose ranks disagreed, then a join response when
-            every rank has joined, and a shutdown response if any rank asked to stop.
+            every rank has joined, and a shutdown response if any rank asked to stop. A shutdown
+            request with a reason (a rank failing) instead yields only an abort response carrying
+            the lowest such rank's reason.
         """
         self._stats["cycles"] += 1
         out: list[Response] = []
         shutdown_ranks: list[int] = []
+        failures = [r for requests in request_lists for r in requests
+                    if r.kind is CollectiveKind.SHUTDOWN and r.reason]
+        if failures:
+            self._stats["requests"] += sum(len(requests) for requests in request_lists)
+            return self.abort(min(failures, key=lambda r: r.rank).reason)
         for rank, requests in enumerate(request_lists):
             for request in requests:
                 self._stats["requests"] += 1

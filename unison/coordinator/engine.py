@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,6 +132,12 @@ class Engine:
         self._foreign_version = -1
         self._foreign_mask = 0
         self._stop_error: BaseException | None = None
+        self._abort_reason = ""  # this rank is failing: send the reason to the coordinator
+        self._abort_sent = False
+        self._stopped = threading.Event()
+        # Called once, from the thread that stopped the engine, with the error that stopped it and
+        # whether a pending handle was failed with it (a framework thread was waiting on the job).
+        self.on_stop: Callable[[BaseException, bool], None] | None = None
         self._state = "created"
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
                                         daemon=True)
@@ -209,6 +215,26 @@ class Engine:
             self.backend.abandon()
             self._thread.join(2.0)
 
+    def abort(self, reason: str, timeout: float = 2.0) -> bool:
+        """Stop the whole job because this rank is failing; return True once every rank was told.
+
+        The reason travels to the coordinator as a shutdown request that carries it; the coordinator
+        answers with an abort response, which fails every pending handle on every rank with
+        `AbortedError(reason)`. Returns False when the engine had already stopped or the answer did
+        not come within `timeout` (a peer or the coordinator is unreachable): the caller then falls
+        back to something blunter, such as MPI_Abort.
+        """
+        with self._lock:
+            if self._state != "running":
+                return False
+            if not self._abort_reason:
+                self._abort_reason = reason
+        self._event.set()
+        if threading.current_thread() is self._thread:
+            return False
+        self._stopped.wait(timeout)
+        return isinstance(self._stop_error, AbortedError)
+
     def _stopped_error(self) -> BaseException:
         if self._stop_error is not None:
             return type(self._stop_error)(str(self._stop_error))
@@ -223,6 +249,9 @@ class Engine:
                 self._cycle()
         except Abandoned:
             self._stop(ShutdownError("unison was shut down while peers did not respond."))
+        except AbortedError as exc:  # the transport learned that the job is being aborted
+            log.error("unison: rank %d: %s", self.rank, exc)
+            self._stop(exc)
         except BaseException as exc:  # noqa: BLE001 - the thread must fail every waiter, not die silently
             log.exception("unison: rank %d: engine failed", self.rank)
             self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
@@ -237,6 +266,7 @@ class Engine:
     def _wait_for_work(self) -> None:
         with self._lock:
             ready = bool(self._queue) or (self._shutdown_requested and not self._shutdown_sent)
+            ready = ready or (bool(self._abort_reason) and not self._abort_sent)
         if ready or self._news or self._unsent:
             self._backoff = 50e-6
             return
@@ -310,6 +340,8 @@ class Engine:
             new_groups, self._queue = self._queue, []
             send_shutdown = self._shutdown_requested and not self._shutdown_sent
             self._shutdown_sent = self._shutdown_sent or send_shutdown
+            send_abort = self._abort_reason if not self._abort_sent else ""
+            self._abort_sent = self._abort_sent or bool(send_abort)
         self._invalid = 0
         for group in new_groups:
             self._admit(group)
@@ -319,7 +351,9 @@ class Engine:
         unsent = self._unsent
         self._unsent = []
         requests = [e.request for e in unsent]
-        if send_shutdown:
+        if send_abort:
+            requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank, reason=send_abort))
+        elif send_shutdown:
             requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank))
         payload = encode_requests(requests) if requests else b""
         words = (self.cache.num_slots + 63) // 64
@@ -425,6 +459,7 @@ class Engine:
             self._stop(StallError(response.message))
             return False
         if kind == ResponseKind.ABORT:
+            log.error("unison: rank %d: %s", self.rank, response.message)
             self._stop(AbortedError(response.message))
             return False
         if kind == ResponseKind.ERROR:
@@ -489,15 +524,24 @@ class Engine:
             if self._state == "stopped" and self._stop_error is not None:
                 error = self._stop_error
             self._state = "stopped"
-            if self._stop_error is None:
+            first = self._stop_error is None
+            if first:
                 self._stop_error = error
             queued = [e for group in self._queue for e in group]
             self._queue = []
             self._in_flight.clear()
-        for entry in list(self._pending.values()) + queued:
+        waiting = list(self._pending.values()) + queued
+        for entry in waiting:
             entry.handle.fail(type(error)(str(error)))
         self._pending.clear()
         self._unsent = []
+        if first:
+            self._stopped.set()
+            if self.on_stop is not None:
+                try:
+                    self.on_stop(error, bool(waiting))
+                except Exception:  # noqa: BLE001 - a failing hook must not keep the engine alive
+                    log.exception("unison: rank %d: stop hook failed", self.rank)
 
     # -- rank 0 only: stall inspection and timeline --------------------------------------------------
 

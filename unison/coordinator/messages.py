@@ -45,6 +45,8 @@ class Request:
         group_size: number of members of that group (0 if none).
         splits: alltoall's per-destination dim-0 counts (empty for an equal split).
         ranks: members of the set for add/remove_process_set.
+        reason: on a SHUTDOWN request, why this rank is failing ("" for an orderly shutdown); a
+            non-empty reason makes the coordinator abort the whole job with it.
     """
 
     name: str
@@ -62,6 +64,7 @@ class Request:
     group_size: int = 0
     splits: tuple[int, ...] = ()
     ranks: tuple[int, ...] = ()
+    reason: str = ""
 
     @property
     def num_elements(self) -> int:
