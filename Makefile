@@ -23,7 +23,7 @@ demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/numpy_digits.py
 
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples tests/service -q
+	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults -q
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 2

@@ -67,6 +67,7 @@ from ._runtime import (
 )
 from ._version import __version__
 from .errors import HorovodInternalError, UnisonError
+from .launcher import run
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
 
@@ -129,6 +130,7 @@ __all__ = [
     "reducescatter_async",
     "remove_process_set",
     "rocm_built",
+    "run",
     "shutdown",
     "size",
     "start_timeline",

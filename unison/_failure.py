@@ -77,9 +77,7 @@ def describe(exc: BaseException, rank: int, host: str, pid: int) -> str:
     return reason
 
 
-def _launcher_dir() -> Path | None:
-    # The launcher's own handshake, not a setting: unisonrun sets it for the processes it starts.
-    raw = os.environ.get(LAUNCHER_DIR_VARIABLE, "")
+def _launcher_dir(raw: str) -> Path | None:
     return Path(raw) if raw and os.path.isdir(raw) else None
 
 
@@ -95,14 +93,17 @@ def _write_marker(name: str, text: str) -> None:
         pass
 
 
-def install(engine: Any, rank: int, size: int, mpi: Any) -> None:
-    """Chain the exception hooks and attach the abort plumbing to a freshly started engine."""
+def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "") -> None:
+    """Chain the exception hooks and attach the abort plumbing to a freshly started engine.
+
+    `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts.
+    """
     _state.engine = engine
     _state.rank, _state.size, _state.mpi = rank, size, mpi
     _state.host = socket.gethostname()
     _state.aborted_reason = ""
     _state.trailer_printed = False
-    _state.launcher_dir = _launcher_dir()
+    _state.launcher_dir = _launcher_dir(launcher_dir)
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook

@@ -65,7 +65,9 @@ def job() -> Job:
 
 def _launcher_size() -> int:
     env = process_environment()
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+    # SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: the latter is also set for a plain `python x.py` inside
+    # an `sbatch --ntasks=4` script, which is a job of one process.
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
         if key in env:
             try:
                 return int(env[key])
@@ -203,7 +205,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
             watch_engine(backend, engine)
         engine.start()
-        _failure.install(engine, rank, size, mpi)
+        _failure.install(engine, rank, size, mpi, settings.launcher_dir)
         _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
         if not _atexit_registered:
             atexit.register(shutdown)

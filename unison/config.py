@@ -76,6 +76,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "File holding the secret instead (must not be readable by group or others: mode 0600)."),
     Setting("heartbeat_timeout_seconds", "UNISON_HEARTBEAT_TIMEOUT_SECONDS", None, "float", 10.0,
             "grpc controller: a rank silent this long is declared dead and the job is aborted."),
+    Setting("launcher_dir", "UNISON_LAUNCHER_DIR", None, "str", "",
+            "Set by unisonrun for the ranks it starts: a private directory where each rank records "
+            "that it started, failed or finished, so the launcher can name a rank that died."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
     Setting("dynamic_process_sets", "UNISON_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS",
@@ -112,6 +115,7 @@ class Settings:
     secret: str = dataclasses.field(default="", repr=False)
     secret_file: str = ""
     heartbeat_timeout_seconds: float = 10.0
+    launcher_dir: str = ""
     cpu_operations: str = "mpi"
     dynamic_process_sets: bool = False
     disable_group_fusion: bool = False
@@ -197,8 +201,9 @@ def load_settings(
 def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Return the launcher variables that describe this process's place in the job (rank discovery)."""
     env = os.environ if environ is None else environ
-    keys = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS")
+    keys = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
+            "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
     return {k: env[k] for k in keys if k in env}
 
 

@@ -1,0 +1,77 @@
+"""A failing, killed, vanished or interrupted rank ends the whole job quickly, non-zero, named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ._jobs import BOUND_SECONDS, MPIEXEC, PYTHON, SCENARIO, alive, assert_no_strays, run_job, unisonrun
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_uncaught_exception_under_unisonrun_stops_every_rank(tmp_path: Path, failing: int) -> None:
+    done = run_job(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), "raise", str(failing)))
+    assert done.returncode != 0, done.output
+    reason = f"rank {failing} ("
+    assert f"unisonrun: {reason}" in done.output and "ValueError: injected failure at step 3" in done.output
+    # Every rank reports the failed rank, and every finally: block ran.
+    assert done.output.count(f"AbortedError: {reason}") == 1, done.output
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"]
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_uncaught_exception_under_plain_mpiexec_stops_every_rank(tmp_path: Path) -> None:
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "raise", "1"])
+    assert done.returncode != 0, done.output
+    assert "AbortedError: rank 1 (" in done.output and "ValueError: injected failure" in done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_survivor_outside_a_collective_is_interrupted(tmp_path: Path) -> None:
+    done = run_job(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), "sleeping", "1"))
+    assert done.returncode != 0, done.output
+    assert "unison: rank 0 stopped: rank 1 (" in done.output, done.output
+    assert (tmp_path / "finally-0").exists()  # interrupted with KeyboardInterrupt, so finally: ran
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize("mode", ["sigkill", "exit0"])
+def test_rank_that_dies_mid_collective_ends_the_job_named(tmp_path: Path, mode: str) -> None:
+    done = run_job(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), mode, "1"))
+    assert done.returncode != 0, done.output
+    assert "rank 1 (" in done.output and "ended without shutting unison down" in done.output, done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
+    proc = subprocess.Popen(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), "none", "-1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("pid-*"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "ranks did not start"
+        time.sleep(0.05)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        raise
+    seconds = time.monotonic() - start
+    assert proc.returncode == 130, out
+    assert "unisonrun: interrupted" in out
+    assert seconds < BOUND_SECONDS, seconds
+    assert_no_strays(tmp_path, 2)
+    assert not any(alive(int(p.read_text())) for p in tmp_path.glob("pid-*"))

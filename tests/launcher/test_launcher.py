@@ -1,0 +1,103 @@
+"""unisonrun's options, --check-build, wrong-mpiexec detection, and unison.run."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from faults._jobs import BOUND_SECONDS, PYTHON, run_job, unisonrun
+
+from unison.errors import LaunchError
+from unison.launcher import run
+from unison.launcher._mpiexec import library_vendor
+
+from . import _work
+
+pytestmark = pytest.mark.timeout(120)
+
+PRINT_RANK = "import unison; unison.init(); print('hello from', unison.rank(), flush=True)"
+
+
+def test_run_returns_results_in_rank_order() -> None:
+    assert run(_work.total_of_ranks, args=(2.0,), np=2, timeout=60) == [(0, 6.0), (1, 6.0)]
+
+
+def test_run_reraises_the_failing_ranks_exception_with_its_traceback() -> None:
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="missing key on rank 1") as info:
+        run(_work.fail_on_rank_1, np=2, timeout=60)
+    assert time.monotonic() - start < BOUND_SECONDS + 5
+    assert any("rank 1 of 2" in note for note in info.value.__notes__)
+    assert "Traceback on rank 1" in str(info.value.__cause__)
+    assert "_work.py" in str(info.value.__cause__)
+
+
+def test_tag_output_and_output_filename(tmp_path: Path) -> None:
+    done = run_job(unisonrun("-np", "2", "--tag-output", PYTHON, "-c", PRINT_RANK))
+    assert done.returncode == 0, done.output
+    assert "[1] hello from 1" in done.output and "[0] hello from 0" in done.output
+    done = run_job(unisonrun("-np", "2", "--output-filename", str(tmp_path), PYTHON, "-c", PRINT_RANK))
+    assert done.returncode == 0, done.output
+    assert (tmp_path / "rank.1.stdout").read_text().strip() == "hello from 1"
+
+
+def test_env_pass_through() -> None:
+    code = "import os; print('value=' + os.environ['UNISON_TEST_VALUE'])"
+    done = run_job(unisonrun("-np", "2", "-x", "UNISON_TEST_VALUE=abc", PYTHON, "-c", code))
+    assert done.returncode == 0 and done.output.count("value=abc") == 2, done.output
+
+
+def test_timeout_stops_the_job() -> None:
+    done = run_job(unisonrun("-np", "2", "--timeout", "2", PYTHON, "-c", "import time; time.sleep(60)"))
+    assert done.returncode == 124, done.output
+    assert "--timeout" in done.output and done.seconds < 2 + BOUND_SECONDS
+
+
+def test_check_build_passes() -> None:
+    done = run_job(unisonrun("--check-build"), deadline=120)
+    assert done.returncode == 0, done.output
+    assert "MPI library" in done.output and "MPICH" in done.output
+    assert "thread level" in done.output and "self-test: PASS" in done.output
+
+
+def test_launcher_refuses_an_mpiexec_of_another_mpi(tmp_path: Path) -> None:
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.2'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    done = run_job(unisonrun("-np", "2", "--mpiexec", str(fake), PYTHON, "-c", "pass"))
+    assert done.returncode == 2, done.output
+    assert "belongs to a different MPI (openmpi)" in done.output
+    assert "rank 0 of a job of size 1" in done.output and "--mpiexec PATH" in done.output
+
+
+def test_init_explains_an_mpiexec_of_another_mpi() -> None:
+    # What every process sees under a foreign mpiexec: the launcher's variables say 2, MPI says 1.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}
+    env["OMPI_COMM_WORLD_SIZE"] = "2"
+    env["OMPI_COMM_WORLD_RANK"] = "0"
+    import subprocess
+
+    done = subprocess.run([PYTHON, "-c", "import unison; unison.init()"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode != 0
+    assert "The launcher started 2 processes, but MPI sees each as a job of size 1" in done.stderr
+    assert "different MPI library" in done.stderr
+
+
+@pytest.mark.parametrize("text, vendor", [
+    ("HYDRA build details:\n    Version: 5.0.2", "mpich"),
+    ("MPICH Version:      5.0.2", "mpich"),
+    ("mpiexec (Open MPI) 5.0.3", "openmpi"),
+    ("Open MPI v4.1.2, package: ...", "openmpi"),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.10", "intel"),
+])
+def test_vendor_names(text: str, vendor: str) -> None:
+    assert library_vendor(text) == vendor
+
+
+def test_run_refuses_bad_np() -> None:
+    with pytest.raises(LaunchError, match="np must be at least 1. Got np=0"):
+        run(_work.total_of_ranks, args=(1.0,), np=0)

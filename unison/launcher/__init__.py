@@ -1,0 +1,6 @@
+"""Launching unison jobs: the `unisonrun` command and `run(fn, np=N)` for a function on N local processes."""
+
+from ._cli import main
+from ._run import run
+
+__all__ = ["main", "run"]

@@ -1,0 +1,82 @@
+"""The program each rank of `unison.run` executes: load the pickled call, run it, write the outcome."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import runpy
+import sys
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+
+def _rank() -> int:
+    from .. import _runtime
+    from ..config import process_environment
+
+    if _runtime.is_initialized():
+        return _runtime.rank()
+    env = process_environment()
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        if key in env:
+            return int(env[key])
+    return 0
+
+
+def main(directory: Path) -> int:
+    """Run the job in `directory` on this rank; return the process exit status."""
+    job = _load(directory)
+    try:
+        result = job["fn"](*job["args"], **job["kwargs"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller, then the job is stopped
+        info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc),
+                                "traceback": traceback.format_exc()}
+        try:
+            pickle.dumps(exc)
+            info["exception"] = exc
+        except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
+            pass
+        _write(directory, f"error-{_rank()}.pkl", info)
+        traceback.print_exc()
+        from .._failure import abort_job
+
+        abort_job(exc)
+        return 1
+    _write(directory, f"result-{_rank()}.pkl", result)
+    return 0
+
+
+def _load(directory: Path) -> dict[str, Any]:
+    # The function may live in the caller's main script: restore the caller's sys.path and import
+    # that script as __mp_main__ (so its `if __name__ == "__main__":` block stays off) before unpickling.
+    meta = json.loads((directory / "meta.json").read_text())
+    for entry in reversed(meta["sys_path"]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    if meta["main_path"] and "__mp_main__" not in sys.modules:
+        module = types.ModuleType("__mp_main__")
+        module.__file__ = meta["main_path"]
+        sys.modules["__mp_main__"] = module
+        module.__dict__.update(runpy.run_path(meta["main_path"], run_name="__mp_main__"))
+
+    class Loader(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            return super().find_class("__mp_main__" if module == "__main__" else module, name)
+
+    with open(directory / "job.pkl", "rb") as f:
+        job: dict[str, Any] = Loader(f).load()
+    return job
+
+
+def _write(directory: Path, name: str, value: Any) -> None:
+    tmp = directory / f".{name}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(value, f)
+    os.replace(tmp, directory / name)
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,119 @@
+"""The `unisonrun` command line: parse options, start the job under the matching mpiexec, supervise it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .._failure import LAUNCHER_DIR_VARIABLE
+from ..errors import LaunchError
+from ._mpiexec import find_mpiexec
+from ._supervise import exit_status, report, supervise
+
+__all__ = ["main", "parser"]
+
+EPILOG = """\
+examples:
+  unisonrun -np 4 python train.py
+  unisonrun -np 4 -H host1:2,host2:2 python train.py      (hosts reached by mpiexec's own launcher)
+  unisonrun -np 2 --tag-output --timeout 3600 python train.py
+  unisonrun --check-build
+
+When any rank fails (uncaught exception, signal, exit without shutting unison down) every rank is
+stopped within 10 s, the failed rank is named, and unisonrun exits non-zero.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of `unisonrun`."""
+    p = argparse.ArgumentParser(
+        prog="unisonrun", description="Run a unison job on N processes under mpiexec, and stop it "
+        "cleanly when any rank fails.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, help="number of processes")
+    p.add_argument("-H", "--hosts", default="", help="hosts and slots, e.g. host1:2,host2:2")
+    p.add_argument("--hostfile", default="", help="file with one 'host:slots' per line")
+    p.add_argument("--tag-output", action="store_true", help="prefix every output line with its rank")
+    p.add_argument("--output-filename", default="", metavar="DIR", help="write each rank's output to DIR")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop the job (exit status 124) after this many seconds")
+    p.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="pass an environment variable to every rank (the whole environment is "
+                   "passed on this host; use this for remote hosts); repeatable")
+    p.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, as one string")
+    p.add_argument("--mpiexec", default="", metavar="PATH", help="mpiexec to use (default: the one next "
+                   "to this Python, else on PATH); must belong to the MPI that mpi4py loads")
+    p.add_argument("--check-build", action="store_true", help="print versions and usable backends, then "
+                   "run a 2-process self-test")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
+    return p
+
+
+def _env_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise LaunchError(f"-x needs NAME or NAME=VALUE. Got {item!r}.")
+        if not sep:
+            if name not in os.environ:
+                raise LaunchError(f"-x {name}: {name} is not set in unisonrun's environment.")
+            value = os.environ[name]
+        pairs.append((name, value))
+    return pairs
+
+
+def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
+           output_dir: str = "", env_pairs: Sequence[tuple[str, str]] = (), mpi_args: str = "",
+           mpiexec: str = "", timeout: float | None = None, extra_env: dict[str, str] | None = None,
+           quiet_stdout: bool = False) -> int:
+    """Start `program` on `np` ranks, supervise it, print who failed, and return the exit status."""
+    if np < 1:
+        raise LaunchError(f"-np must be at least 1. Got -np {np}.")
+    if not program:
+        raise LaunchError("No program given: unisonrun -np N python train.py")
+    found = find_mpiexec(mpiexec)
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="unisonrun-") as directory:
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        env[LAUNCHER_DIR_VARIABLE] = directory
+        tails = None
+        if tag_output and found.vendor != "openmpi":
+            # Hydra's own -prepend-rank tags each chunk it reads, not each line: write every rank's
+            # output to files and tag whole lines while copying them out.
+            output_dir = output_dir or directory
+            tails = (np, output_dir)
+        cmd = found.command(np, program, hosts=hosts, hostfile=hostfile, tag_output=tag_output,
+                            output_dir=output_dir, env=env_pairs, extra=shlex.split(mpi_args))
+        outcome = supervise(cmd, Path(directory), env, timeout=timeout,
+                            stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails)
+    report(outcome)
+    return exit_status(outcome)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `unisonrun` and ``python -m unison.launcher``; returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        if args.check_build:
+            from ._check_build import check_build
+
+            return check_build(mpiexec=args.mpiexec)
+        if args.np is None:
+            parser().error("-np N is required")
+        command = list(args.command)
+        if command and command[0] == "--":
+            command = command[1:]
+        return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
+                      output_dir=args.output_filename, env_pairs=_env_pairs(args.env),
+                      mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout)
+    except LaunchError as exc:
+        print(f"unisonrun: {exc}", file=sys.stderr)
+        return 2
