@@ -83,7 +83,11 @@ def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:
         if not array.flags.writeable:
             raise InvalidArgumentError("In-place operations need a writable array.")
     else:
-        array = np.ascontiguousarray(array)
+        # np.ascontiguousarray would turn a 0-d array into shape (1,); asarray keeps it (and 0-d
+        # arrays are always contiguous).
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
     dtype = dtype_of(array)
     return (array.view(np.uint16) if dtype is DType.BFLOAT16 else array), dtype
 

@@ -104,6 +104,15 @@ def test_async_poll_synchronize_and_in_place() -> None:
         hvd.poll(handle)
 
 
+def test_scalars_keep_their_shape() -> None:
+    size = hvd.size()
+    out = hvd.allreduce(np.float32(3), op=hvd.Sum, name="scalar")
+    assert out.shape == () and out == 3 * size
+    assert hvd.broadcast(np.int64(hvd.rank()), root_rank=0, name="scalar.b").shape == ()
+    outs = hvd.grouped_allreduce([np.float64(1), np.ones(2)], op=hvd.Sum, name="scalar.g")
+    assert outs[0].shape == () and outs[1].shape == (2,)
+
+
 def test_unnamed_ops_match_by_call_order() -> None:
     for i in range(5):
         out = hvd.allreduce(np.full(2, float(i)), op=hvd.Sum)
