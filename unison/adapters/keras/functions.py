@@ -1,0 +1,57 @@
+"""Horovod's Keras-level collectives on Python/NumPy values and Keras tensors, for any Keras backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from ... import _collectives as C
+from ...ops import ReduceOp
+from ..tensorflow.compression import Compression
+
+__all__ = ["allgather", "allreduce", "broadcast", "broadcast_global_variables", "reducescatter"]
+
+
+def _array(value: Any) -> np.ndarray:
+    return np.ascontiguousarray(keras.ops.convert_to_numpy(value))
+
+
+def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Any = None,
+              compression: Any = Compression.none) -> Any:
+    """Reduce a value across ranks and return a Keras tensor (default op Average).
+
+    Example:
+        >>> hvd.allreduce(np.float32(hvd.rank()))   # doctest: +SKIP
+    """
+    array, ctx = compression.compress(_array(value))
+    out = C.allreduce(array, average=average, name=name, op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor)
+    return keras.ops.convert_to_tensor(compression.decompress(np.reshape(out, array.shape), ctx))
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Concatenate every rank's value along dimension 0 and return a Keras tensor."""
+    return keras.ops.convert_to_tensor(C.allgather(_array(value), name=name))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """Return `root_rank`'s value on every rank as a Keras tensor."""
+    array = _array(value)
+    return keras.ops.convert_to_tensor(np.reshape(C.broadcast(array, root_rank, name=name), array.shape))
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE) -> Any:
+    """Reduce a value across ranks and return this rank's dim-0 slice as a Keras tensor."""
+    return keras.ops.convert_to_tensor(C.reducescatter(_array(value), name=name, op=op))
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Keras 3 has no global variable collection; always raises with what to use instead."""
+    raise RuntimeError(
+        "hvd.broadcast_global_variables() needs TF1 graph mode, which Keras 3 does not have. Use "
+        "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in model.fit, or "
+        "hvd.broadcast_variables(model.variables, root_rank) (unison.tensorflow) in custom loops."
+    )

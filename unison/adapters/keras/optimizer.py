@@ -1,0 +1,327 @@
+"""DistributedOptimizer for Keras 3: the user's optimizer instance, reducing gradients across ranks before it applies them.
+
+The wrapper never rebuilds the optimizer from its config (Horovod's `from_config` broke learning-rate
+schedules and custom optimizers). It swaps the instance's class for a subclass of its own class with
+the same name and module, so `isinstance`, schedules, slots and saving keep working, and a saved model
+reloads with plain Keras. Gradients are reduced at one point, `apply` (which `apply_gradients` and
+`model.fit` on the TensorFlow and torch backends call), before loss-scale unscaling, clipping and
+weight decay: so clipping sees the global gradient, as in a single-process run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+
+from ... import _collectives as C
+from ..._runtime import job
+from ...errors import InvalidArgumentError, UnisonNotImplementedError
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ..tensorflow._policy import check_op, gradient_group_name
+from ..tensorflow.compression import Compression
+
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed"]
+
+log = logging.getLogger(__name__)
+
+_JIT_WARNING = (
+    "unison: the model was compiled with jit_compile=True, but the gradient allreduce cannot run "
+    "inside an XLA-compiled step; switching this model to jit_compile=False. Pass "
+    "jit_compile=False to model.compile() to silence this warning."
+)
+_XLA_ERROR = (
+    "unison's DistributedOptimizer cannot apply gradients inside an XLA-compiled function "
+    "(tf.function(jit_compile=True) or model.compile(jit_compile=True) on an already built optimizer): "
+    "the cross-rank reduction runs in Python. Compile the step with jit_compile=False."
+)
+
+
+def _backend() -> str:
+    return keras.backend.backend()
+
+
+def _in_xla_context() -> bool:
+    if _backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly():
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+def _executing_eagerly() -> bool:
+    if _backend() != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    return tf.executing_eagerly()
+
+
+class _Settings:
+    """The wrapper's options and state; a plain object so Keras does not track (or save) its variables."""
+
+    def __init__(self, *, op: ReduceOp, compression: Any, sparse_as_dense: bool,
+                 gradient_predivide_factor: float, backward_passes_per_step: int,
+                 average_aggregated_gradients: bool, process_set: ProcessSet,
+                 scale_local_gradients: bool) -> None:
+        self.op = op
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self.local_paths: set[str] = set()
+        self.accumulators: list[Any] | None = None
+        self.counter: Any = None
+        self.statistics = {"apply_calls": 0, "reductions": 0}
+
+
+def _names(variables: list[Any]) -> list[str]:
+    return [str(getattr(v, "path", None) or getattr(v, "name", f"var{i}")) for i, v in enumerate(variables)]
+
+
+def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list[Any]:
+    """Reduce a step's gradients in one grouped collective on whatever backend Keras runs."""
+    settings.statistics["reductions"] += 1
+    names = _names(variables)
+    local = [n in settings.local_paths for n in names]
+    backend = _backend()
+    if backend == "tensorflow":
+        from ..tensorflow.gradients import reduce_gradients
+
+        return reduce_gradients(grads, names, op=settings.op, compression=settings.compression,
+                                sparse_as_dense=settings.sparse_as_dense,
+                                gradient_predivide_factor=settings.gradient_predivide_factor,
+                                process_set=settings.process_set, local=local,
+                                scale_local_gradients=settings.scale_local_gradients)
+    if backend in ("torch", "numpy"):
+        return _reduce_via_numpy(settings, grads, names, local)
+    raise UnisonNotImplementedError(
+        f"unison's Keras DistributedOptimizer supports the tensorflow and torch backends. "
+        f"Got KERAS_BACKEND={backend!r}."
+    )
+
+
+def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
+                      local: list[bool]) -> list[Any]:
+    current = job()
+    size = len(current.engine.process_sets.get(settings.process_set.process_set_id or 0, ())) or current.size
+    out = list(grads)
+    chosen = [i for i, g in enumerate(grads) if g is not None and not local[i]]
+    for i, g in enumerate(grads):
+        if g is not None and local[i] and settings.scale_local_gradients and size > 1:
+            out[i] = g / size
+    if not chosen:
+        return out
+    arrays, contexts = [], []
+    for i in chosen:
+        array, ctx = settings.compression.compress(np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])))
+        arrays.append(array)
+        contexts.append(ctx)
+    op, prescale, postscale = settings.op, 1.0, 1.0
+    if settings.gradient_predivide_factor != 1.0:
+        op = ReduceOp.SUM
+        prescale = 1.0 / settings.gradient_predivide_factor
+        postscale = settings.gradient_predivide_factor / size
+    reduced = C.grouped_allreduce(arrays, name=gradient_group_name([names[i] for i in chosen]), op=op,
+                                  prescale_factor=prescale, postscale_factor=postscale,
+                                  process_set=settings.process_set)
+    for i, r, ctx in zip(chosen, reduced, contexts):
+        r = np.reshape(r, arrays[chosen.index(i)].shape)
+        out[i] = keras.ops.convert_to_tensor(settings.compression.decompress(r, ctx),
+                                             dtype=keras.backend.standardize_dtype(grads[i].dtype))
+    return out
+
+
+def _install_compile_hook() -> None:
+    """Once per process: after `Model.compile`, turn XLA off (with one warning) for models using a wrapped optimizer.
+
+    Keras resolves ``jit_compile`` at compile time and the optimizer is often first built inside the
+    traced step, too late to switch; so the check runs right after compile. It acts only on models
+    whose optimizer (or the inner optimizer of a LossScaleOptimizer) is wrapped by unison.
+    """
+    from keras.src.trainers.trainer import Trainer
+
+    if getattr(Trainer.compile, "_unison_hook", False):
+        return
+    original = Trainer.compile
+
+    @functools.wraps(original)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        optimizer = getattr(self, "optimizer", None)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        if _backend() == "tensorflow" and is_distributed(inner) and self.jit_compile:
+            warnings.warn(_JIT_WARNING, UserWarning, stacklevel=2)
+            self.jit_compile = False
+        return result
+
+    compile._unison_hook = True  # type: ignore[attr-defined]
+    Trainer.compile = compile
+
+
+class _DistributedMixin:
+    """Placed before the optimizer's own class in the wrapped instance's MRO."""
+
+    _unison: _Settings
+
+    def build(self, variables: Any) -> None:
+        super().build(variables)  # type: ignore[misc]
+        self._create_accumulators()
+
+    def _create_accumulators(self) -> None:
+        settings = self._unison
+        if settings.backward_passes_per_step > 1 and settings.accumulators is None:
+            settings.accumulators = [
+                keras.Variable(np.zeros(v.shape, dtype=keras.backend.standardize_dtype(v.dtype)),
+                               trainable=False, name="unison_accumulator")
+                for v in self._trainable_variables  # type: ignore[attr-defined]
+            ]
+            settings.counter = keras.Variable(0, dtype="int64", trainable=False, name="unison_counter")
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep `var`'s gradient local: not reduced (scaled by 1/size if scale_local_gradients)."""
+        self._unison.local_paths.add(_names([var])[0])
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: apply calls and gradient reductions."""
+        return dict(self._unison.statistics)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        settings = self._unison
+        settings.statistics["apply_calls"] += 1
+        if _in_xla_context():
+            raise InvalidArgumentError(_XLA_ERROR)
+        base_apply = super().apply  # type: ignore[misc]
+        grads = list(grads)
+        if trainable_variables is None:
+            variables = list(self._trainable_variables)  # type: ignore[attr-defined]
+        else:
+            variables = list(trainable_variables)
+        if settings.backward_passes_per_step == 1:
+            return base_apply(_reduce(settings, grads, variables), trainable_variables)
+        if not self.built:  # type: ignore[attr-defined,has-type]
+            with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
+                self.build(variables)
+            self.built = True
+        return self._aggregated_apply(base_apply, grads, variables, trainable_variables)
+
+    def _aggregated_apply(self, base_apply: Any, grads: list[Any], variables: list[Any],
+                          trainable_variables: Any) -> Any:
+        settings = self._unison
+        steps = settings.backward_passes_per_step
+        if _backend() == "tensorflow":
+            import tensorflow as tf
+
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        accumulators = [settings.accumulators[self._get_variable_index(v)] for v in variables]  # type: ignore[index, attr-defined]
+        settings.counter.assign_add(1)
+        is_update = keras.ops.equal(keras.ops.mod(settings.counter.value, steps), 0)
+
+        def update() -> None:
+            totals = [None if g is None else g + a.value for g, a in zip(grads, accumulators)]
+            if settings.average_aggregated_gradients:
+                totals = [None if t is None else t / steps for t in totals]
+            base_apply(_reduce(settings, totals, variables), trainable_variables)
+            for a in accumulators:
+                a.assign(keras.ops.zeros_like(a.value))
+
+        def accumulate() -> None:
+            for g, a in zip(grads, accumulators):
+                if g is not None:
+                    a.assign_add(g)
+            self.iterations.assign_add(1)  # type: ignore[attr-defined]
+
+        if _executing_eagerly():
+            (update if bool(keras.ops.convert_to_numpy(is_update)) else accumulate)()
+        else:
+            keras.ops.cond(is_update, update, accumulate)
+        return self.iterations  # type: ignore[attr-defined]
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """True if `optimizer` was wrapped by `DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
+    """Make a Keras 3 optimizer reduce gradients across ranks before applying them; return it.
+
+    The instance itself is wrapped (its class becomes a same-named subclass), so learning-rate
+    schedules, custom optimizers and its saved form are unchanged. With
+    ``backward_passes_per_step=N`` gradients are summed locally for N calls (averaged if
+    `average_aggregated_gradients`) and reduced and applied on every N-th; the calls in between
+    only advance ``optimizer.iterations``. Works with ``KERAS_BACKEND=tensorflow`` and ``torch``.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))   # doctest: +SKIP
+        >>> model.compile(optimizer=opt, loss="mse")                                     # doctest: +SKIP
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise InvalidArgumentError(
+            f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer). "
+            f"Got {type(optimizer).__name__}."
+        )
+    if is_distributed(optimizer):
+        raise InvalidArgumentError("This optimizer is already wrapped by DistributedOptimizer.")
+    if int(backward_passes_per_step) < 1:
+        raise InvalidArgumentError(
+            f"backward_passes_per_step must be >= 1. Got backward_passes_per_step={backward_passes_per_step}."
+        )
+    resolved = check_op(op, gradient_predivide_factor)
+    settings = _Settings(op=resolved, compression=compression, sparse_as_dense=sparse_as_dense,
+                         gradient_predivide_factor=gradient_predivide_factor,
+                         backward_passes_per_step=int(backward_passes_per_step),
+                         average_aggregated_gradients=average_aggregated_gradients,
+                         process_set=process_set, scale_local_gradients=scale_local_gradients)
+    cls = type(optimizer)
+    attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    if _backend() == "tensorflow":
+        import tensorflow as tf
+
+        # Inside a user's tf.function, AutoGraph must not rewrite the wrapper's Python control flow.
+        attrs["apply"] = tf.autograph.experimental.do_not_convert(_DistributedMixin.apply)
+    wrapped = type(cls.__name__, (_DistributedMixin, cls), attrs)
+    # object.__setattr__: Keras's tracker must not see the settings object.
+    object.__setattr__(optimizer, "_unison", settings)
+    optimizer.__class__ = wrapped
+    _install_compile_hook()
+    if settings.backward_passes_per_step > 1 and optimizer.built:
+        optimizer._create_accumulators()
+    return optimizer
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: ProcessSet = global_process_set, local_layers: Any = None,
+                                scale_local_gradients: bool = True) -> Any:
+    """A DistributedOptimizer whose `local_layers`' trainable weights keep local gradients."""
+    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                   sparse_as_dense, gradient_predivide_factor, op,
+                                   backward_passes_per_step, average_aggregated_gradients, 0, groups,
+                                   process_set, scale_local_gradients)
+    layers = [] if local_layers is None else (
+        local_layers if isinstance(local_layers, (list, tuple)) else [local_layers])
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            wrapped.register_local_var(weight)
+    return wrapped

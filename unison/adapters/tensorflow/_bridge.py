@@ -1,0 +1,125 @@
+"""Run a NumPy-level collective on TensorFlow tensors: directly when eager, through tf.numpy_function in graphs.
+
+Two rules make graph execution safe across ranks. Every bridge op is *stateful*, so inside a
+`tf.function` TensorFlow's automatic control dependencies run them in program order on every rank
+(no rank can block in collective B while its peer waits in A). And graph-mode names are fixed when
+the function is traced, from the input tensor's name and the graph's own unique-name counter, which
+are the same on every rank that traces the same code; a fixed name also lets the engine's response
+cache skip negotiation from the second step on.
+
+Errors: eagerly, unison errors surface as the `tf.errors` types Horovod's TensorFlow ops raise
+(mismatches as `FailedPreconditionError`, bad arguments as `InvalidArgumentError`, shutdown as
+`UnknownError`); the raised object is also an instance of the unison error, so either handler works.
+Inside a graph TensorFlow converts Python exceptions itself: `ValueError` subclasses become
+`InvalidArgumentError`, `NotImplementedError` becomes `UnimplementedError`, everything else
+`UnknownError`, with unison's message kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from ...errors import (
+    AbortedError,
+    HorovodInternalError,
+    InvalidArgumentError,
+    MismatchError,
+    NotInitializedError,
+    ShutdownError,
+    UnisonError,
+    UnisonNotImplementedError,
+)
+
+__all__ = ["executing_eagerly", "graph_name", "no_autograph", "run", "to_tf_error"]
+
+# Library code runs as written inside tf.function: AutoGraph must not rewrite its Python control flow.
+no_autograph = tf.autograph.experimental.do_not_convert
+
+# unison error class -> tf.errors class Horovod's kernels raise for it (first match wins)
+_TF_ERROR_FOR: tuple[tuple[type[Exception], type[tf.errors.OpError]], ...] = (
+    (MismatchError, tf.errors.FailedPreconditionError),
+    (NotInitializedError, tf.errors.FailedPreconditionError),
+    (ShutdownError, tf.errors.UnknownError),
+    (AbortedError, tf.errors.AbortedError),
+    (InvalidArgumentError, tf.errors.InvalidArgumentError),
+    (UnisonNotImplementedError, tf.errors.UnimplementedError),
+    (HorovodInternalError, tf.errors.UnknownError),
+)
+
+
+@functools.cache
+def _combined(unison_cls: type[Exception], tf_cls: type[tf.errors.OpError]) -> type[Exception]:
+    """A class that is both the tf.errors type and the unison error type."""
+    return type(unison_cls.__name__, (tf_cls, unison_cls), {"__module__": __name__})
+
+
+def to_tf_error(error: Exception) -> Exception:
+    """Return the `tf.errors` equivalent of a unison error (unchanged if it is not one)."""
+    if not isinstance(error, UnisonError) or isinstance(error, tf.errors.OpError):
+        return error
+    for unison_cls, tf_cls in _TF_ERROR_FOR:
+        if isinstance(error, unison_cls):
+            return _combined(type(error), tf_cls)(None, None, str(error))  # type: ignore[arg-type]
+    return error
+
+
+def executing_eagerly() -> bool:
+    """True when ops run now (eager), False while a graph is being traced."""
+    return tf.executing_eagerly()
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def graph_name(prefix: str, name: str | None, tensor: Any = None, ignore_name_scope: bool = False) -> str | None:
+    """The collective's name: None (engine default) eagerly without a name, else a name fixed at trace.
+
+    In a graph, the default is ``<prefix>_<input tensor name>`` as in Horovod, made unique in the
+    graph (``_1``, ``_2`` ...) and prefixed by the current name scope unless `ignore_name_scope`.
+    """
+    if executing_eagerly():
+        return name
+    if name is None:
+        tensor_name = getattr(tensor, "name", None) if tensor is not None else None
+        name = prefix if not tensor_name else f"{prefix}_{tensor_name}"
+    name = _UNSAFE.sub("_", name.replace(":", "_"))
+    graph = tf.compat.v1.get_default_graph()
+    unique = graph.unique_name(name, mark_as_used=True)
+    if ignore_name_scope:
+        unique = unique.rsplit("/", 1)[-1]
+    return unique
+
+
+def _numpy_args(tensors: Sequence[Any]) -> list[np.ndarray]:
+    return [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in tensors]
+
+
+def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
+        op_name: str = "UnisonCollective") -> list[tf.Tensor]:
+    """Call ``fn(*numpy_inputs) -> list of arrays`` on tensors and return tensors of `output_dtypes`.
+
+    Eagerly `fn` runs at once in this thread; in a graph it becomes one stateful numpy_function op.
+    """
+    inputs = [tf.convert_to_tensor(t) for t in inputs]
+    if executing_eagerly():
+        try:
+            outputs = fn(*_numpy_args(inputs))
+        except UnisonError as error:
+            raise to_tf_error(error) from error
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, output_dtypes)]
+
+    def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        outputs = fn(*arrays)
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outputs, output_dtypes)]
+
+    name = _UNSAFE.sub("_", op_name)[:200] or "UnisonCollective"
+    results = tf.numpy_function(graph_fn, inputs, list(output_dtypes), stateful=True, name=name)
+    if not isinstance(results, (list, tuple)):
+        results = [results]
+    return list(results)

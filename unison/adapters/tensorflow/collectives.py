@@ -1,0 +1,399 @@
+"""The collectives on TensorFlow tensors, eager and in tf.function, with Horovod's gradients.
+
+Each public function resolves its arguments, fixes the collective's name (see `_bridge.graph_name`),
+and runs the NumPy-level collective through one bridge op; grouped forms put the whole group in one
+op, so a step's tensors are negotiated and reduced together instead of one blocking op at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from ... import _collectives as C
+from ..._runtime import job
+from ...errors import UnisonNotImplementedError
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ._bridge import graph_name, run
+from ._bridge import no_autograph as _no_autograph
+from .compression import Compression
+
+__all__ = [
+    "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "set_rank", "set_size",
+]
+
+
+def set_size(process_set: ProcessSet) -> int:
+    """Number of ranks in a registered process set."""
+    current = job()
+    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    return current.size if members is None else len(members)
+
+
+def set_rank(process_set: ProcessSet) -> int:
+    """This process's rank inside a registered process set (its global rank if not a member)."""
+    current = job()
+    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    if members is None or current.rank not in members:
+        return current.rank
+    return list(members).index(current.rank)
+
+
+def _zeros_for(dys: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
+    return [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+
+
+def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
+    for output, shape in zip(outputs, shapes):
+        output.set_shape(shape)
+    return outputs
+
+
+# -- allreduce -------------------------------------------------------------------------------------
+
+
+def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, postscale: float,
+                     name: str | None, process_set: ProcessSet, grouped: bool) -> list[tf.Tensor]:
+    """Dense allreduce of one tensor or one group, with the allreduce-of-gradient gradient."""
+    xs = [tf.convert_to_tensor(t) for t in tensors]
+
+    @tf.custom_gradient
+    def reduce(*inputs: tf.Tensor) -> Any:
+        def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+            if grouped:
+                outs = C.grouped_allreduce(list(arrays), name=name, op=op, prescale_factor=prescale,
+                                           postscale_factor=postscale, process_set=process_set)
+            else:
+                outs = [C.allreduce(arrays[0], name=name, op=op, prescale_factor=prescale,
+                                    postscale_factor=postscale, process_set=process_set)]
+            # The engine returns 0-d inputs as shape (1,); give every result its input's shape back.
+            return [np.reshape(o, a.shape) for o, a in zip(outs, arrays)]
+
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllreduce_{name}"),
+                              [x.shape for x in inputs])
+
+        def grad(*dys: Any) -> list[tf.Tensor]:
+            grad_name = None if name is None or tf.executing_eagerly() else f"{name}_grad"
+            return _allreduce_group(_zeros_for(dys, inputs), op, prescale, postscale, grad_name,
+                                    process_set, grouped)
+
+        return (outputs if grouped else outputs[0]), grad
+
+    result = reduce(*xs)
+    return list(result) if grouped else [result]
+
+
+def _sparse_allreduce(tensor: tf.IndexedSlices, op: ReduceOp, prescale: float, postscale: float,
+                      name: str | None, process_set: ProcessSet) -> tf.IndexedSlices:
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise UnisonNotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale != 1.0 or postscale != 1.0:
+        raise UnisonNotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    values, indices = grouped_allgather([tensor.values, tensor.indices], name=name,
+                                        process_set=process_set)
+    if op is ReduceOp.AVERAGE:
+        values = values / tf.cast(set_size(process_set), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
+@_no_autograph
+def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_sparse: str = "",
+              compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None,
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
+    """Reduce `tensor` across the set's ranks (default op Average); differentiable.
+
+    A `tf.IndexedSlices` is gathered (values and indices) instead, as Horovod does; Average then
+    divides the values by the set size.
+
+    Example:
+        >>> hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
+    """
+    resolved = C.resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, resolved, prescale_factor, postscale_factor,
+                                 graph_name("HorovodAllgather", name, tensor.values, ignore_name_scope),
+                                 process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    fixed = graph_name("HorovodAllreduce", name, tensor, ignore_name_scope)
+    compressed, ctx = compression.compress(tensor)
+    (reduced,) = _allreduce_group([compressed], resolved, prescale_factor, postscale_factor, fixed,
+                                  process_set, grouped=False)
+    return compression.decompress(reduced, ctx)
+
+
+@_no_autograph
+def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense: str = "",
+                      device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                      name: str | None = None) -> list[Any]:
+    """Reduce a list of tensors as one group in one op; IndexedSlices in it are gathered.
+
+    Dense members may have different dtypes (Horovod requires one dtype).
+    """
+    if not tensors:
+        return list(tensors)
+    resolved = C.resolve_op(op, average)
+    out: list[Any] = [None] * len(tensors)
+    dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if dense_at:
+        dense = [tf.convert_to_tensor(tensors[i]) for i in dense_at]
+        fixed = graph_name("HorovodGroupedAllreduce", name, dense[0], ignore_name_scope)
+        packed = [compression.compress(t) for t in dense]
+        reduced = _allreduce_group([p[0] for p in packed], resolved, prescale_factor,
+                                   postscale_factor, fixed, process_set, grouped=True)
+        for i, r, (_, ctx) in zip(dense_at, reduced, packed):
+            out[i] = compression.decompress(r, ctx)
+    for i in sparse_at:
+        fixed = graph_name("HorovodAllgather", None if name is None else f"{name}_sparse{i}",
+                           tensors[i].values, ignore_name_scope)
+        out[i] = _sparse_allreduce(tensors[i], resolved, prescale_factor, postscale_factor, fixed,
+                                   process_set)
+    return out
+
+
+# -- allgather -------------------------------------------------------------------------------------
+
+
+def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: ProcessSet,
+                     grouped: bool) -> list[tf.Tensor]:
+    xs = [tf.convert_to_tensor(t) for t in tensors]
+
+    @tf.custom_gradient
+    def gather(*inputs: tf.Tensor) -> Any:
+        def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+            if grouped:
+                return C.grouped_allgather(list(arrays), name=name, process_set=process_set)
+            return [C.allgather(arrays[0], name=name, process_set=process_set)]
+
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllgather_{name}"),
+                              [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
+
+        def grad(*dys: Any) -> list[tf.Tensor]:
+            # Horovod: average the gradient over ranks, then keep this rank's rows.
+            eager = tf.executing_eagerly()
+            reduced = _allreduce_group(_zeros_for(dys, outputs), ReduceOp.AVERAGE, 1.0, 1.0,
+                                       None if eager or name is None else f"{name}_grad",
+                                       process_set, grouped=True)
+            dims = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])
+            sizes = _allgather_group([dims], None if eager or name is None else f"{name}_grad_sizes",
+                                     process_set, grouped=False)[0]
+            sizes = tf.reshape(sizes, [-1, len(inputs)])
+            index = set_rank(process_set)
+            grads = []
+            for k, r in enumerate(reduced):
+                offset = tf.reduce_sum(sizes[:index, k])
+                grads.append(r[offset:offset + sizes[index, k]])
+            return grads
+
+        return (outputs if grouped else outputs[0]), grad
+
+    result = gather(*xs)
+    return list(result) if grouped else [result]
+
+
+@_no_autograph
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Concatenate every rank's `tensor` along dimension 0 (first dimensions may differ).
+
+    Example:
+        >>> hvd.allgather(tf.fill([hvd.rank() + 1, 2], hvd.rank()))   # doctest: +SKIP
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    fixed = graph_name("HorovodAllgather", name, tensor, ignore_name_scope)
+    return _allgather_group([tensor], fixed, process_set, grouped=False)[0]
+
+
+@_no_autograph
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """Gather a list of tensors as one group in one op."""
+    if not tensors:
+        return []
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    fixed = graph_name("HorovodGroupedAllgather", name, tensors[0], ignore_name_scope)
+    return _allgather_group(tensors, fixed, process_set, grouped=True)
+
+
+# -- broadcast -------------------------------------------------------------------------------------
+
+
+def _broadcast_many(tensors: Sequence[Any], root_rank: int, names: Sequence[str | None],
+                    process_set: ProcessSet) -> list[tf.Tensor]:
+    """Broadcast several tensors from one op: all submitted at once, then all awaited."""
+    root_rank = int(root_rank)
+
+    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        handles = [C.broadcast_async(a, root_rank, name=n, process_set=process_set)
+                   for a, n in zip(arrays, names)]
+        return [np.reshape(C.synchronize(h), a.shape) for h, a in zip(handles, arrays)]
+
+    xs = [tf.convert_to_tensor(t) for t in tensors]
+    return _with_shape(run(fn, xs, [x.dtype for x in xs], f"HorovodBroadcast_{names[0]}"),
+                       [x.shape for x in xs])
+
+
+@_no_autograph
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Return `root_rank`'s `tensor` on every rank (a global rank); differentiable.
+
+    The gradient is the Average allreduce of the incoming gradient on the root and zero elsewhere.
+    """
+    fixed = graph_name("HorovodBroadcast", name, tensor, ignore_name_scope)
+
+    @tf.custom_gradient
+    def bcast(x: tf.Tensor) -> Any:
+        y = _broadcast_many([x], root_rank, [fixed], process_set)[0]
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            grad_name = None if fixed is None or tf.executing_eagerly() else f"{fixed}_grad"
+            reduced = _allreduce_group([dy], ReduceOp.AVERAGE, 1.0, 1.0, grad_name, process_set,
+                                       grouped=False)[0]
+            return reduced if job().rank == int(root_rank) else reduced * 0
+
+        return y, grad
+
+    return bcast(tf.convert_to_tensor(tensor))
+
+
+@_no_autograph
+def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """Overwrite each variable with `root_rank`'s value (one op for all); return the new values."""
+    variables = list(variables)
+    if not variables:
+        return []
+    # tf.convert_to_tensor reads tf.Variables and Keras 3 variables alike (Keras's .value is a property).
+    current = [tf.convert_to_tensor(v) for v in variables]
+    names = [graph_name("HorovodBroadcastInplace", None if name is None else f"{name}_{i}", t)
+             for i, (v, t) in enumerate(zip(variables, current))]
+    values = _broadcast_many(current, root_rank, names, process_set)
+    return [v.assign(value) for v, value in zip(variables, values)]
+
+
+# -- alltoall --------------------------------------------------------------------------------------
+
+
+def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
+              process_set: ProcessSet) -> tuple[tf.Tensor, tf.Tensor]:
+    has_splits = splits is not None
+
+    @tf.custom_gradient
+    def exchange(x: tf.Tensor, *split_args: tf.Tensor) -> Any:
+        def fn(array: np.ndarray, *split_arrays: np.ndarray) -> list[np.ndarray]:
+            chosen = split_arrays[0] if split_arrays else None
+            output, received = C.synchronize(C.alltoall_async(array, chosen, name, process_set))
+            return [output, np.asarray(received, dtype=np.int32)]
+
+        output, received = run(fn, [x, *split_args], [x.dtype, tf.int32], f"HorovodAlltoall_{name}")
+        output.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
+        received.set_shape([None])
+
+        def grad(dy: Any, _dsplits: Any = None) -> Any:
+            dy = tf.zeros_like(output) if dy is None else dy
+            back, _ = _alltoall(dy, received, None if name is None or tf.executing_eagerly()
+                                else f"{name}_grad", process_set)
+            return (back, *([None] * len(split_args)))
+
+        return (output, received), grad
+
+    split_args = [tf.cast(tf.convert_to_tensor(splits), tf.int32)] if has_splits else []
+    output, received = exchange(tf.convert_to_tensor(tensor), *split_args)
+    return output, received
+
+
+@_no_autograph
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Send dim-0 slices of `tensor` to each rank and gather theirs; differentiable.
+
+    Returns the output, or ``(output, received_splits)`` when `splits` is given.
+    """
+    tensor = tf.convert_to_tensor(tensor)
+    fixed = graph_name("HorovodAlltoall", name, tensor, ignore_name_scope)
+    output, received = _alltoall(tensor, splits, fixed, process_set)
+    return output if splits is None else (output, received)
+
+
+# -- reducescatter ---------------------------------------------------------------------------------
+
+
+def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, postscale: float,
+                         name: str | None, process_set: ProcessSet, grouped: bool) -> list[tf.Tensor]:
+    xs = [tf.convert_to_tensor(t) for t in tensors]
+
+    @tf.custom_gradient
+    def scatter(*inputs: tf.Tensor) -> Any:
+        def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+            if grouped:
+                return C.grouped_reducescatter(list(arrays), name=name, op=op, process_set=process_set,
+                                               prescale_factor=prescale, postscale_factor=postscale)
+            return [C.reducescatter(arrays[0], name=name, op=op, process_set=process_set,
+                                    prescale_factor=prescale, postscale_factor=postscale)]
+
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodReducescatter_{name}"),
+                              [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
+
+        def grad(*dys: Any) -> list[tf.Tensor]:
+            gathered = _allgather_group(_zeros_for(dys, outputs), None if name is None or tf.executing_eagerly()
+                                        else f"{name}_grad", process_set, grouped=True)
+            factor = prescale * postscale
+            if op is ReduceOp.AVERAGE:
+                factor /= set_size(process_set)
+            return [g * tf.cast(factor, g.dtype) if factor != 1.0 else g for g in gathered]
+
+        return (outputs if grouped else outputs[0]), grad
+
+    result = scatter(*xs)
+    return list(result) if grouped else [result]
+
+
+@_no_autograph
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
+                  op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                  process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+    """Reduce `tensor` across ranks and return this rank's dim-0 slice; differentiable."""
+    resolved = C._reducescatter_op(op)
+    tensor = tf.convert_to_tensor(tensor)
+    fixed = graph_name("HorovodReducescatter", name, tensor, ignore_name_scope)
+    compressed, ctx = compression.compress(tensor)
+    (out,) = _reducescatter_group([compressed], resolved, prescale_factor, postscale_factor, fixed,
+                                  process_set, grouped=False)
+    return compression.decompress(out, ctx)
+
+
+@_no_autograph
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: Any = Compression.none, op: Any = ReduceOp.AVERAGE,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, name: str | None = None,
+                          ignore_name_scope: bool = False) -> list[tf.Tensor]:
+    """Reducescatter a list of tensors as one group in one op."""
+    if not tensors:
+        return []
+    resolved = C._reducescatter_op(op)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    fixed = graph_name("HorovodGroupedReducescatter", name, tensors[0], ignore_name_scope)
+    packed = [compression.compress(t) for t in tensors]
+    outs = _reducescatter_group([p[0] for p in packed], resolved, prescale_factor, postscale_factor,
+                                fixed, process_set, grouped=True)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
+
+
+# -- join ------------------------------------------------------------------------------------------
+
+
+@_no_autograph
+def join() -> tf.Tensor:
+    """Declare this rank out of data and wait for every rank; return the last joined rank (int32)."""
+    return run(lambda: [np.int32(C.join())], [], [tf.int32], "HorovodJoin")[0]

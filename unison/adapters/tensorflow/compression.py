@@ -1,0 +1,76 @@
+"""Gradient compression for the TensorFlow and Keras adapters: none, or float16 on the wire.
+
+Works on tf tensors and on NumPy arrays (the Keras adapter's path on the torch backend), and imports
+TensorFlow only when it meets a tf tensor, so Keras-on-torch never loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+
+
+def _cast(tensor: Any, dtype: str) -> Any:
+    if isinstance(tensor, np.ndarray):
+        return tensor.astype(dtype)
+    import tensorflow as tf
+
+    return tf.cast(tensor, dtype)
+
+
+def _is_wide_float(tensor: Any) -> bool:
+    dtype = tensor.dtype
+    if isinstance(tensor, np.ndarray):
+        return dtype in (np.float32, np.float64)
+    return getattr(dtype, "is_floating", False) and dtype.size > 2
+
+
+class Compressor:
+    """Interface: `compress` a tensor before the collective, `decompress` it after."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        """Return (tensor to send, context for `decompress`)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        """Undo `compress` using its context."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Send tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Send float32/float64 tensors as float16 (halves the bytes; reduced through float32)."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        if _is_wide_float(tensor):
+            dtype = tensor.dtype
+            return _cast(tensor, "float16"), (dtype.name if hasattr(dtype, "name") else str(dtype))
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor if ctx is None else _cast(tensor, ctx)
+
+
+class Compression:
+    """The available compressors, as in Horovod: ``Compression.none`` and ``Compression.fp16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

@@ -1,0 +1,58 @@
+"""Reduce a step's gradients in one grouped collective: the shared core of DistributedGradientTape and the Keras optimizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ._bridge import graph_name
+from ._bridge import no_autograph as _no_autograph
+from ._policy import gradient_group_name
+from .collectives import grouped_allreduce, set_size
+from .compression import Compression
+
+__all__ = ["reduce_gradients"]
+
+
+@_no_autograph
+def reduce_gradients(grads: Sequence[Any], names: Sequence[str], *, op: ReduceOp = ReduceOp.AVERAGE,
+                     compression: Any = Compression.none, sparse_as_dense: bool = False,
+                     gradient_predivide_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set, local: Sequence[bool] = (),
+                     scale_local_gradients: bool = True) -> list[Any]:
+    """Return `grads` reduced across the set in one grouped allreduce (None entries stay None).
+
+    `names` (one per gradient, usually the variable names) fix the group's name, so every rank agrees
+    on it and the engine's response cache recognises the same step. Gradients flagged in `local`
+    are not reduced; with `scale_local_gradients` they are divided by the set size, as Horovod does.
+    """
+    grads = list(grads)
+    size = set_size(process_set)
+    local_flags = list(local) or [False] * len(grads)
+    chosen = [i for i, g in enumerate(grads) if g is not None and not local_flags[i]]
+    out = list(grads)
+    for i, g in enumerate(grads):
+        if g is not None and local_flags[i] and scale_local_gradients and size > 1:
+            out[i] = g / tf.cast(size, g.dtype)
+    if not chosen:
+        return out
+    if sparse_as_dense:
+        for i in chosen:
+            if isinstance(grads[i], tf.IndexedSlices):
+                grads[i] = tf.convert_to_tensor(grads[i])
+    prescale, postscale = 1.0, 1.0
+    if gradient_predivide_factor != 1.0:
+        op = ReduceOp.SUM
+        prescale = 1.0 / gradient_predivide_factor
+        postscale = gradient_predivide_factor / size
+    name = graph_name("DistributedGradients", gradient_group_name([names[i] for i in chosen]))
+    reduced = grouped_allreduce([grads[i] for i in chosen], op=op, compression=compression,
+                                prescale_factor=prescale, postscale_factor=postscale,
+                                process_set=process_set, name=name)
+    for i, r in zip(chosen, reduced):
+        out[i] = r
+    return out

@@ -1,0 +1,80 @@
+"""``import unison.keras as hvd``: Horovod's Keras API for Keras 3, on the tensorflow or torch backend."""
+
+from .._objects import add_process_set, remove_process_set
+from .._runtime import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from ..adapters.keras.functions import (
+    allgather,
+    allreduce,
+    broadcast,
+    broadcast_global_variables,
+    reducescatter,
+)
+from ..adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ..adapters.keras.saving import load_model
+from ..adapters.tensorflow.compression import Compression
+from ..ops import Adasum, Average, Sum
+from ..process_sets import ProcessSet, global_process_set
+from . import callbacks
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "DistributedOptimizer",
+    "PartialDistributedOptimizer",
+    "ProcessSet",
+    "Sum",
+    "add_process_set",
+    "allgather",
+    "allreduce",
+    "broadcast",
+    "broadcast_global_variables",
+    "callbacks",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_initialized",
+    "load_model",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
+    "reducescatter",
+    "remove_process_set",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "start_timeline",
+    "stop_timeline",
+]
