@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.unison-installed
-# The PyTorch adapter will be tested against the CPU build of this release (not installed yet).
+# The CPU build of this torch release (a bare `torch` would pull a multi-GB CUDA build).
 TORCH_PIN = torch==2.13.0
 
 .PHONY: venv demo test lint bench proto clean distclean
@@ -16,7 +16,7 @@ $(VPY):
 # Reinstalls whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
-	$(VPY) -m pip install -e '.[mpi,grpc,dev]'
+	$(VPY) -m pip install -e '.[mpi,grpc,dev,tensorflow]' '$(TORCH_PIN)'
 	touch $@
 
 demo: venv
