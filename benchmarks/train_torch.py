@@ -1,0 +1,113 @@
+"""Synthetic training throughput: unison.torch vs torch DDP (gloo) vs no communication, 2 ranks.
+
+Run: mpiexec -n 2 python benchmarks/train_torch.py [--rounds 5] [--steps 20]
+
+Each rank uses one thread. Runs alternate (unison, DDP, none, unison, ...) so that machine noise
+hits every mode alike; the table shows medians of samples/s over the rounds (global: both ranks'
+samples) and each mode's share of the no-communication ceiling. The load average is printed before
+and after: on a shared machine, compare numbers only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import unison.torch as hvd
+
+
+def mlp() -> torch.nn.Module:
+    """About 11.5 M parameters: communication-heavy at batch 32."""
+    return torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048),
+                               torch.nn.ReLU(), torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 512))
+
+
+def convnet() -> torch.nn.Module:
+    """About 1.3 M parameters: compute-heavy."""
+    def block(i: int, o: int) -> list[torch.nn.Module]:
+        return [torch.nn.Conv2d(i, o, 3, padding=1), torch.nn.ReLU()]
+    return torch.nn.Sequential(*block(3, 64), torch.nn.MaxPool2d(2), *block(64, 128), torch.nn.MaxPool2d(2),
+                               *block(128, 256), *block(256, 256), *block(256, 128),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(128, 10))
+
+
+MODELS = {
+    "mlp": (mlp, lambda b: (torch.randn(b, 1024), torch.randn(b, 512))),
+    "convnet": (convnet, lambda b: (torch.randn(b, 3, 32, 32), torch.randint(0, 10, (b,)))),
+}
+
+
+def loss_of(name: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, target) if name == "mlp" else F.cross_entropy(out, target)
+
+
+def run(mode: str, name: str, batch: int, steps: int) -> float:
+    """Train `steps` steps in `mode`; return global samples per second (timed after 2 warm-up steps)."""
+    torch.manual_seed(0)
+    model = MODELS[name][0]()
+    x, y = MODELS[name][1](batch)
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    forward: torch.nn.Module = model
+    if mode == "unison":
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    elif mode == "ddp":
+        forward = torch.nn.parallel.DistributedDataParallel(model)
+    for step in range(steps + 2):
+        if step == 2:
+            hvd.barrier()
+            start = time.perf_counter()
+        opt.zero_grad()
+        loss_of(name, forward(x), y).backward()
+        opt.step()
+    hvd.barrier()
+    return hvd.size() * batch * steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--models", default="mlp,convnet")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    hvd.init()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
+    load_before = os.getloadavg()
+    modes = ["unison", "ddp", "none"]
+    results: dict[tuple[str, str], list[float]] = {}
+    for name in args.models.split(","):
+        params = sum(p.numel() for p in MODELS[name][0]().parameters())
+        if hvd.rank() == 0:
+            print(f"{name}: {params / 1e6:.2f} M parameters, batch {args.batch_size} per rank", flush=True)
+        for _ in range(args.rounds):
+            for mode in modes:
+                results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, args.steps))
+    load_after = os.getloadavg()
+    if hvd.rank() == 0:
+        print(f"\n{hvd.size()} ranks, 1 thread each, {args.rounds} alternating rounds of {args.steps} steps;"
+              f" load average before {load_before[0]:.2f}/{load_before[1]:.2f}, after "
+              f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min)")
+        print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'unison/none':>12} {'ddp/none':>9}"
+              f" {'unison/ddp':>11}")
+        for name in args.models.split(","):
+            med = {m: statistics.median(results[(name, m)]) for m in modes}
+            print(f"{name:<8} {med['unison']:>10.1f} {med['ddp']:>10.1f} {med['none']:>10.1f} "
+                  f"{med['unison'] / med['none']:>11.0%} {med['ddp'] / med['none']:>9.0%} "
+                  f"{med['unison'] / med['ddp']:>10.2f}x")
+        print("(samples/s, medians over rounds, global across ranks)")
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Every collective on torch tensors: Horovod's signatures, zero-copy buffers, handles that yield tensors.
+
+Each call turns its tensors into NumPy views (`buffers.to_buffer`) and submits them to the engine
+through `unison._collectives.submit`, which names the op as Horovod does (``<op>.<name>``, or
+``<op>.noname.<handle>`` without a name; grouped members ``_<i>of<N>``). Out-of-place allreduce and
+broadcast write straight into a torch tensor allocated here; gathered results are wrapped with
+``torch.from_numpy``. The autograd-aware forms are in `autograd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import _collectives as core
+from ..._runtime import job
+from ...errors import InvalidArgumentError
+from ...ops import CollectiveKind, ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from .buffers import check_same_device, from_result, to_buffer
+
+__all__ = [
+    "allgather_async", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall_async",
+    "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather_async",
+    "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "grouped_reducescatter_async", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+]
+
+_ALLREDUCE = CollectiveKind.ALLREDUCE
+_BROADCAST = CollectiveKind.BROADCAST
+synchronize = core.synchronize
+
+
+def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: str | None,
+                   process_set: ProcessSet, *, in_place: bool = False, grouped: bool = False,
+                   **kw: Any) -> int:
+    """Submit torch tensors; `synchronize` on the handle returns tensors (a list when grouped)."""
+    if grouped:
+        check_same_device(list(tensors))
+    arrays, dtypes = [], []
+    for tensor in tensors:
+        array, dtype = to_buffer(tensor, in_place=in_place)
+        arrays.append(array)
+        dtypes.append(dtype)
+    torch_outputs: list[torch.Tensor] | None = None
+    outputs = None
+    if not in_place and kind in (_ALLREDUCE, _BROADCAST):
+        torch_outputs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        outputs = [to_buffer(o, in_place=True)[0] for o in torch_outputs]
+    handle, _, _ = core.submit(kind, arrays, name, process_set, in_place=in_place, grouped=grouped,
+                               dtypes=dtypes, outputs=outputs, **kw)
+    finish: Callable[[list[Any]], Any]
+    if in_place:
+        kept = list(tensors)
+        finish = (lambda results: kept) if grouped else (lambda results: kept[0])
+    elif torch_outputs is not None:
+        made = torch_outputs
+        finish = (lambda results: made) if grouped else (lambda results: made[0])
+    else:
+        finish = _wrap(dtypes, grouped)
+    return core.finish_with(handle, finish)
+
+
+def _wrap(dtypes: list[Any], grouped: bool) -> Callable[[list[Any]], Any]:
+    def finish(results: list[Any]) -> Any:
+        tensors = [from_result(r, d) for r, d in zip(results, dtypes)]
+        return tensors if grouped else tensors[0]
+    return finish
+
+
+def _empty_group() -> int:
+    return core._register([], lambda results: [], core._next_handle(job()))
+
+
+# -- allreduce -------------------------------------------------------------------------------------
+
+
+def allreduce_async(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start an out-of-place allreduce of `tensor`; `synchronize(handle)` returns the new tensor."""
+    return submit_tensors(_ALLREDUCE, [tensor], name, process_set, op=core.resolve_op(op, average),
+                          prescale=prescale_factor, postscale=postscale_factor)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place allreduce of `tensor` (must be contiguous); return a handle."""
+    return submit_tensors(_ALLREDUCE, [tensor], name, process_set, op=core.resolve_op(op, average),
+                          prescale=prescale_factor, postscale=postscale_factor, in_place=True)
+
+
+def allreduce_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduce `tensor` in place across the set and return it.
+
+    Example:
+        >>> t = torch.ones(3); hvd.allreduce_(t, op=hvd.Sum)   # doctest: +SKIP
+    """
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set))
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
+                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors as one atomic group (out of place); return a handle."""
+    if not tensors:
+        return _empty_group()
+    return submit_tensors(_ALLREDUCE, tensors, name, process_set, grouped=True,
+                          op=core.resolve_op(op, average), prescale=prescale_factor,
+                          postscale=postscale_factor)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
+                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors in place as one group; return a handle."""
+    if not tensors:
+        return _empty_group()
+    return submit_tensors(_ALLREDUCE, tensors, name, process_set, grouped=True, in_place=True,
+                          op=core.resolve_op(op, average), prescale=prescale_factor,
+                          postscale=postscale_factor)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
+                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduce a list of tensors in place as one group; return them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any,
+                           process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
+    """Start summing (or averaging) a sparse COO tensor with two allgathers; return a function that
+    waits and returns the reduced sparse tensor.
+
+    The tensor is coalesced locally first, so duplicate indices never travel. Indices travel transposed
+    (``<name>.indices``) so that the allgather concatenates along the non-zero dimension.
+    """
+    resolved = core.resolve_op(op, None)
+    if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise InvalidArgumentError(
+            f"sparse_allreduce_async supports op=Average or op=Sum. Got op={resolved.name}."
+        )
+    local = tensor.coalesce()
+    indices = submit_tensors(CollectiveKind.ALLGATHER, [local.indices().t().contiguous()],
+                             f"{name}.indices", process_set)
+    values = submit_tensors(CollectiveKind.ALLGATHER, [local.values().contiguous()], f"{name}.values",
+                            process_set)
+    set_size = process_set.size() or 1
+
+    def wait() -> torch.Tensor:
+        gathered_values = synchronize(values)
+        gathered_indices = synchronize(indices)
+        if resolved is ReduceOp.AVERAGE:
+            gathered_values = gathered_values / set_size
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, local.size())
+
+    return wait
+
+
+# -- allgather, broadcast, alltoall, reducescatter -------------------------------------------------
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start concatenating every rank's `tensor` along dimension 0; return a handle."""
+    return submit_tensors(CollectiveKind.ALLGATHER, [tensor], name, process_set)
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start gathering a list of tensors as one group; return a handle."""
+    if not tensors:
+        return _empty_group()
+    return submit_tensors(CollectiveKind.ALLGATHER, tensors, name, process_set, grouped=True)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start an out-of-place broadcast from global rank `root_rank`; return a handle."""
+    return submit_tensors(_BROADCAST, [tensor], name, process_set, root_rank=int(root_rank))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start overwriting `tensor` in place with `root_rank`'s; return a handle."""
+    return submit_tensors(_BROADCAST, [tensor], name, process_set, root_rank=int(root_rank),
+                          in_place=True)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Overwrite `tensor` in place with global rank `root_rank`'s and return it."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def _splits_array(splits: Any) -> Any:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+            raise InvalidArgumentError(
+                f"alltoall expects splits to contain 32-bit integer elements. Got {splits.dtype}."
+            )
+        return splits.detach().cpu().numpy()
+    return np.asarray(splits)
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; `synchronize` returns ``(output, received_splits)`` (int32 tensor)."""
+    current = job()
+    _, members = core._process_set(current, process_set, "Alltoall")
+    array, dtype = to_buffer(tensor, in_place=False)
+    array, split_tuple = core._check_splits(current, array, _splits_array(splits), members)
+    handle, _, _ = core.submit(CollectiveKind.ALLTOALL, [array], name, process_set, splits=split_tuple,
+                               dtypes=[dtype])
+
+    def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        output, received = results[0]
+        return from_result(output, dtype), torch.from_numpy(np.asarray(received, dtype=np.int32))
+
+    return core.finish_with(handle, finish)
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = ReduceOp.AVERAGE,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter; `synchronize` returns this rank's slice of the reduced tensor."""
+    return submit_tensors(CollectiveKind.REDUCESCATTER, [tensor], name, process_set,
+                          op=core._reducescatter_op(op), prescale=prescale_factor,
+                          postscale=postscale_factor)
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: Any = ReduceOp.AVERAGE,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of a list of tensors as one group; return a handle."""
+    if not tensors:
+        return _empty_group()
+    return submit_tensors(CollectiveKind.REDUCESCATTER, tensors, name, process_set, grouped=True,
+                          op=core._reducescatter_op(op), prescale=prescale_factor,
+                          postscale=postscale_factor)

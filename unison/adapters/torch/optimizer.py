@@ -1,0 +1,389 @@
+"""`DistributedOptimizer`: wrap a torch optimizer so that gradients are averaged across ranks.
+
+The wrapper is the user's optimizer instance itself under a dynamic subclass of its class (same class
+name, same ``param_groups`` and ``state`` objects; nothing is rebuilt). Each parameter gets a
+``register_post_accumulate_grad_hook`` (a tensor hook, so it also fires under ``torch.compile``) that
+counts backward passes and, at the last one of the window, submits the gradient for an in-place
+allreduce and returns at once; the engine batches whatever is queued each cycle. ``step()`` waits for
+every handle. A parameter whose hook never fired on this rank is handled by ``missing_grads``:
+``"zero"`` (default) allreduces zeros so the other ranks never hang; ``"error"`` does the same, then
+raises an error naming the parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ... import _collectives as core
+from ..._runtime import job
+from ...errors import InvalidArgumentError, UnisonError
+from ...ops import CollectiveKind, ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from . import collectives as c
+from .compression import Compression, Compressor
+
+__all__ = ["DistributedOptimizer", "GradientCountError", "MissingGradientError"]
+
+_MISSING_MODES = ("zero", "error")
+
+
+class GradientCountError(UnisonError, AssertionError):
+    """Gradients were produced or cleared at the wrong moment (Horovod raises AssertionError)."""
+
+
+class MissingGradientError(UnisonError, RuntimeError):
+    """``missing_grads="error"``: some parameters produced no gradient on this rank before step()."""
+
+
+class _DistributedOptimizer:
+    """Methods mixed into the dynamic subclass; state lives in attributes prefixed ``_unison_``."""
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    def _unison_setup(self, named_parameters: Any, compression: type[Compressor],
+                      backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
+                      groups: list[list[torch.Tensor]], sparse_as_dense: bool, process_set: ProcessSet,
+                      missing_grads: str) -> None:
+        self._compression = compression
+        self._unison_op = op
+        self._unison_process_set = process_set
+        self._unison_sparse_as_dense = sparse_as_dense
+        self._unison_missing = missing_grads
+        if op is ReduceOp.AVERAGE:
+            # the engine folds 1/size into the postscale for Average
+            self._unison_scale = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
+        else:
+            self._unison_scale = (1.0, 1.0)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)  # type: ignore[attr-defined]
+        self._unison_params = [p for g in self.param_groups for p in g["params"]  # type: ignore[attr-defined]
+                               if p.requires_grad]
+        self._unison_group_of: dict[torch.Tensor, int] = {}
+        self._unison_groups = groups
+        for index, members in enumerate(groups):
+            for p in members:
+                self._unison_group_of[p] = index
+        self._unison_countdown: dict[torch.Tensor, int] = {}
+        self._unison_handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor] | Any] = {}
+        self._unison_group_ready: dict[int, set[torch.Tensor]] = {}
+        self._unison_group_handles: dict[int, tuple[int, list[torch.Tensor], list[Any]]] = {}
+        self._should_synchronize = True
+        self._synchronized = False
+        self._unison_stats = {"steps": 0, "allreduces": 0, "grouped_allreduces": 0, "missing_filled": 0,
+                              "partial_windows": 0, "wait_seconds": 0.0}
+        current = job()
+        set_members = current.engine.process_sets.get(process_set.process_set_id or 0, ())
+        self._unison_enabled = current.size > 1 and current.rank in set_members
+        self._unison_hooks = []
+        if self._unison_enabled:
+            for p in self._unison_params:
+                self._unison_countdown[p] = backward_passes_per_step
+                self._unison_hooks.append(p.register_post_accumulate_grad_hook(self._unison_hook))
+
+    def statistics(self) -> dict[str, float]:
+        """Counters: steps, allreduces and grouped allreduces launched, missing gradients filled,
+        partial accumulation windows flushed, and seconds spent waiting in synchronize()."""
+        return dict(self._unison_stats)
+
+    # -- the hook ----------------------------------------------------------------------------------
+
+    def _unison_hook(self, p: torch.Tensor) -> None:
+        count = self._unison_countdown[p]
+        if count <= 0:
+            raise GradientCountError(
+                "Gradients were computed more than backward_passes_per_step times before call to "
+                f"step(). Parameter {self._parameter_names.get(p)!r} got gradient "
+                f"{self.backward_passes_per_step + 1} times with backward_passes_per_step="
+                f"{self.backward_passes_per_step}. Increase backward_passes_per_step to accumulate "
+                "gradients across multiple batches, or call step() (or synchronize()) after every "
+                f"{self.backward_passes_per_step} backward passes."
+            )
+        self._unison_countdown[p] = count - 1
+        if count == 1:
+            self._synchronized = False
+            self._unison_launch(p)
+
+    def _unison_launch(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        group = self._unison_group_of.get(p)
+        if group is not None:
+            ready = self._unison_group_ready.setdefault(group, set())
+            ready.add(p)
+            if len(ready) == len(self._unison_groups[group]):
+                self._unison_launch_group(group)
+            return
+        name = self._parameter_names.get(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._unison_sparse_as_dense:
+                self._unison_handles[p] = c.sparse_allreduce_async(
+                    grad, f"sparse.{name}", self._unison_op, self._unison_process_set)
+                self._unison_stats["allreduces"] += 1
+                return
+            grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
+        pre, post = self._unison_scale
+        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [compressed], name, self._unison_process_set,
+                                  in_place=True, op=self._unison_op, prescale=pre, postscale=post)
+        self._unison_handles[p] = (handle, ctx, compressed)
+        self._unison_stats["allreduces"] += 1
+
+    def _unison_launch_group(self, group: int) -> None:
+        members = self._unison_groups[group]
+        grads = []
+        for p in members:
+            assert p.grad is not None
+            grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        pairs = [self._compression.compress(g) for g in grads]
+        pre, post = self._unison_scale
+        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [t for t, _ in pairs], f"group.{group}",
+                                  self._unison_process_set, grouped=True, in_place=True,
+                                  op=self._unison_op, prescale=pre, postscale=post)
+        self._unison_group_handles[group] = (handle, [t for t, _ in pairs], [ctx for _, ctx in pairs])
+        self._unison_stats["grouped_allreduces"] += 1
+
+    # -- synchronize / step ------------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Finish reducing every gradient of this step, writing the results into ``p.grad``.
+
+        Parameters whose gradient never arrived on this rank are reduced as zeros (so no rank
+        hangs); with ``missing_grads="error"`` an error naming them is raised afterwards.
+        """
+        if not self._unison_enabled:
+            self._synchronized = True
+            return
+        missing, partial = [], []
+        for p in self._unison_params:
+            count = self._unison_countdown[p]
+            if count == 0:
+                continue
+            if count == self.backward_passes_per_step:
+                missing.append(p)
+            else:
+                partial.append((p, count))
+            self._unison_countdown[p] = 0
+            self._unison_launch(p)
+        if partial:
+            self._unison_stats["partial_windows"] += 1
+            first, count = partial[0]
+            warnings.warn(
+                f"step()/synchronize() ran after {self.backward_passes_per_step - count} of "
+                f"backward_passes_per_step={self.backward_passes_per_step} backward passes (parameter "
+                f"{self._parameter_names.get(first)!r}); reducing the partial accumulation window now. "
+                "Call step() every backward_passes_per_step passes, or set_backward_passes_per_step() "
+                "for a shorter final window.",
+                stacklevel=3,
+            )
+        self._unison_stats["missing_filled"] += len(missing)
+        started = time.perf_counter()
+        try:
+            self._unison_wait()
+        finally:
+            self._unison_stats["wait_seconds"] += time.perf_counter() - started
+            for p in self._unison_params:
+                self._unison_countdown[p] = self.backward_passes_per_step
+        self._synchronized = True
+        if missing and self._unison_missing == "error":
+            names = sorted(str(self._parameter_names.get(p)) for p in missing)
+            raise MissingGradientError(
+                f"{len(names)} parameter(s) produced no gradient on rank {job().rank} before step(): "
+                f"{', '.join(names)}. They were reduced as zeros so that no rank hangs. Make every rank "
+                "use these parameters in its forward pass, set requires_grad=False on unused ones, or "
+                "pass missing_grads='zero' to accept zeros."
+            )
+
+    def _unison_wait(self) -> None:
+        handles, self._unison_handles = self._unison_handles, {}
+        group_handles, self._unison_group_handles = self._unison_group_handles, {}
+        self._unison_group_ready = {}
+        for p, launched in handles.items():
+            if callable(launched):  # sparse: a function that waits
+                p.grad = launched()
+                continue
+            handle, ctx, compressed = launched
+            c.synchronize(handle)
+            _write_grad(p, self._compression.decompress(compressed, ctx))
+        for group, (handle, compressed, ctxs) in group_handles.items():
+            c.synchronize(handle)
+            for p, t, ctx in zip(self._unison_groups[group], compressed, ctxs):
+                _write_grad(p, self._compression.decompress(t, ctx))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block ``step()`` does not reduce (use after an explicit ``synchronize()``).
+
+        Example:
+            >>> opt.synchronize(); scaler.unscale_(opt); clip(...)       # doctest: +SKIP
+            >>> with opt.skip_synchronize(): scaler.step(opt)             # doctest: +SKIP
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        """Wait for this step's gradients (unless already synchronized), then take the wrapped
+        optimizer's step. Unlike Horovod, a step() after synchronize() never reduces twice."""
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        self._unison_stats["steps"] += 1
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients; refuses while reductions into them are in flight."""
+        if self._unison_handles or self._unison_group_handles:
+            raise GradientCountError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). This is prohibited as it can cause a race condition: the "
+                "gradients are being reduced in place. Call step() (or synchronize()) first."
+            )
+        for p in self._unison_countdown:
+            self._unison_countdown[p] = self.backward_passes_per_step
+        self._unison_group_ready = {}
+        super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated before each reduction."""
+        _check_passes(passes)
+        self.backward_passes_per_step = passes
+        for p in self._unison_countdown:
+            self._unison_countdown[p] = passes
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the wrapped optimizer's state and reset the accumulation window."""
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        for p in self._unison_countdown:
+            self._unison_countdown[p] = self.backward_passes_per_step
+        self._synchronized = False
+
+
+def _write_grad(p: torch.Tensor, result: torch.Tensor) -> None:
+    grad = p.grad
+    if grad is None or grad.is_sparse or grad.shape != result.shape:
+        p.grad = result
+    elif result is not grad:
+        grad.copy_(result)
+
+
+def _check_passes(passes: Any) -> None:
+    if not isinstance(passes, int) or passes < 1:
+        raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1. Got {passes!r}.")
+
+
+def _parameter_names(param_groups: list[dict[str, Any]], named_parameters: Any) -> dict[torch.Tensor, str]:
+    if named_parameters is not None:
+        named = list(named_parameters)
+    else:
+        named = [(f"allreduce.noname.{i}.{j}", v)
+                 for i, group in enumerate(param_groups) for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named):
+        raise InvalidArgumentError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually produced by "
+            "model.named_parameters()."
+        )
+    seen, dups = set(), []
+    for name, _ in named:
+        if name in seen and name not in dups:
+            dups.append(name)
+        seen.add(name)
+    if dups:
+        raise InvalidArgumentError(
+            f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}"
+        )
+    all_ids = {id(v) for g in param_groups for v in g["params"]}
+    unnamed = all_ids - {id(v) for _, v in named}
+    if unnamed:
+        raise InvalidArgumentError(
+            "named_parameters was specified, but one or more model parameters were not named. Python "
+            f"object ids: {', '.join(str(i) for i in sorted(unnamed))}"
+        )
+    return {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
+
+
+def _groups(param_groups: list[dict[str, Any]], num_groups: int, groups: Any) -> list[list[torch.Tensor]]:
+    if groups is not None:
+        if isinstance(groups, list):
+            for members in groups:
+                if not isinstance(members, list) or not all(isinstance(p, torch.Tensor) for p in members):
+                    raise InvalidArgumentError(
+                        "groups should be a non-negative integer or a list of list of torch.Tensor."
+                    )
+            params = {id(p) for g in param_groups for p in g["params"]}
+            return [[p for p in members if p.requires_grad and id(p) in params]
+                    for members in groups if members]
+        if not isinstance(groups, int) or groups < 0:
+            raise InvalidArgumentError(
+                "groups should be a non-negative integer or a list of list of torch.Tensor."
+            )
+        num_groups = groups
+    if not num_groups:
+        return []
+    trainable = [p for g in param_groups for p in g["params"] if p.requires_grad]
+    count = min(num_groups, len(trainable))
+    size, extra = divmod(len(trainable), count) if count else (0, 0)
+    out, start = [], 0
+    for index in range(count):
+        end = start + size + (1 if index < extra else 0)
+        out.append(trainable[start:end])
+        start = end
+    return out
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                         sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
+                         *, missing_grads: str = "zero") -> torch.optim.Optimizer:
+    """Wrap `optimizer` so that ``step()`` uses gradients averaged across the ranks.
+
+    Returns the same optimizer state under a dynamic subclass of its class (same class name).
+
+    Args:
+        optimizer: the torch optimizer instance to wrap (not rebuilt).
+        named_parameters: ``model.named_parameters()``; names the reductions (same on every rank).
+        compression: `Compression.none` or `Compression.fp16`.
+        backward_passes_per_step: backward passes accumulated locally before each reduction.
+        op: `Average` (default) or `Sum` (Adasum is not implemented).
+        gradient_predivide_factor: Average as prescale ``1/f``, postscale ``f/size``.
+        num_groups, groups: reduce parameters in groups (an int, or explicit lists of parameters).
+        sparse_as_dense: reduce sparse gradients as dense tensors instead of by allgather.
+        process_set: the ranks that average their gradients.
+        missing_grads: ``"zero"`` or ``"error"`` for parameters without a gradient at step().
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # doctest: +SKIP
+    """
+    resolved = core.resolve_op(op, None)
+    if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
+        raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
+    if missing_grads not in _MISSING_MODES:
+        raise InvalidArgumentError(
+            f"missing_grads must be one of {_MISSING_MODES}. Got missing_grads={missing_grads!r}."
+        )
+    _check_passes(backward_passes_per_step)
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise InvalidArgumentError("This optimizer is already a DistributedOptimizer; wrap it only once.")
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    wrapped: Any = object.__new__(cls)
+    state = dict(optimizer.__dict__)
+    # An LR scheduler created on the unwrapped optimizer patched a bound `step` onto the instance;
+    # copying it would bypass the reduction.
+    state.pop("step", None)
+    wrapped.__dict__.update(state)
+    wrapped._unison_setup(named_parameters, compression, backward_passes_per_step, resolved,
+                          float(gradient_predivide_factor),
+                          _groups(optimizer.param_groups, num_groups, groups), sparse_as_dense,
+                          process_set, missing_grads)
+    return wrapped

@@ -1,0 +1,122 @@
+"""`SyncBatchNorm`: batch normalization with statistics over the whole global batch, CPU included.
+
+Forward allgathers each rank's (count, mean, biased variance) per channel and combines them with the
+parallel-variance formula (stable, and exact for unequal per-rank batch sizes); backward allreduces
+the per-channel sums of ``dy`` and ``dy * (x - mean)``. Horovod's version refuses CPU tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..._runtime import job
+from ...errors import InvalidArgumentError
+from ...ops import ReduceOp
+from . import collectives as c
+
+__all__ = ["SyncBatchNorm"]
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """View (N, C, *) as (C, N * prod(*)) so that per-channel reductions are over dim 1."""
+    return x.transpose(0, 1).reshape(x.shape[1], -1)
+
+
+def _broadcastable(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return v.reshape(1, -1, *([1] * (x.dim() - 2)))
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                running_mean: torch.Tensor | None, running_var: torch.Tensor | None, eps: float,
+                momentum: float) -> torch.Tensor:
+        flat = _channels_last(x.detach()).double()
+        count = flat.shape[1]
+        local_mean = flat.mean(1) if count else flat.new_zeros(flat.shape[0])
+        local_var = flat.var(1, unbiased=False) if count else flat.new_zeros(flat.shape[0])
+        stats = torch.cat([flat.new_tensor([float(count)]), local_mean, local_var]).unsqueeze(0)
+        gathered = c.synchronize(c.allgather_async(stats))
+        counts, means, variances = gathered[:, :1], gathered[:, 1 : 1 + flat.shape[0]], gathered[:, 1 + flat.shape[0]:]
+        total = counts.sum()
+        if total == 0:
+            raise InvalidArgumentError("SyncBatchNorm got an empty batch on every rank.")
+        mean = (counts * means).sum(0) / total
+        var = (counts * (variances + (means - mean) ** 2)).sum(0) / total
+        if running_mean is not None and running_var is not None:
+            unbiased = var * (total / (total - 1)) if total > 1 else var
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        invstd = torch.rsqrt(var + eps)
+        mean_x, invstd_x = mean.to(x.dtype), invstd.to(x.dtype)
+        y = (x - _broadcastable(mean_x, x)) * _broadcastable(invstd_x, x)
+        if weight is not None:
+            y = y * _broadcastable(weight, x)
+        if bias is not None:
+            y = y + _broadcastable(bias, x)
+        ctx.save_for_backward(x, weight, mean_x, invstd_x)
+        ctx.total = float(total)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, mean, invstd = ctx.saved_tensors
+        xmu = x - _broadcastable(mean, x)
+        dy_flat, xmu_flat = _channels_last(dy), _channels_last(xmu)
+        local_sum_dy = dy_flat.sum(1)
+        local_sum_dy_xmu = (dy_flat * xmu_flat).sum(1)
+        sums = torch.cat([local_sum_dy, local_sum_dy_xmu]).double()
+        sums = c.synchronize(c.allreduce_async(sums, op=ReduceOp.SUM))
+        channels = mean.shape[0]
+        sum_dy, sum_dy_xmu = sums[:channels].to(x.dtype), sums[channels:].to(x.dtype)
+        scale = invstd if weight is None else invstd * weight
+        grad_x = _broadcastable(scale, x) * (
+            dy - _broadcastable(sum_dy / ctx.total, x)
+            - xmu * _broadcastable(invstd * invstd * sum_dy_xmu / ctx.total, x)
+        )
+        grad_w = local_sum_dy_xmu * invstd if weight is not None and ctx.needs_input_grad[1] else None
+        grad_b = local_sum_dy if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None, None, None, None
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalization over the global batch of every rank, on CPU tensors too.
+
+    A drop-in for ``torch.nn.BatchNorm{1,2,3}d``: in training the mean and variance are computed over
+    all ranks' samples (and the running statistics updated with them), so the output equals
+    BatchNorm on the concatenated batch. In eval mode it is plain BatchNorm with running statistics.
+    Parameter gradients are this rank's share; DistributedOptimizer averages them like any other.
+
+    Example:
+        >>> bn = hvd.SyncBatchNorm(16)        # doctest: +SKIP
+        >>> y = bn(torch.randn(8, 16, 4, 4))  # doctest: +SKIP
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise InvalidArgumentError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        use_running = not self.training or self.track_running_stats
+        if not bn_training or job().size == 1:
+            return F.batch_norm(input, self.running_mean if use_running else None,
+                                self.running_var if use_running else None, self.weight, self.bias,
+                                bn_training, factor, self.eps)
+        return _SyncBatchNormFunction.apply(
+            input, self.weight, self.bias, self.running_mean if use_running else None,
+            self.running_var if use_running else None, self.eps, factor)
