@@ -7,7 +7,7 @@ Process sets are addressed by id; a backend keeps one communicator per set this 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -37,8 +37,13 @@ class Backend(Protocol):
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         """Broadcast rank 0's payload to every rank."""
 
-    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
-        """Reduce `buf` in place across the set's members."""
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
+        """Reduce `buf` in place across the set's members.
+
+        `after_chunk`, if given, is called on each reduced piece while it is still in cache (the
+        executor scales there, saving a separate pass over the whole buffer).
+        """
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:

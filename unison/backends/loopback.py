@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,11 @@ class LoopbackBackend:
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         return payload or b""
 
-    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
         self._calls += 1
+        if after_chunk is not None:
+            after_chunk(buf)
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
@@ -165,12 +168,15 @@ class ThreadBackend:
         values = self.group._control.exchange(self.rank, payload)
         return bytes(values[0])
 
-    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
         values, _ = self._exchange(process_set_id, buf.copy())
         result = values[0].copy()
         for value in values[1:]:
             _NUMPY_OPS[op](result, value, out=result)
         buf[...] = result
+        if after_chunk is not None:
+            after_chunk(buf)
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:

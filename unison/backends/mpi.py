@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -127,13 +127,17 @@ class MpiBackend:
             return max(buf.size, 1)
         return max(self.chunk_bytes // max(buf.itemsize, 1), 1)
 
-    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
         comm = self._comms[process_set_id]
         mpi_op = self._ops[op]
         step = self._chunk_elements(buf)
         in_place = self._mpi.IN_PLACE
         for start in range(0, buf.size, step):
-            comm.Allreduce(in_place, buf[start : start + step], op=mpi_op)
+            chunk = buf[start : start + step]
+            comm.Allreduce(in_place, chunk, op=mpi_op)
+            if after_chunk is not None:
+                after_chunk(chunk)
             self._stats["data_calls"] += 1
         self._stats["data_bytes"] += buf.nbytes
 

@@ -205,6 +205,13 @@ class Executor:
         return response.postscale
 
     @staticmethod
+    def _scaler(factor: float, dtype: DType) -> Callable[[np.ndarray], None] | None:
+        """The per-chunk postscale (None when there is nothing to scale)."""
+        if factor == 1.0:
+            return None
+        return lambda chunk: _scale_(chunk, factor, dtype)
+
+    @staticmethod
     def _mpi_op(op: ReduceOp) -> ReduceOp:
         return ReduceOp.SUM if op in (ReduceOp.AVERAGE, ReduceOp.SUM) else op
 
@@ -227,9 +234,8 @@ class Executor:
             else:
                 _scale_(out, pre, dtype)
             self._mark(names, "MPI_ALLREDUCE")
-            self.backend.allreduce_(out, op, set_id)
+            self.backend.allreduce_(out, op, set_id, self._scaler(post, dtype))
             self._mark(names, None)
-            _scale_(out, post, dtype)
             return [single.output]
         self._stats["fused_responses"] += len(entries) > 1
         work_dtype = np.dtype(np.float32) if dtype.is_half else dtype.storage
@@ -250,11 +256,10 @@ class Executor:
             offset += count
         self._mark(names, None)
         self._mark(names, "MPI_ALLREDUCE")
-        self.backend.allreduce_(buf, op, set_id)
+        work = DType.FLOAT32 if dtype.is_half else dtype
+        self.backend.allreduce_(buf, op, set_id, self._scaler(post, work))
         self._mark(names, None)
         self._mark(names, "MEMCPY_OUT_FUSION_BUFFER")
-        work = DType.FLOAT32 if dtype.is_half else dtype
-        _scale_(buf, post, work)
         results: list[Any] = []
         offset = 0
         for entry, shape in zip(entries, response.shapes):

@@ -184,8 +184,9 @@ class GrpcBackend:
         reply = self.control.exchange(pb.BROADCAST, payload or b"")
         return payload or b"" if self.rank == 0 else bytes(reply.data)
 
-    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int) -> None:
-        self.data.allreduce_(buf, op, process_set_id)
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
+        self.data.allreduce_(buf, op, process_set_id, after_chunk)
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
