@@ -32,11 +32,15 @@ unison.shutdown()
 _IMPORT_TIMEOUT_SECONDS = 120
 
 
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+def _version(module: str) -> str:
+    """Version of the installed distribution providing `module` (tensorflow may come as tensorflow-cpu)."""
+    names = importlib.metadata.packages_distributions().get(module, []) or [module]
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
 
 
 def _imports(module: str) -> str:
@@ -71,8 +75,8 @@ def check_build(mpiexec: str = "") -> int:
         print(f"  {name:<12} {value}")
     print("backends and frameworks:")
     print(f"  {'mpi':<12} {'ok' if not library.startswith('unusable') else 'unusable'}")
-    for module, dist in (("torch", "torch"), ("tensorflow", "tensorflow"), ("keras", "keras")):
-        status = _imports(module) if _version(dist) != "not installed" else "not installed"
+    for module in ("torch", "tensorflow", "keras"):
+        status = _imports(module) if _version(module) != "not installed" else "not installed"
         print(f"  {module:<12} {status}")
     try:
         found = find_mpiexec(mpiexec)
