@@ -56,7 +56,8 @@ def resolve_op(op: Any, average: Any) -> ReduceOp:
     return resolved
 
 
-def _process_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
+def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
+    """(set id, members) of a registered set this rank belongs to, or the Horovod-worded error."""
     set_id = process_set.process_set_id
     members = current.engine.process_sets.get(set_id) if set_id is not None else None
     if set_id is None or members is None:
@@ -92,16 +93,26 @@ def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:
     return (array.view(np.uint16) if dtype is DType.BFLOAT16 else array), dtype
 
 
-def _next_handle(current: Job) -> int:
+def next_handle(current: Job) -> int:
+    """A new handle id (a per-job counter, reset by shutdown)."""
     current.handle_counter += 1
     return current.handle_counter
 
 
-def _op_name(kind: str, name: str | None, handle: int) -> str:
-    return f"{kind}.noname.{handle}" if name is None else f"{kind}.{name}"
+def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
+    """``<kind>.<name>``, or ``<kind>.noname.<n>`` where n counts this rank's unnamed calls in the set.
+
+    Horovod numbers unnamed ops with its handle counter, which every call advances; then a rank that
+    made one extra *named* call (a zero-filled missing gradient, uneven data before join) can never
+    match its later unnamed ops again. Counting only unnamed calls, per process set, avoids that.
+    """
+    if name is not None:
+        return f"{kind}.{name}"
+    return f"{kind}.noname.{current.next_name_index(('noname', set_id))}"
 
 
-def _register(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
+def register_handle(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
+    """Make `handle_id` poll/synchronize over `handles`, returning ``finish(results)``."""
     _handles[handle_id] = (handles, finish)
     return handle_id
 
@@ -134,9 +145,9 @@ def submit(
     """
     current = job()
     what = kind.value.capitalize()
-    set_id, members = _process_set(current, process_set, what)
-    handle_id = _next_handle(current)
-    base = _op_name(("grouped_" if grouped else "") + kind.value, name, handle_id)
+    set_id, members = member_set(current, process_set, what)
+    handle_id = next_handle(current)
+    base = _op_name(current, ("grouped_" if grouped else "") + kind.value, name, set_id)
     if kind is CollectiveKind.BROADCAST and root_rank not in members:
         raise InvalidArgumentError(
             f"broadcast received invalid root rank {root_rank} for provided process set: root_rank "
@@ -209,7 +220,7 @@ def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process
           **kw: Any) -> int:
     if not arrays:
         current = job()
-        return _register([], lambda results: [], _next_handle(current))
+        return register_handle([], lambda results: [], next_handle(current))
     handle_id, originals, dtypes = submit(kind, list(arrays), name, process_set, grouped=True, **kw)
     if kw.get("in_place"):
         return finish_with(handle_id, lambda results: list(originals))
@@ -388,7 +399,7 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
 # -- alltoall --------------------------------------------------------------------------------------
 
 
-def _check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:
+def check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:
     array = np.asarray(tensor)
     dim0 = array.shape[0] if array.ndim else 0
     if splits is None:
@@ -426,8 +437,8 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall; `synchronize` returns (output, received_splits)."""
     current = job()
-    _, members = _process_set(current, process_set, "Alltoall")
-    tensor, split_tuple = _check_splits(current, tensor, splits, members)
+    _, members = member_set(current, process_set, "Alltoall")
+    tensor, split_tuple = check_splits(current, tensor, splits, members)
     handle_id, originals, dtypes = submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
                                            splits=split_tuple)
     like, dtype = originals[0], dtypes[0]
@@ -447,7 +458,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
 # -- reducescatter ---------------------------------------------------------------------------------
 
 
-def _reducescatter_op(op: Any) -> ReduceOp:
+def reducescatter_op(op: Any) -> ReduceOp:
     resolved = ReduceOp.AVERAGE if op is None else resolve_op(op, None)
     if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise HorovodInternalError(
@@ -460,7 +471,7 @@ def reducescatter_async(tensor: Any, name: str | None = None, op: Any = ReduceOp
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; return a handle."""
-    return _one(CollectiveKind.REDUCESCATTER, tensor, name, process_set, op=_reducescatter_op(op),
+    return _one(CollectiveKind.REDUCESCATTER, tensor, name, process_set, op=reducescatter_op(op),
                 prescale=prescale_factor, postscale=postscale_factor)
 
 
@@ -480,7 +491,7 @@ def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of a list of tensors as one group; return a handle."""
-    return _many(CollectiveKind.REDUCESCATTER, tensors, name, process_set, op=_reducescatter_op(op),
+    return _many(CollectiveKind.REDUCESCATTER, tensors, name, process_set, op=reducescatter_op(op),
                  prescale=prescale_factor, postscale=postscale_factor)
 
 
@@ -498,13 +509,13 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op: A
 def _control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
              ranks: Sequence[int] = (), target_set: int | None = None) -> Any:
     current = job()
-    set_id, _ = _process_set(current, process_set, kind.value.capitalize())
-    handle_id = _next_handle(current)
+    set_id, _ = member_set(current, process_set, kind.value.capitalize())
+    handle_id = next_handle(current)
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
                       ranks=tuple(ranks))
     entry = Entry(request, None, None, Handle(name))
     current.engine.enqueue([entry])
-    _register([entry.handle], lambda results: results[0], handle_id)
+    register_handle([entry.handle], lambda results: results[0], handle_id)
     return synchronize(handle_id)
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from . import _failure
@@ -42,12 +42,13 @@ class Job:
     mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
     process_sets: dict[int, ProcessSet]
     handle_counter: int = 0
-    names_counters: dict[int, int] = dataclasses.field(default_factory=dict)
+    names_counters: dict[Hashable, int] = dataclasses.field(default_factory=dict)
 
-    def next_name_index(self, process_set_id: int) -> int:
-        """A per-process-set call counter: default names that match when members call in one order."""
-        self.names_counters[process_set_id] = self.names_counters.get(process_set_id, 0) + 1
-        return self.names_counters[process_set_id]
+    def next_name_index(self, key: Hashable) -> int:
+        """A call counter per key (e.g. a process set id): default names that match when the members
+        of a set make the same calls in the same order."""
+        self.names_counters[key] = self.names_counters.get(key, 0) + 1
+        return self.names_counters[key]
 
 
 _job: Job | None = None

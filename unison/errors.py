@@ -8,9 +8,11 @@
     ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
     ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
     ├── UnisonNotImplementedError    (NotImplementedError)
+    ├── GradientCountError           (AssertionError)  gradients produced or cleared at the wrong moment
     ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
     └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
         ├── MismatchError                              ranks disagreed on a collective's attributes
+        ├── MissingGradientError                       parameters produced no gradient on some rank
         ├── ShutdownError                              the job was shut down while the op was pending
         │   └── StallError                             the stall inspector shut the job down
         └── AbortedError                               another rank failed and the job is stopping
@@ -22,11 +24,13 @@ __all__ = [
     "AbortedError",
     "ConfigError",
     "DuplicateNameError",
+    "GradientCountError",
     "HorovodInternalError",
     "InvalidArgumentError",
     "LaunchError",
     "MismatchError",
     "MissingDependencyError",
+    "MissingGradientError",
     "NotInitializedError",
     "ShutdownError",
     "StallError",
@@ -75,12 +79,20 @@ class LaunchError(UnisonError, RuntimeError):
     """A job started by `unisonrun` or `unison.run` could not start, or ended without a result."""
 
 
+class GradientCountError(UnisonError, AssertionError):
+    """Gradients were produced or cleared at the wrong moment (Horovod raises AssertionError here)."""
+
+
 class HorovodInternalError(UnisonError, RuntimeError):
     """A collective failed; the name and base class match Horovod's, so existing handlers keep working."""
 
 
 class MismatchError(HorovodInternalError):
     """Ranks submitted the same collective with attributes that disagree (shape, dtype, op, ...)."""
+
+
+class MissingGradientError(HorovodInternalError):
+    """``missing_grads="error"``: some parameters produced no gradient on this rank before step()."""
 
 
 class ShutdownError(HorovodInternalError):

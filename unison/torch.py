@@ -65,9 +65,9 @@ from .adapters.torch.collectives import (
 )
 from .adapters.torch.compression import Compression, Compressor
 from .adapters.torch.functions import broadcast_optimizer_state, broadcast_parameters
-from .adapters.torch.optimizer import DistributedOptimizer, GradientCountError, MissingGradientError
+from .adapters.torch.optimizer import DistributedOptimizer
 from .adapters.torch.sync_batch_norm import SyncBatchNorm
-from .errors import HorovodInternalError, UnisonError
+from .errors import GradientCountError, HorovodInternalError, MissingGradientError, UnisonError
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
 

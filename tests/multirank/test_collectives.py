@@ -119,6 +119,15 @@ def test_unnamed_ops_match_by_call_order() -> None:
         assert out[0] == i * hvd.size()
 
 
+def test_an_extra_named_call_does_not_shift_unnamed_names() -> None:
+    """Rank 0 submits a named op first; the unnamed op after it must still match across ranks."""
+    early = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="early") if hvd.rank() == 0 else None
+    assert hvd.allreduce(np.full(2, 1.0), op=hvd.Sum)[0] == hvd.size()  # unnamed
+    if early is None:
+        early = hvd.allreduce_async(np.ones(1), op=hvd.Sum, name="early")
+    assert hvd.synchronize(early)[0] == hvd.size()
+
+
 def test_grouped_allreduce_and_in_place() -> None:
     size = hvd.size()
     tensors = [np.full(shape, float(hvd.rank() + 1), np.float32) for shape in [(3,), (2, 2), (1,), (5, 1)]]

@@ -58,7 +58,7 @@ def test_operation_mismatch() -> None:
     from unison import _collectives
 
     original = _collectives._op_name
-    _collectives._op_name = lambda k, n, h: "shared.name"  # type: ignore[assignment]
+    _collectives._op_name = lambda current, k, n, s: "shared.name"  # type: ignore[assignment]
     try:
         handle = _one(kind, np.ones(3), "x", hvd.global_process_set)
     finally:

@@ -363,7 +363,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce `tensor` across ranks and return this rank's dim-0 slice; differentiable."""
-    resolved = C._reducescatter_op(op)
+    resolved = C.reducescatter_op(op)
     tensor = tf.convert_to_tensor(tensor)
     fixed = graph_name("HorovodReducescatter", name, tensor, ignore_name_scope)
     compressed, ctx = compression.compress(tensor)
@@ -381,7 +381,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     """Reducescatter a list of tensors as one group in one op."""
     if not tensors:
         return []
-    resolved = C._reducescatter_op(op)
+    resolved = C.reducescatter_op(op)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     fixed = graph_name("HorovodGroupedReducescatter", name, tensors[0], ignore_name_scope)
     packed = [compression.compress(t) for t in tensors]

@@ -237,7 +237,7 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 
     When dim 0 is not divisible by the set size, the first ``dim0 % size`` ranks get one extra row.
     """
-    resolved = core._reducescatter_op(op)
+    resolved = core.reducescatter_op(op)
     compressed, ctx = compression.compress(tensor)
     out = _Reducescatter.apply(compressed, name, resolved, process_set, prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
@@ -248,7 +248,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reducescatter a list of tensors as one group; differentiable."""
-    resolved = core._reducescatter_op(op)
+    resolved = core.reducescatter_op(op)
     if not tensors:
         return []
     pairs = [compression.compress(t) for t in tensors]

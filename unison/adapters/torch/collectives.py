@@ -72,7 +72,7 @@ def _wrap(dtypes: list[Any], grouped: bool) -> Callable[[list[Any]], Any]:
 
 
 def _empty_group() -> int:
-    return core._register([], lambda results: [], core._next_handle(job()))
+    return core.register_handle([], lambda results: [], core.next_handle(job()))
 
 
 # -- allreduce -------------------------------------------------------------------------------------
@@ -218,9 +218,9 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
                    process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall; `synchronize` returns ``(output, received_splits)`` (int32 tensor)."""
     current = job()
-    _, members = core._process_set(current, process_set, "Alltoall")
+    _, members = core.member_set(current, process_set, "Alltoall")
     array, dtype = to_buffer(tensor, in_place=False)
-    array, split_tuple = core._check_splits(current, array, _splits_array(splits), members)
+    array, split_tuple = core.check_splits(current, array, _splits_array(splits), members)
     handle, _, _ = core.submit(CollectiveKind.ALLTOALL, [array], name, process_set, splits=split_tuple,
                                dtypes=[dtype])
 
@@ -236,7 +236,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; `synchronize` returns this rank's slice of the reduced tensor."""
     return submit_tensors(CollectiveKind.REDUCESCATTER, [tensor], name, process_set,
-                          op=core._reducescatter_op(op), prescale=prescale_factor,
+                          op=core.reducescatter_op(op), prescale=prescale_factor,
                           postscale=postscale_factor)
 
 
@@ -248,5 +248,5 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | Non
     if not tensors:
         return _empty_group()
     return submit_tensors(CollectiveKind.REDUCESCATTER, tensors, name, process_set, grouped=True,
-                          op=core._reducescatter_op(op), prescale=prescale_factor,
+                          op=core.reducescatter_op(op), prescale=prescale_factor,
                           postscale=postscale_factor)

@@ -22,23 +22,15 @@ import torch
 
 from ... import _collectives as core
 from ..._runtime import job
-from ...errors import InvalidArgumentError, UnisonError
+from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c
 from .compression import Compression, Compressor
 
-__all__ = ["DistributedOptimizer", "GradientCountError", "MissingGradientError"]
+__all__ = ["DistributedOptimizer"]
 
 _MISSING_MODES = ("zero", "error")
-
-
-class GradientCountError(UnisonError, AssertionError):
-    """Gradients were produced or cleared at the wrong moment (Horovod raises AssertionError)."""
-
-
-class MissingGradientError(UnisonError, RuntimeError):
-    """``missing_grads="error"``: some parameters produced no gradient on this rank before step()."""
 
 
 class _DistributedOptimizer:
