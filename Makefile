@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml | $(VPY)
 	touch $@
 
 demo: venv
-	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/numpy_digits.py
+	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/pytorch_mnist.py
 
 test: venv
 	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults -q

@@ -1,0 +1,49 @@
+"""Every example runs on 2 ranks and does what it says (short runs)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+
+def run2(*args: str, timeout: float = 240) -> str:
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def accuracy(output: str, pattern: str) -> float:
+    found = re.findall(pattern, output)
+    assert found, output[-2000:]
+    return float(found[-1])
+
+
+def test_pytorch_mnist_trains_and_checkpoints_atomically(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "model.pt"
+    out = run2("examples/pytorch_mnist.py", "--epochs", "3", "--checkpoint", str(checkpoint))
+    assert accuracy(out, r"test loss [\d.]+ acc (\d\.\d+)") > 0.85
+    assert checkpoint.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_keras_mnist_fit_with_callbacks() -> None:
+    assert accuracy(run2("examples/keras_mnist.py"), r"accuracy on all 1797 digits: (\d\.\d+)") > 0.9
+
+
+def test_tensorflow2_mnist_gradient_tape() -> None:
+    assert accuracy(run2("examples/tensorflow2_mnist.py"), r"accuracy on all 1797 digits: (\d\.\d+)") > 0.9
+
+
+@pytest.mark.parametrize("script", ["examples/pytorch_synthetic_benchmark.py",
+                                    "examples/tensorflow2_synthetic_benchmark.py"])
+def test_synthetic_benchmarks_report_throughput(script: str) -> None:
+    out = run2(script, "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
+               "--batch-size", "8")
+    assert re.search(r"Img/sec per rank: [\d.]+", out), out
