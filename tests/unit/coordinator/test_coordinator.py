@@ -209,3 +209,13 @@ def test_dataclass_replace_keeps_request_hashable() -> None:
     r = req("a", 0)
     assert dataclasses.replace(r, rank=1).rank == 1
     assert hash(r) == hash(req("a", 0))
+
+
+def test_a_failing_rank_aborts_the_job_with_the_lowest_failing_ranks_reason() -> None:
+    c = Coordinator(3)
+    fail = lambda r: Request("shutdown", CollectiveKind.SHUTDOWN, r, reason=f"rank {r} failed")  # noqa: E731
+    out = one_cycle(c, [req("a", 0)], [fail(1), req("a", 1)], [fail(2)])
+    assert [(r.kind, r.message) for r in out] == [(ResponseKind.ABORT, "rank 1 failed")]
+    # an orderly shutdown (no reason) is not an abort
+    out = one_cycle(Coordinator(2), [], [Request("shutdown", CollectiveKind.SHUTDOWN, 1)])
+    assert out[-1].kind == "shutdown"
