@@ -16,7 +16,7 @@ import tensorflow as tf
 from ... import _collectives as C
 from ..._runtime import job
 from ...errors import UnisonNotImplementedError
-from ...ops import ReduceOp
+from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
@@ -57,21 +57,45 @@ def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tens
 # -- allreduce -------------------------------------------------------------------------------------
 
 
+_OUTPUT_POOL: dict[tuple[object, ...], list[np.ndarray]] = {}
+
+
+def _pooled_outputs(name: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Output buffers for the graph op `name`, allocated once and reused while shapes stay the same."""
+    key = (name, tuple((a.shape, a.dtype.str) for a in arrays))
+    pool = _OUTPUT_POOL.get(key)
+    if pool is None:
+        pool = _OUTPUT_POOL[key] = [np.empty(a.shape, a.dtype) for a in arrays]
+    return pool
+
+
 def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, postscale: float,
                      name: str | None, process_set: ProcessSet, grouped: bool) -> list[tf.Tensor]:
     """Dense allreduce of one tensor or one group, with the allreduce-of-gradient gradient."""
     xs = [tf.convert_to_tensor(t) for t in tensors]
+    # Inside a graph, numpy_function copies what it returns into TensorFlow's own tensors, so the
+    # results can land in buffers kept from one step to the next: allocating (and page-faulting) tens
+    # of megabytes of fresh output memory every step cost about as much as the reduction itself.
+    # Eagerly the returned arrays may be shared with the tensors, so fresh ones are used there.
+    reuse_outputs = name is not None and not tf.executing_eagerly()
 
     @tf.custom_gradient
     def reduce(*inputs: tf.Tensor) -> Any:
         def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-            if grouped:
+            if reuse_outputs and name is not None:
+                outs = _pooled_outputs(name, arrays)
+                handle, _, _ = C.submit(
+                    CollectiveKind.ALLREDUCE, list(arrays), name, process_set, op=op, prescale=prescale,
+                    postscale=postscale, grouped=grouped,
+                    outputs=[o.view(np.uint16) if o.dtype.name == "bfloat16" else o for o in outs],
+                )
+                C.synchronize(handle)
+            elif grouped:
                 outs = C.grouped_allreduce(list(arrays), name=name, op=op, prescale_factor=prescale,
                                            postscale_factor=postscale, process_set=process_set)
             else:
                 outs = [C.allreduce(arrays[0], name=name, op=op, prescale_factor=prescale,
                                     postscale_factor=postscale, process_set=process_set)]
-            # The engine returns 0-d inputs as shape (1,); give every result its input's shape back.
             return [np.reshape(o, a.shape) for o, a in zip(outs, arrays)]
 
         outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllreduce_{name}"),
