@@ -6,6 +6,7 @@ import atexit
 import dataclasses
 import importlib.util
 import logging
+import socket
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -200,6 +201,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             from .coordinator.timeline import Timeline
 
             timeline = Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+        _configure_logging(settings, rank, size)
         engine = Engine(backend, settings, registered, timeline)
         if settings.controller == "grpc" and mpi is not None:
             from .service.setup import watch_engine
@@ -212,6 +214,31 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             atexit.register(shutdown)
             _atexit_registered = True
         log.debug("unison: rank %d/%d initialized with %s", rank, size, backend)
+
+
+class _RankHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """unison's own log output, used only when the application configured no logging."""
+
+
+def _configure_logging(settings: Settings, rank: int, size: int) -> None:
+    """Prefix unison's log lines with the rank, so the output of many ranks stays readable.
+
+    Applications that configure logging themselves (a handler on the root logger or on "unison")
+    keep full control; otherwise unison's records go to stderr as
+    ``2026-01-01 12:00:00,000 [unison rank 1/4 host] WARNING message`` (no time with
+    ``UNISON_LOG_HIDE_TIME=1``).
+    """
+    logger = logging.getLogger("unison")
+    ours = [h for h in logger.handlers if isinstance(h, _RankHandler)]
+    if not ours and (logger.handlers or logging.getLogger().handlers):
+        return
+    handler = ours[0] if ours else _RankHandler()
+    when = "" if settings.log_hide_time else "%(asctime)s "
+    prefix = f"[unison rank {rank}/{size} {socket.gethostname()}]"
+    handler.setFormatter(logging.Formatter(f"{when}{prefix} %(levelname)s %(message)s"))
+    if not ours:
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def _ranks_of(ps: ProcessSet, mpi: Any, backend: Any) -> list[int]:

@@ -49,3 +49,21 @@ def test_build_probes_work_before_init() -> None:
     assert unison.mpi_built() in (True, False)
     assert unison.nccl_built() == 0
     assert unison.gloo_built() is False and unison.ccl_built() is False
+
+
+def test_log_lines_carry_the_rank_and_obey_hide_time(tmp_path) -> None:
+    code = (
+        "import logging, unison\n"
+        "unison.init()\n"
+        "logging.getLogger('unison.test').warning('hello')\n"
+        "unison.shutdown()\n"
+    )
+    env = {**__import__("os").environ, "UNISON_LOG_HIDE_TIME": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stderr.startswith("[unison rank 0/1 ") and out.stderr.rstrip().endswith("] WARNING hello")
+    env.pop("UNISON_LOG_HIDE_TIME")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stderr[:4].isdigit() and "[unison rank 0/1 " in out.stderr  # a timestamp first
+    configured = "import logging; logging.basicConfig(format='APP %(message)s')\n" + code
+    out = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, env=env, check=True)
+    assert out.stderr.strip() == "APP hello"  # the application's own configuration wins

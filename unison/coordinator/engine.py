@@ -128,6 +128,7 @@ class Engine:
         self._negotiating: set[str] = set()  # rank 0 timeline: names in negotiation
         self._progress = False
         self._backoff = 50e-6
+        self._cycle_started = 0.0
         self._last_stall_check = 0.0
         self._foreign_version = -1
         self._foreign_mask = 0
@@ -264,6 +265,12 @@ class Engine:
                 self.backend.close()
 
     def _wait_for_work(self) -> None:
+        if self.settings.cycle_time_seconds:
+            # UNISON_CYCLE_TIME / HOROVOD_CYCLE_TIME: a minimum time between cycle starts, which lets
+            # more tensors gather into each cycle at the cost of latency.
+            left = self._cycle_started + self.settings.cycle_time_seconds - time.monotonic()
+            if left > 0:
+                time.sleep(left)
         with self._lock:
             ready = bool(self._queue) or (self._shutdown_requested and not self._shutdown_sent)
             ready = ready or (bool(self._abort_reason) and not self._abort_sent)
@@ -333,7 +340,7 @@ class Engine:
 
     def _cycle(self) -> None:
         self._stats["cycles"] += 1
-        now = time.monotonic()
+        now = self._cycle_started = time.monotonic()
         if self.timeline is not None:
             self.timeline.mark_cycle()
         with self._lock:

@@ -66,19 +66,6 @@ class Request:
     ranks: tuple[int, ...] = ()
     reason: str = ""
 
-    @property
-    def num_elements(self) -> int:
-        """Number of elements of the local tensor."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
-
-    def cache_key(self) -> tuple[object, ...]:
-        """The attributes a cached response must match for this request to hit it."""
-        return (self.kind, self.dtype, self.shape, self.reduce_op, self.root_rank, self.prescale,
-                self.postscale, self.process_set_id, self.device, self.group, self.group_size)
-
 
 class ResponseKind:
     """Response kinds that are not collectives: an error, or a job-wide stop (abort, stall)."""
@@ -105,7 +92,6 @@ class Response:
         sizes: per-rank data in set-rank order: allgather's dim-0 sizes ``(d0, d1, ...)``, or
             alltoall's split matrix ``((row of rank 0), (row of rank 1), ...)``, wrapped in a 1-tuple.
         message: the error text for "error"/"abort" responses.
-        joined_ranks: ranks that had joined when this response was made (they contribute zeros).
         last_joined: the JOIN response's last joined rank; the process set id for add/remove.
         ranks: members of a process set being added.
     """
@@ -122,18 +108,9 @@ class Response:
     device: str = "cpu"
     sizes: tuple[Any, ...] = ()
     message: str = ""
-    joined_ranks: tuple[int, ...] = ()
     last_joined: int = -1
     ranks: tuple[int, ...] = ()
     group: str = ""
-
-    @property
-    def collective(self) -> CollectiveKind | None:
-        """The collective kind, or None for error/abort responses."""
-        try:
-            return CollectiveKind(self.kind)
-        except ValueError:
-            return None
 
     def num_bytes(self) -> int:
         """Total bytes of the tensors this response moves (local view)."""
@@ -208,7 +185,7 @@ def decode_responses(data: bytes) -> list[Response]:
             item["dtype"] = DType(item["dtype"])
         if "reduce_op" in item:
             item["reduce_op"] = ReduceOp(item["reduce_op"])
-        for key in ("names", "shapes", "sizes", "joined_ranks", "ranks"):
+        for key in ("names", "shapes", "sizes", "ranks"):
             if key in item:
                 item[key] = _tuples(item[key])
         out.append(Response(**item))

@@ -275,3 +275,25 @@ def test_process_set_tensors_run_only_among_members(capacity, steps, data):
         job.run_ranks(work)
     finally:
         job.close()
+
+
+def test_cycle_time_spaces_cycles() -> None:
+    """UNISON_CYCLE_TIME is a minimum time between cycle starts (idle cycles would otherwise run
+    every idle_cycle_seconds = 5 ms here)."""
+    job = Job(2, cycle_time_seconds=0.1)
+    try:
+        start = [e.statistics()["cycles"] for e in job.engines]
+        __import__("time").sleep(0.5)
+        ran = [e.statistics()["cycles"] - s for e, s in zip(job.engines, start)]
+        assert all(r <= 7 for r in ran), ran  # at most one cycle per 100 ms (+ slack)
+        value = np.ones(2, np.float32)
+
+        def work(rank: int, engine: Engine) -> object:
+            entry = allreduce_entry("spaced", rank, value)
+            engine.enqueue([entry])
+            return wait(entry)
+
+        for result in job.run_ranks(work):
+            np.testing.assert_array_equal(result, [2, 2])
+    finally:
+        job.close()
