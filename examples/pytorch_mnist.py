@@ -1,6 +1,6 @@
 """Train a small CNN on scikit-learn's bundled 8x8 digits with unison.torch (real data, no download).
 
-Run: mpiexec -n 2 python examples/pytorch_mnist.py [--epochs 8] [--checkpoint digits.pt]
+Run: mpiexec -n 2 python examples/pytorch_mnist.py [--epochs 8] [--checkpoint checkpoints/pytorch_digits.pt]
 
 Each rank trains on its own shard of the training set (rows rank::size); DistributedOptimizer
 averages gradients, rank 0 prints per-epoch loss/accuracy (summed over every rank's shard, then
@@ -37,6 +37,7 @@ class Net(torch.nn.Module):
 def save_atomically(state: dict, path: str) -> None:
     """Write to a temporary file in the same directory, fsync it, then rename over `path`."""
     directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ckpt-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--checkpoint", default="pytorch_digits_checkpoint.pt")
+    parser.add_argument("--checkpoint", default="checkpoints/pytorch_digits.pt")
     args = parser.parse_args()
 
     hvd.init()
