@@ -169,7 +169,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
                 backend: Any = grpc_backend(the_comm, settings, local_size=topology[1])
             else:
-                backend = MpiBackend(the_comm, settings.chunk_bytes)
+                backend = MpiBackend(the_comm, settings.chunk_bytes, settings.hierarchical_allreduce)
         else:
             if comm is not None or _launcher_size() > 1:
                 from .backends.mpi import import_mpi
@@ -213,7 +213,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
-        log.debug("unison: rank %d/%d initialized with %s", rank, size, backend)
+        log.debug("rank %d/%d initialized with %s", rank, size, backend)
 
 
 class _RankHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -211,8 +211,7 @@ class Engine:
             return
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("unison: rank %d: peers did not answer shutdown within %.0f s; leaving them.",
-                        self.rank, timeout)
+            log.warning("peers did not answer shutdown within %.0f s; leaving them.", timeout)
             self.backend.abandon()
             self._thread.join(2.0)
 
@@ -251,10 +250,10 @@ class Engine:
         except Abandoned:
             self._stop(ShutdownError("unison was shut down while peers did not respond."))
         except AbortedError as exc:  # the transport learned that the job is being aborted
-            log.error("unison: rank %d: %s", self.rank, exc)
+            log.error("%s", exc)
             self._stop(exc)
         except BaseException as exc:  # noqa: BLE001 - the thread must fail every waiter, not die silently
-            log.exception("unison: rank %d: engine failed", self.rank)
+            log.exception("engine failed")
             self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
         finally:
             self._stop(ShutdownError("unison has been shut down; no more collectives can run."))
@@ -461,12 +460,11 @@ class Engine:
                 f"rank(s) {ranks} for an exception."
             ))
             return False
-        if kind == ResponseKind.STALL:
-            log.error("unison: rank %d: %s", self.rank, response.message)
+        if kind == ResponseKind.STALL:  # rank 0 logged the report; the error carries it everywhere
             self._stop(StallError(response.message))
             return False
         if kind == ResponseKind.ABORT:
-            log.error("unison: rank %d: %s", self.rank, response.message)
+            log.error("%s", response.message)
             self._stop(AbortedError(response.message))
             return False
         if kind == ResponseKind.ERROR:
@@ -511,7 +509,7 @@ class Engine:
         try:
             results = self.executor.run(response, entries)
         except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
-            log.exception("unison: rank %d: %s failed", self.rank, kind)
+            log.exception("%s failed", kind)
             for entry in entries:
                 if entry is not None:
                     entry.handle.fail(HorovodInternalError(f"{kind} of {list(response.names)} failed: {exc}"))
@@ -548,7 +546,7 @@ class Engine:
                 try:
                     self.on_stop(error, bool(waiting))
                 except Exception:  # noqa: BLE001 - a failing hook must not keep the engine alive
-                    log.exception("unison: rank %d: stop hook failed", self.rank)
+                    log.exception("stop hook failed")
 
     # -- rank 0 only: stall inspection and timeline --------------------------------------------------
 
@@ -577,10 +575,10 @@ class Engine:
         if report is None:
             return
         if report.shutdown:
-            log.error("unison: %s", report.text)
+            log.error("%s", report.text)
             self._news = report.text
         else:
-            log.warning("unison: %s", report.text)
+            log.warning("%s", report.text)
 
     def set_timeline(self, timeline: Any) -> None:
         """Start (or with None, stop) writing the timeline; rank 0 only."""

@@ -125,7 +125,7 @@ class ControlClient:
     def _aborted(self, reason: str) -> None:
         if not self.abort_reason:
             self.abort_reason = reason
-            log.error("unison: rank %d: job aborted: %s", self.rank, reason)
+            log.error("job aborted: %s", reason)
             if self.on_abort is not None:
                 self.on_abort(reason)
 

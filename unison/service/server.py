@@ -174,7 +174,7 @@ class CoordinatorServer:
         if not host or not port.isdigit():
             raise ConfigError(f"UNISON_SERVICE_ADDR must be host:port. Got {address!r}.")
         if host in ("0.0.0.0", "::", "[::]"):
-            log.warning("unison: the coordinator service listens on every interface (%s) as "
+            log.warning("the coordinator service listens on every interface (%s) as "
                         "UNISON_SERVICE_ADDR asks; calls still need the job secret.", address)
         try:
             bound = self._server.add_insecure_port(address)
@@ -208,7 +208,7 @@ class CoordinatorServer:
     def abort(self, reason: str) -> None:
         """Abort the job: every waiting and future exchange answers with `reason`."""
         if not self.rendezvous.aborted:
-            log.error("unison: aborting the job: %s", reason)
+            log.error("aborting the job: %s", reason)
         self.rendezvous.abort(reason)
 
     def _watch(self) -> None:

@@ -54,7 +54,7 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
             server = CoordinatorServer(size, secret, address, __version__,
                                        settings.heartbeat_timeout_seconds)
             outcome = ("ok", server.address)
-            log.info("unison: coordinator service listening on %s", server.address)
+            log.info("coordinator service listening on %s", server.address)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             outcome = ("error", f"{type(exc).__name__}: {exc}")
             failure = exc
@@ -69,7 +69,7 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
         address = f"{comm.bcast(os.uname().nodename if rank == 0 else None, root=0)}:{port}"
     control = ControlClient(address, secret, rank)
     control.register(__version__)
-    return GrpcBackend(control, MpiBackend(comm, settings.chunk_bytes), size, server)
+    return GrpcBackend(control, MpiBackend(comm, settings.chunk_bytes, settings.hierarchical_allreduce), size, server)
 
 
 def watch_engine(backend: Any, engine: Any) -> None:
