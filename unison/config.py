@@ -85,6 +85,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "bool", False, "Allow add_process_set()/remove_process_set() after init()."),
     Setting("disable_group_fusion", "UNISON_DISABLE_GROUP_FUSION", "HOROVOD_DISABLE_GROUP_FUSION",
             "bool", False, "Fuse the tensors of a grouped op only with each other."),
+    Setting("hierarchical_allreduce", "UNISON_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+            "bool", False, "Allreduce in three steps when ranks span several hosts: reduce within each "
+            "host, allreduce across hosts among one rank per host, broadcast within each host."),
     Setting("mpi_threads_disable", "UNISON_MPI_THREADS_DISABLE", "HOROVOD_MPI_THREADS_DISABLE",
             "bool", False, "Ask MPI for MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE."),
 )
@@ -120,6 +123,7 @@ class Settings:
     dynamic_process_sets: bool = False
     disable_group_fusion: bool = False
     mpi_threads_disable: bool = False
+    hierarchical_allreduce: bool = False
 
 
 def _parse(setting: Setting, variable: str, raw: str) -> Any:

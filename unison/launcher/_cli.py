@@ -46,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
                    help="pass an environment variable to every rank (the whole environment is "
                    "passed on this host; use this for remote hosts); repeatable")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, as one string")
+    p.add_argument("--launcher-exec", default="", metavar="SCRIPT",
+                   help="program mpiexec runs instead of ssh to start processes on other hosts "
+                   "(MPICH: -launcher ssh -launcher-exec SCRIPT; Open MPI: --mca plm_rsh_agent SCRIPT)")
+    p.add_argument("--iface", default=os.environ.get("UNISON_IFACE", ""), metavar="IF",
+                   help="network interface for MPI traffic between hosts (default: $UNISON_IFACE); with "
+                   "MPICH this also selects the TCP netmod (ofi/tcp) so data crosses that interface")
     p.add_argument("--mpiexec", default="", metavar="PATH", help="mpiexec to use (default: the one next "
                    "to this Python, else on PATH); must belong to the MPI that mpi4py loads")
     p.add_argument("--check-build", action="store_true", help="print versions and usable backends, then "
@@ -71,7 +77,7 @@ def _env_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
            output_dir: str = "", env_pairs: Sequence[tuple[str, str]] = (), mpi_args: str = "",
            mpiexec: str = "", timeout: float | None = None, extra_env: dict[str, str] | None = None,
-           quiet_stdout: bool = False) -> int:
+           quiet_stdout: bool = False, launcher_exec: str = "", iface: str = "") -> int:
     """Start `program` on `np` ranks, supervise it, print who failed, and return the exit status."""
     if np < 1:
         raise LaunchError(f"-np must be at least 1. Got -np {np}.")
@@ -91,7 +97,8 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
             output_dir = output_dir or directory
             tails = (np, output_dir)
         cmd = found.command(np, program, hosts=hosts, hostfile=hostfile, tag_output=tag_output,
-                            output_dir=output_dir, env=env_pairs, extra=shlex.split(mpi_args))
+                            output_dir=output_dir, env=env_pairs, extra=shlex.split(mpi_args),
+                            launcher_exec=launcher_exec, iface=iface)
         outcome = supervise(cmd, Path(directory), env, timeout=timeout,
                             stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails)
     report(outcome)
@@ -113,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = command[1:]
         return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
                       output_dir=args.output_filename, env_pairs=_env_pairs(args.env),
-                      mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout)
+                      mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout,
+                      launcher_exec=args.launcher_exec, iface=args.iface)
     except LaunchError as exc:
         print(f"unisonrun: {exc}", file=sys.stderr)
         return 2

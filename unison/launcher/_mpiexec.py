@@ -71,8 +71,14 @@ class MpiExec:
 
     def command(self, np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "",
                 tag_output: bool = False, output_dir: str = "", env: Sequence[tuple[str, str]] = (),
-                extra: Sequence[str] = ()) -> list[str]:
-        """The full mpiexec command line for `program` on `np` processes."""
+                extra: Sequence[str] = (), launcher_exec: str = "", iface: str = "") -> list[str]:
+        """The full mpiexec command line for `program` on `np` processes.
+
+        `launcher_exec` replaces ssh for starting processes on other hosts. `iface` names the network
+        interface between hosts; with MPICH it also selects the TCP netmod (``ofi`` with the ``tcp``
+        provider), because the wheel's default (UCX) may move data through shared memory instead, e.g.
+        between network namespaces of one machine.
+        """
         cmd = [self.path, "-n", str(np)]
         openmpi = self.vendor == "openmpi"
         if hosts:
@@ -89,6 +95,16 @@ class MpiExec:
             else:
                 cmd += ["-outfile-pattern", os.path.join(output_dir, "rank.%r.stdout"),
                         "-errfile-pattern", os.path.join(output_dir, "rank.%r.stderr")]
+        if launcher_exec:
+            cmd += ["--mca", "plm_rsh_agent", launcher_exec] if openmpi else [
+                "-launcher", "ssh", "-launcher-exec", launcher_exec]
+        if iface:
+            if openmpi:
+                cmd += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
+            else:
+                network = [("MPIR_CVAR_CH4_NETMOD", "ofi"), ("FI_PROVIDER", "tcp"), ("FI_TCP_IFACE", iface)]
+                cmd += ["-iface", iface]
+                env = [*network, *env]
         for name, value in env:
             cmd += ["-x", f"{name}={value}"] if openmpi else ["-genv", name, value]
         return cmd + list(extra) + list(program)

@@ -1,0 +1,1 @@
+"""Helpers for testing unison itself: emulated hosts for multi-host jobs (`unison.testing.hosts`)."""
