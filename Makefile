@@ -6,7 +6,7 @@ STAMP := $(VENV)/.unison-installed
 # The CPU build of this torch release (a bare `torch` would pull a multi-GB CUDA build).
 TORCH_PIN = torch==2.13.0
 
-.PHONY: venv demo test lint bench proto clean distclean
+.PHONY: venv demo test lint bench bench-multihost proto clean distclean
 
 venv: $(STAMP)
 
@@ -23,7 +23,7 @@ demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/pytorch_mnist.py
 
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults -q
+	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults tests/multihost -q
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 2
@@ -35,6 +35,9 @@ lint: venv
 
 bench: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) benchmarks/allreduce.py
+
+bench-multihost: venv
+	$(VPY) benchmarks/multihost.py --train
 
 # Regenerate the gRPC modules of the coordinator service (committed; needs grpcio-tools).
 proto: venv
