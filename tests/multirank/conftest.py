@@ -43,6 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
         and not config.getini("timeout_method")
     ):
         config.option.timeout_method = "thread"
+    config.addinivalue_line(
+        "markers", "convergence: trains to an optimum (adapter numerics); not repeated by the grpc runs"
+    )
     if MPI.COMM_WORLD.Get_size() > 1:
         _harness.start(MPI.COMM_WORLD)
         if config.option.basetemp is None:
@@ -59,6 +62,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if MPI.COMM_WORLD.Get_size() > 1:
+        if os.environ.get("UNISON_CONTROLLER", "").lower() == "grpc":
+            # The grpc runs exist to exercise the control plane; long training runs that check an
+            # adapter's numerics already ran over MPI and would only double the suite's time.
+            skip = pytest.mark.skip(reason="convergence tests run in the MPI-controller suite")
+            for item in items:
+                if item.get_closest_marker("convergence"):
+                    item.add_marker(skip)
         return
     skip = pytest.mark.skip(reason=_NEEDS_MPIEXEC)
     for item in items:

@@ -6,6 +6,10 @@ the same name and module, so `isinstance`, schedules, slots and saving keep work
 reloads with plain Keras. Gradients are reduced at one point, `apply` (which `apply_gradients` and
 `model.fit` on the TensorFlow and torch backends call), before loss-scale unscaling, clipping and
 weight decay: so clipping sees the global gradient, as in a single-process run.
+
+With a sparsifier (``Compression.topk``/``threshold``) the gradients travel as (index, value) pairs by
+allgather with error feedback; with ``Compression.partial`` no gradient is reduced and, after each
+apply, one rotating slice of the trainable variables is averaged across ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import numpy as np
 
 from ... import _collectives as C
 from ..._runtime import job
+from ...compression import Exchange
+from ...compression._exchange import average_slices_, sparsified_allreduce
 from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -83,7 +89,8 @@ class _Settings:
         self.local_paths: set[str] = set()
         self.accumulators: list[Any] | None = None
         self.counter: Any = None
-        self.statistics = {"apply_calls": 0, "reductions": 0}
+        self.exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
+        self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
 
 
 def _names(variables: list[Any]) -> list[str]:
@@ -123,6 +130,15 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
             out[i] = g / size
     if not chosen:
         return out
+    if settings.exchange is Exchange.ALLGATHER:
+        scale = 1.0 / size if settings.op is ReduceOp.AVERAGE else 1.0
+        arrays = [np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])) for i in chosen]
+        summed = sparsified_allreduce(settings.compression, arrays, [names[i] for i in chosen],
+                                      gradient_group_name([names[i] for i in chosen]),
+                                      settings.process_set, scale)
+        for i, r in zip(chosen, summed):
+            out[i] = keras.ops.convert_to_tensor(r, dtype=keras.backend.standardize_dtype(grads[i].dtype))
+        return out
     arrays, contexts = [], []
     for i in chosen:
         array, ctx = settings.compression.compress(np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])))
@@ -136,11 +152,36 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
     reduced = C.grouped_allreduce(arrays, name=gradient_group_name([names[i] for i in chosen]), op=op,
                                   prescale_factor=prescale, postscale_factor=postscale,
                                   process_set=settings.process_set)
+    settings.statistics["dense_bytes"] += sum(np.asarray(keras.ops.convert_to_numpy(grads[i])).nbytes
+                                              for i in chosen)
+    settings.statistics["payload_bytes"] += sum(a.nbytes for a in arrays)
     for i, r, ctx in zip(chosen, reduced, contexts):
         r = np.reshape(r, arrays[chosen.index(i)].shape)
         out[i] = keras.ops.convert_to_tensor(settings.compression.decompress(r, ctx),
                                              dtype=keras.backend.standardize_dtype(grads[i].dtype))
     return out
+
+
+def _average_partial(settings: _Settings, variables: list[Any]) -> None:
+    """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
+    group = gradient_group_name(_names(variables))
+
+    def average(*arrays: Any) -> list[Any]:
+        copies = [np.array(a, copy=True, order="C") for a in arrays]
+        average_slices_(settings.compression, copies, group, settings.process_set)
+        return copies
+
+    if _backend() == "tensorflow":
+        from ..tensorflow._bridge import run
+
+        results = run(average, [v.value for v in variables], [v.value.dtype for v in variables],
+                      op_name="UnisonPartialSync")
+        for v, r in zip(variables, results):
+            r.set_shape(v.shape)
+    else:
+        results = average(*[keras.ops.convert_to_numpy(v.value) for v in variables])
+    for v, r in zip(variables, results):
+        v.assign(r)
 
 
 def _install_compile_hook() -> None:
@@ -194,8 +235,15 @@ class _DistributedMixin:
         self._unison.local_paths.add(_names([var])[0])
 
     def statistics(self) -> dict[str, int]:
-        """Counters: apply calls and gradient reductions."""
-        return dict(self._unison.statistics)
+        """Counters: apply calls, gradient reductions, this rank's bytes before (``dense_bytes``) and
+        after (``payload_bytes``) compression. A stateful scheme counts its own bytes as they are
+        sent (inside compiled steps too); a cast's bytes are counted on the torch backend only."""
+        out = dict(self._unison.statistics)
+        counted = getattr(self._unison.compression, "statistics", None)
+        if callable(counted):
+            own = counted()
+            out["dense_bytes"], out["payload_bytes"] = own["dense_bytes"], own["payload_bytes"]
+        return out
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         settings = self._unison
@@ -208,6 +256,10 @@ class _DistributedMixin:
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
+        if settings.exchange is Exchange.PARTIAL:
+            result = base_apply(grads, trainable_variables)
+            _average_partial(settings, variables)
+            return result
         if settings.backward_passes_per_step == 1:
             return base_apply(_reduce(settings, grads, variables), trainable_variables)
         if not self.built:  # type: ignore[attr-defined,has-type]
@@ -285,6 +337,13 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             f"backward_passes_per_step must be >= 1. Got backward_passes_per_step={backward_passes_per_step}."
         )
     resolved = check_op(op, gradient_predivide_factor)
+    exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
+    if exchange is Exchange.PARTIAL and (int(backward_passes_per_step) != 1 or resolved is not ReduceOp.AVERAGE):
+        raise InvalidArgumentError(
+            "Compression.partial averages parameters after every step: it needs op=Average and "
+            f"backward_passes_per_step=1. Got op={resolved.name}, backward_passes_per_step="
+            f"{backward_passes_per_step}."
+        )
     settings = _Settings(op=resolved, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor,
                          backward_passes_per_step=int(backward_passes_per_step),

@@ -1,4 +1,4 @@
-"""Gradient compression for the TensorFlow and Keras adapters: none, or float16 on the wire.
+"""Gradient compression for the TensorFlow and Keras adapters: Horovod's none/fp16, bf16, and the core's stateful schemes.
 
 Works on tf tensors and on NumPy arrays (the Keras adapter's path on the torch backend), and imports
 TensorFlow only when it meets a tf tensor, so Keras-on-torch never loads it.
@@ -10,11 +10,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+from ...compression import Compressor as _CoreCompressor
+from ...compression import PartialSync, ThresholdCompressor, TopKCompressor
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
 def _cast(tensor: Any, dtype: str) -> Any:
     if isinstance(tensor, np.ndarray):
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            return tensor.astype(ml_dtypes.bfloat16)
         return tensor.astype(dtype)
     import tensorflow as tf
 
@@ -28,7 +35,7 @@ def _is_wide_float(tensor: Any) -> bool:
     return getattr(dtype, "is_floating", False) and dtype.size > 2
 
 
-class Compressor:
+class Compressor(_CoreCompressor):
     """Interface: `compress` a tensor before the collective, `decompress` it after."""
 
     @staticmethod
@@ -69,8 +76,29 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else _cast(tensor, ctx)
 
 
+class BF16Compressor(Compressor):
+    """Send float32/float64 tensors as bfloat16 (halves the bytes; reduced through float32)."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        if _is_wide_float(tensor):
+            dtype = tensor.dtype
+            return _cast(tensor, "bfloat16"), (dtype.name if hasattr(dtype, "name") else str(dtype))
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor if ctx is None else _cast(tensor, ctx)
+
+
 class Compression:
-    """The available compressors, as in Horovod: ``Compression.none`` and ``Compression.fp16``."""
+    """The available compressors: Horovod's ``none`` and ``fp16``, plus ``bf16``, and the stateful
+    ``topk(ratio)``, ``threshold(value)`` (sparsified with error feedback; `DistributedGradientTape`
+    and the Keras optimizer) and ``partial(fraction)`` (Keras optimizer on the torch backend)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor
+    topk = TopKCompressor
+    threshold = ThresholdCompressor
+    partial = PartialSync

@@ -7,9 +7,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from ...compression import Exchange
+from ...compression._exchange import sparsified_allreduce
+from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ._bridge import graph_name
+from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
 from ._policy import gradient_group_name
 from .collectives import grouped_allreduce, set_size
@@ -49,6 +52,17 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], *, op: ReduceOp
         op = ReduceOp.SUM
         prescale = 1.0 / gradient_predivide_factor
         postscale = gradient_predivide_factor / size
+    exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
+    if exchange is Exchange.ALLGATHER:
+        scale = prescale * postscale * (1.0 / size if op is ReduceOp.AVERAGE else 1.0)
+        for i, r in zip(chosen, _sparsified(grads, chosen, names, compression, process_set, scale)):
+            out[i] = r
+        return out
+    if exchange is not Exchange.ALLREDUCE:
+        raise InvalidArgumentError(
+            f"compression={compression!r} cannot reduce gradients here; partial synchronization works "
+            "with the Keras DistributedOptimizer on the torch backend."
+        )
     name = graph_name("DistributedGradients", gradient_group_name([names[i] for i in chosen]))
     reduced = grouped_allreduce([grads[i] for i in chosen], op=op, compression=compression,
                                 prescale_factor=prescale, postscale_factor=postscale,
@@ -56,3 +70,19 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], *, op: ReduceOp
     for i, r in zip(chosen, reduced):
         out[i] = r
     return out
+
+
+def _sparsified(grads: list[Any], chosen: list[int], names: Sequence[str], compression: Any,
+                process_set: ProcessSet, scale: float) -> list[Any]:
+    """Exchange the chosen gradients as (index, value) pairs: eagerly, or as one numpy_function op."""
+    dense = [tf.convert_to_tensor(grads[i]) for i in chosen]
+    chosen_names = [str(names[i]) for i in chosen]
+    group = gradient_group_name(chosen_names)
+
+    def exchange(*arrays: Any) -> list[Any]:
+        return sparsified_allreduce(compression, arrays, chosen_names, group, process_set, scale)
+
+    results = run(exchange, dense, [d.dtype for d in dense], op_name=f"UnisonSparsified_{group}")
+    for result, d in zip(results, dense):
+        result.set_shape(d.shape)
+    return results

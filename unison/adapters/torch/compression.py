@@ -1,4 +1,8 @@
-"""Gradient compression for torch collectives: Horovod's `Compression.none` and `Compression.fp16`."""
+"""Gradient compression for torch: Horovod's none/fp16, plus bf16, top-K, threshold and partial sync.
+
+The casts act on torch tensors; the sparsifiers and the partial-synchronization schedule are the
+framework-neutral ones from `unison.compression` (the optimizer hands them NumPy views).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
+from ...compression import Compressor as _CoreCompressor
+from ...compression import PartialSync, ThresholdCompressor, TopKCompressor
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
-class Compressor:
+class Compressor(_CoreCompressor):
     """Interface: `compress` returns ``(tensor, ctx)``; `decompress(tensor, ctx)` undoes it."""
 
     @staticmethod
@@ -55,8 +62,31 @@ class FP16Compressor(Compressor):
         return tensor
 
 
+class BF16Compressor(Compressor):
+    """Send float32/float64 tensors as bfloat16 and cast back (reduced through float32)."""
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        dtype = tensor.dtype
+        if dtype in (torch.float32, torch.float64):
+            return tensor.to(torch.bfloat16), dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return tensor if ctx is None or tensor.dtype == ctx else tensor.to(ctx)
+
+
 class Compression:
-    """The built-in compressors, by Horovod's names."""
+    """The built-in compressors: Horovod's names, plus ``bf16`` and the stateful schemes.
+
+    ``topk(ratio)``, ``threshold(value)`` and ``partial(fraction)`` build instances that keep state;
+    give each optimizer its own.
+    """
 
     none = NoneCompressor
     fp16 = FP16Compressor
+    bf16 = BF16Compressor
+    topk = TopKCompressor
+    threshold = ThresholdCompressor
+    partial = PartialSync

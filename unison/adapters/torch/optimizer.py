@@ -8,6 +8,11 @@ allreduce and returns at once; the engine batches whatever is queued each cycle.
 every handle. A parameter whose hook never fired on this rank is handled by ``missing_grads``:
 ``"zero"`` (default) allreduces zeros so the other ranks never hang; ``"error"`` does the same, then
 raises an error naming the parameters.
+
+`compression` decides what travels: a cast (none, fp16, bf16) is allreduced; a sparsifier (top-K,
+threshold; `unison.compression`) sends (index, value) pairs by allgather and keeps the unsent rest as
+error feedback; `Compression.partial` reduces no gradient, and after each ``step()`` averages one
+rotating slice of the parameters.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import torch
 
 from ... import _collectives as core
 from ..._runtime import job
+from ...compression import Exchange, payload_bytes
 from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c
-from .compression import Compression, Compressor
+from .compression import Compression
 
 __all__ = ["DistributedOptimizer"]
 
@@ -38,11 +44,20 @@ class _DistributedOptimizer:
 
     # -- setup -------------------------------------------------------------------------------------
 
-    def _unison_setup(self, named_parameters: Any, compression: type[Compressor],
+    def _unison_setup(self, named_parameters: Any, compression: Any,
                       backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
                       groups: list[list[torch.Tensor]], sparse_as_dense: bool, process_set: ProcessSet,
                       missing_grads: str) -> None:
         self._compression = compression
+        self._unison_exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
+        if self._unison_exchange is not Exchange.ALLREDUCE:
+            if op not in (ReduceOp.AVERAGE, ReduceOp.SUM) or (
+                    self._unison_exchange is Exchange.PARTIAL and op is not ReduceOp.AVERAGE):
+                raise InvalidArgumentError(
+                    f"compression={compression!r} supports op=Average (and op=Sum for sparsifiers). "
+                    f"Got op={op.name}."
+                )
+            groups = []  # sparsified and partial schemes handle each parameter on its own
         self._unison_op = op
         self._unison_process_set = process_set
         self._unison_sparse_as_dense = sparse_as_dense
@@ -68,7 +83,8 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self._synchronized = False
         self._unison_stats = {"steps": 0, "allreduces": 0, "grouped_allreduces": 0, "missing_filled": 0,
-                              "partial_windows": 0, "wait_seconds": 0.0}
+                              "partial_windows": 0, "wait_seconds": 0.0, "dense_bytes": 0,
+                              "payload_bytes": 0}
         current = job()
         set_members = current.engine.process_sets.get(process_set.process_set_id or 0, ())
         self._unison_enabled = current.size > 1 and current.rank in set_members
@@ -80,7 +96,8 @@ class _DistributedOptimizer:
 
     def statistics(self) -> dict[str, float]:
         """Counters: steps, allreduces and grouped allreduces launched, missing gradients filled,
-        partial accumulation windows flushed, and seconds spent waiting in synchronize()."""
+        partial accumulation windows flushed, seconds spent waiting in synchronize(), and this
+        rank's gradient bytes before (``dense_bytes``) and after (``payload_bytes``) compression."""
         return dict(self._unison_stats)
 
     # -- the hook ----------------------------------------------------------------------------------
@@ -104,6 +121,11 @@ class _DistributedOptimizer:
     def _unison_launch(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+        if self._unison_exchange is Exchange.PARTIAL:
+            return  # the local gradient is applied as is; step() averages a slice of the parameters
+        if self._unison_exchange is Exchange.ALLGATHER:
+            self._unison_launch_sparsified(p)
+            return
         group = self._unison_group_of.get(p)
         if group is not None:
             ready = self._unison_group_ready.setdefault(group, set())
@@ -121,6 +143,8 @@ class _DistributedOptimizer:
                 return
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
+        self._unison_stats["dense_bytes"] += payload_bytes(grad)
+        self._unison_stats["payload_bytes"] += payload_bytes(compressed)
         pre, post = self._unison_scale
         handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [compressed], name, self._unison_process_set,
                                   in_place=True, op=self._unison_op, prescale=pre, postscale=post)
@@ -134,11 +158,52 @@ class _DistributedOptimizer:
             assert p.grad is not None
             grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
         pairs = [self._compression.compress(g) for g in grads]
+        self._unison_stats["dense_bytes"] += sum(payload_bytes(g) for g in grads)
+        self._unison_stats["payload_bytes"] += sum(payload_bytes(t) for t, _ in pairs)
         pre, post = self._unison_scale
         handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [t for t, _ in pairs], f"group.{group}",
                                   self._unison_process_set, grouped=True, in_place=True,
                                   op=self._unison_op, prescale=pre, postscale=post)
         self._unison_group_handles[group] = (handle, [t for t, _ in pairs], [ctx for _, ctx in pairs])
+        self._unison_stats["grouped_allreduces"] += 1
+
+    def _unison_launch_sparsified(self, p: torch.Tensor) -> None:
+        grad = p.grad
+        assert grad is not None
+        dense = grad.to_dense() if grad.is_sparse else grad
+        name = str(self._parameter_names.get(p))
+        array = dense.detach().cpu().numpy()
+        payload, ctx = self._compression.compress(array, name)
+        self._unison_stats["dense_bytes"] += array.nbytes
+        self._unison_stats["payload_bytes"] += payload_bytes(payload)
+        handle, _, _ = core.submit(CollectiveKind.ALLGATHER, list(payload), f"sparsified.{name}",
+                                   self._unison_process_set, grouped=True)
+        scale = 1.0 / (self._unison_process_set.size() or 1) if self._unison_op is ReduceOp.AVERAGE else 1.0
+        compression, device = self._compression, dense.device
+
+        def wait() -> torch.Tensor:
+            summed = compression.decompress(tuple(core.synchronize(handle)), ctx)
+            return torch.from_numpy(summed * summed.dtype.type(scale)).to(device)
+
+        self._unison_handles[p] = wait
+        self._unison_stats["allreduces"] += 1
+
+    def _unison_average_slice(self) -> None:
+        """Average this step's slice of the parameters across the set (partial synchronization)."""
+        params = self._unison_params
+        plan = self._compression.next_plan([p.numel() for p in params])
+        views = [params[i].data.view(-1)[start:stop] for i, start, stop in plan]
+        self._compression.count(sum(payload_bytes(p.data) for p in params),
+                                sum(payload_bytes(v) for v in views))
+        self._unison_stats["dense_bytes"] += sum(payload_bytes(p.data) for p in params)
+        self._unison_stats["payload_bytes"] += sum(payload_bytes(v) for v in views)
+        if not views:
+            return
+        part = (self._compression.step - 1) % self._compression.parts
+        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, views, f"partial.{part}",
+                                  self._unison_process_set, grouped=True, in_place=True,
+                                  op=ReduceOp.AVERAGE)
+        c.synchronize(handle)
         self._unison_stats["grouped_allreduces"] += 1
 
     # -- synchronize / step ------------------------------------------------------------------------
@@ -197,8 +262,8 @@ class _DistributedOptimizer:
         group_handles, self._unison_group_handles = self._unison_group_handles, {}
         self._unison_group_ready = {}
         for p, launched in handles.items():
-            if callable(launched):  # sparse: a function that waits
-                p.grad = launched()
+            if callable(launched):  # sparse or sparsified: a function that waits
+                _write_grad(p, launched())
                 continue
             handle, ctx, compressed = launched
             c.synchronize(handle)
@@ -229,7 +294,11 @@ class _DistributedOptimizer:
             self.synchronize()
         self._synchronized = False
         self._unison_stats["steps"] += 1
-        return super().step(closure)  # type: ignore[misc]
+        result = super().step(closure)  # type: ignore[misc]
+        if self._unison_exchange is Exchange.PARTIAL and self._unison_enabled:
+            with torch.no_grad():
+                self._unison_average_slice()
+        return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; refuses while reductions into them are in flight."""
@@ -332,7 +401,7 @@ def _groups(param_groups: list[dict[str, Any]], num_groups: int, groups: Any) ->
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
-                         compression: type[Compressor] = Compression.none,
+                         compression: Any = Compression.none,
                          backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
                          sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
@@ -344,7 +413,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Args:
         optimizer: the torch optimizer instance to wrap (not rebuilt).
         named_parameters: ``model.named_parameters()``; names the reductions (same on every rank).
-        compression: `Compression.none` or `Compression.fp16`.
+        compression: `Compression.none`, ``fp16`` or ``bf16`` (casts); an instance of
+            ``Compression.topk(ratio)`` or ``Compression.threshold(value)`` (sparsified, with error
+            feedback); or ``Compression.partial(fraction)`` (local steps, one rotating slice of the
+            parameters averaged per step). Stateful schemes: one instance per optimizer.
         backward_passes_per_step: backward passes accumulated locally before each reduction.
         op: `Average` (default) or `Sum` (Adasum is not implemented).
         gradient_predivide_factor: Average as prescale ``1/f``, postscale ``f/size``.
