@@ -64,6 +64,44 @@ def test_allreduce_dtype_op(dtype, op) -> None:
         np.testing.assert_array_equal(out.astype(np.float64), np.asarray(want, np.float64))
 
 
+def _wire_bytes() -> int:
+    from unison import _runtime
+
+    return int(_runtime.job().engine.statistics()["backend"]["data_bytes"])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+def test_half_allreduce_is_the_float32_reduction_rounded_once_for_half_the_bytes(dtype) -> None:
+    """float16/bfloat16 cross the wire in 2 bytes, and each element is the float32 sum (in rank
+    order) of every rank's prescaled value, postscaled and rounded once: bit for bit, on every rank.
+    Sizes split unevenly across ranks; the largest spans several 4 MiB chunks."""
+    size, rank = hvd.size(), hvd.rank()
+    sizes = [1, 7, 1000, 2_100_003]
+    rng = np.random.default_rng(11)
+    everyone = [[rng.standard_normal(n).astype(np.float32).astype(dtype) for n in sizes] for _ in range(size)]
+    for op, pre, post in [(hvd.Sum, 1.0, 1.0), (hvd.Average, 0.5, 3.0), (hvd.Max, 1.0, 1.0)]:
+        name = f"half.{np.dtype(dtype).name}.{op}"
+        before = _wire_bytes()
+        outs = hvd.grouped_allreduce(everyone[rank], op=op, prescale_factor=pre, postscale_factor=post,
+                                     name=name)
+        sent = _wire_bytes() - before
+        assert sent == 2 * sum(sizes)  # 2-byte values, never widened on the wire
+        for i, out in enumerate(outs):
+            assert out.dtype == np.dtype(dtype)
+            wide = np.stack([everyone[r][i].astype(np.float32) * np.float32(pre) for r in range(size)])
+            if op == hvd.Max:
+                acc = wide.max(0)
+            else:
+                acc = wide.sum(0) * np.float32(post / size if op == hvd.Average else post)
+            np.testing.assert_array_equal(out.view(np.uint16), acc.astype(dtype).view(np.uint16))
+        bits = hvd.allgather(np.concatenate([o.view(np.uint16) for o in outs])[None], name=name + ".bits")
+        assert (bits == bits[0]).all(), "ranks disagree on the rounded result"
+    x = everyone[rank][2].copy()
+    assert hvd.allreduce_(x, op=hvd.Sum, name=f"half.inplace.{np.dtype(dtype).name}") is x
+    want = np.stack([everyone[r][2].astype(np.float32) for r in range(size)]).sum(0).astype(dtype)
+    np.testing.assert_array_equal(x.view(np.uint16), want.view(np.uint16))
+
+
 def test_allreduce_scaling_numerics() -> None:
     size = hvd.size()
     x = np.array([1.0, 3.0, -5.0], np.float32) * (hvd.rank() + 1)

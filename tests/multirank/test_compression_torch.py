@@ -87,11 +87,10 @@ def test_fp16_and_bf16_stay_within_their_precision_of_the_uncompressed_average()
         assert float(error.max()) > 0, f"{name} sent uncompressed gradients"
 
 
-@pytest.mark.xfail(strict=True, reason="the engine widens float16 to float32 before MPI, so the wire "
-                                       "carries float32 bytes; fix in the engine, then drop this mark")
-def test_fp16_halves_the_bytes_the_engine_sends() -> None:
+def test_fp16_and_bf16_halve_the_bytes_the_engine_sends() -> None:
     sent = {}
-    for name, compression in [("none", hvd.Compression.none), ("fp16", hvd.Compression.fp16)]:
+    for name, compression in [("none", hvd.Compression.none), ("fp16", hvd.Compression.fp16),
+                              ("bf16", hvd.Compression.bf16)]:
         p = torch.nn.Parameter(torch.zeros(4096))
         opt = hvd.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[(f"w.{name}", p)],
                                        compression=compression)
@@ -99,7 +98,7 @@ def test_fp16_halves_the_bytes_the_engine_sends() -> None:
         before = wire_bytes()
         opt.synchronize()
         sent[name] = wire_bytes() - before
-    assert sent["fp16"] * 2 == sent["none"]
+    assert sent["fp16"] * 2 == sent["none"] == sent["bf16"] * 2
 
 
 @pytest.mark.parametrize("ratio", [0.01, 0.25])

@@ -1,7 +1,8 @@
 """The interface every backend implements: the control-plane exchanges and the data-plane collectives.
 
 Buffers are 1-D, contiguous NumPy arrays; counts are in elements. Reductions receive only SUM, MIN,
-MAX or PRODUCT (Average is Sum plus scaling, done by the executor) and never half-precision buffers.
+MAX or PRODUCT (Average is Sum plus scaling, done by the executor) and never half-precision buffers
+(those travel as raw 2-byte values through `allreduce_pieces_`, with the arithmetic in the executor).
 Process sets are addressed by id; a backend keeps one communicator per set this rank belongs to.
 """
 
@@ -14,7 +15,18 @@ import numpy as np
 
 from ..ops import ReduceOp
 
-__all__ = ["Abandoned", "Backend"]
+__all__ = ["Abandoned", "Backend", "split_counts"]
+
+
+def split_counts(count: int, parts: int) -> list[int]:
+    """Split `count` elements into `parts` contiguous pieces; the first ``count % parts`` get one extra.
+
+    Example:
+        >>> split_counts(5, 3)
+        [2, 2, 1]
+    """
+    base, extra = divmod(count, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 class Abandoned(Exception):
@@ -43,6 +55,17 @@ class Backend(Protocol):
 
         `after_chunk`, if given, is called on each reduced piece while it is still in cache (the
         executor scales there, saving a separate pass over the whole buffer).
+        """
+
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        """Reduce `buf` in place by pieces, moving bytes only: the reduction itself is `combine`'s.
+
+        Each chunk is split into one piece per member (`split_counts`); member i receives piece i of
+        every member (an alltoall), calls ``combine(matrix)`` on that (members, piece) matrix in
+        set-rank order, and the combined pieces are allgathered back into `buf`. Every member ends
+        with the same bytes. Used for half precision: the wire carries 2-byte values while `combine`
+        sums in float32 and rounds once.
         """
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],

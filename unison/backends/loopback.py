@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..ops import ReduceOp
+from .base import split_counts
 
 __all__ = ["LoopbackBackend", "ThreadBackend", "ThreadGroup"]
 
@@ -41,6 +42,11 @@ class LoopbackBackend:
         self._calls += 1
         if after_chunk is not None:
             after_chunk(buf)
+
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        self._calls += 1
+        buf[...] = combine(buf.reshape(1, -1))
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
@@ -177,6 +183,16 @@ class ThreadBackend:
         buf[...] = result
         if after_chunk is not None:
             after_chunk(buf)
+
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        members, _ = self.group._set(process_set_id)
+        counts = split_counts(buf.size, len(members))
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        values, index = self._exchange(process_set_id, buf.copy())
+        mine = np.stack([v[offsets[index] : offsets[index + 1]] for v in values])
+        pieces, _ = self._exchange(process_set_id, np.asarray(combine(mine), dtype=buf.dtype))
+        buf[...] = np.concatenate(pieces)
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:

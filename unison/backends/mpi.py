@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError
 from ..ops import ReduceOp
-from .base import Abandoned
+from .base import Abandoned, split_counts
 
 __all__ = ["MpiBackend", "import_mpi"]
 
@@ -167,6 +167,24 @@ class MpiBackend:
             if after_chunk is not None:
                 after_chunk(chunk)
             self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += buf.nbytes
+
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        comm = self._comms[process_set_id]
+        members, me = comm.Get_size(), comm.Get_rank()
+        step = self._chunk_elements(buf)
+        for start in range(0, buf.size, step):
+            chunk = buf[start : start + step]
+            counts = split_counts(chunk.size, members)
+            displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
+            mine = counts[me]
+            recv = np.empty((members, mine), dtype=buf.dtype)
+            comm.Alltoallv([chunk, (counts, displs)],
+                           [recv, ([mine] * members, [i * mine for i in range(members)])])
+            combined = np.ascontiguousarray(combine(recv), dtype=buf.dtype)
+            comm.Allgatherv(combined, [chunk, (counts, displs)])
+            self._stats["data_calls"] += 2
         self._stats["data_bytes"] += buf.nbytes
 
     def _hierarchical_allreduce_(self, chunk: np.ndarray, mpi_op: Any) -> None:

@@ -30,8 +30,8 @@ def _wide_float(array: np.ndarray) -> bool:
 class FP16Compressor(Compressor):
     """Send float32/float64 arrays as float16 and cast back; other dtypes pass through.
 
-    The engine widens float16 to float32, sums, and rounds once, so the sum loses no more than one
-    float16 rounding of each input and of the result.
+    The engine sends the 2-byte values and sums them in float32, rounding once, so the sum loses no
+    more than one float16 rounding of each input and of the result.
     """
 
     @staticmethod

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ..backends.base import split_counts
 from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
 
@@ -41,8 +42,7 @@ def reducescatter_rows(dim0: int, size: int) -> list[int]:
         >>> reducescatter_rows(5, 3)
         [2, 2, 1]
     """
-    base, extra = divmod(dim0, size)
-    return [base + (1 if i < extra else 0) for i in range(size)]
+    return split_counts(dim0, size)
 
 
 def _fmt_ranks(ranks: Iterable[int]) -> str:

@@ -1,9 +1,13 @@
 """The executor: runs one negotiated response on this rank's buffers, with Horovod's numerics.
 
 Numerics: Average is Sum followed by ``postscale / set_size``; float32/float64 are scaled in their own
-precision; float16 and bfloat16 are widened to float32, scaled, reduced and rounded once (never summed
-in half precision, which MPICH cannot do and which loses accuracy); integers are scaled through float64
-and truncated toward zero, as Horovod does.
+precision; integers are scaled through float64 and truncated toward zero, as Horovod does.
+
+float16 and bfloat16 cross the wire in their own 2 bytes but are never summed in half precision (which
+MPICH cannot do and which loses accuracy): each rank receives its piece of every rank's buffer, widens
+the pieces to float32, scales, reduces them in rank order and rounds once; the rounded pieces are then
+allgathered (`Backend.allreduce_pieces_`). The result is the float32 reduction rounded once, identical
+on every rank, for half the bytes of reducing in float32.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def _widen(values: np.ndarray, dtype: DType) -> np.ndarray:
     flat = values.reshape(-1)
     if dtype is DType.BFLOAT16:
         return bfloat16_to_float32(flat)
-    return flat.astype(np.float32)
+    return flat.view(np.float16).astype(np.float32)
 
 
 def _narrow(values: np.ndarray, dtype: DType, out: np.ndarray) -> None:
@@ -107,6 +111,29 @@ def _narrow(values: np.ndarray, dtype: DType, out: np.ndarray) -> None:
         float32_to_bfloat16(values, out=out)
     else:
         out[...] = values.reshape(out.shape)
+
+
+_HALF_REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min,
+                  ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}
+
+
+def _half_combiner(dtype: DType, op: ReduceOp, pre: float,
+                   post: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The `allreduce_pieces_` combine step for a half dtype: (members, n) 2-byte bits -> n bits."""
+    reducer = _HALF_REDUCERS[op]
+
+    def combine(bits: np.ndarray) -> np.ndarray:
+        wide = _widen(bits, dtype).reshape(bits.shape)
+        if pre != 1.0:
+            wide *= np.float32(pre)
+        acc = reducer(wide, axis=0)
+        if post != 1.0:
+            acc *= np.float32(post)
+        if dtype is DType.BFLOAT16:
+            return float32_to_bfloat16(acc)
+        return acc.astype(np.float16).view(np.uint16)
+
+    return combine
 
 
 def _scale_(buf: np.ndarray, factor: float, dtype: DType) -> None:
@@ -225,7 +252,9 @@ class Executor:
         self._stats["bytes"] += total * dtype.itemsize
         names = response.names
         single = entries[0] if len(entries) == 1 else None
-        if single is not None and not dtype.is_half:
+        if dtype.is_half:
+            return self._allreduce_half(response, entries, pre, post, total)
+        if single is not None:
             # One tensor: reduce directly in its output buffer, no fusion copy.
             assert single.input is not None and single.output is not None
             out = single.output.reshape(-1)
@@ -238,8 +267,7 @@ class Executor:
             self._mark(names, None)
             return [single.output]
         self._stats["fused_responses"] += len(entries) > 1
-        work_dtype = np.dtype(np.float32) if dtype.is_half else dtype.storage
-        buf = self._fusion_view(total * work_dtype.itemsize, work_dtype)
+        buf = self._fusion_view(total * dtype.storage.itemsize, dtype.storage)
         self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
         offset = 0
         for entry, shape in zip(entries, response.shapes):
@@ -247,19 +275,20 @@ class Executor:
             part = buf[offset : offset + count]
             if entry is None:
                 part[...] = 0
-            elif dtype.is_half:
-                assert entry.input is not None
-                np.multiply(_widen(entry.input, dtype), pre, out=part)
             else:
                 assert entry.input is not None
                 _copy_scaled(entry.input.reshape(-1), part, pre, dtype)
             offset += count
         self._mark(names, None)
         self._mark(names, "MPI_ALLREDUCE")
-        work = DType.FLOAT32 if dtype.is_half else dtype
-        self.backend.allreduce_(buf, op, set_id, self._scaler(post, work))
+        self.backend.allreduce_(buf, op, set_id, self._scaler(post, dtype))
         self._mark(names, None)
-        self._mark(names, "MEMCPY_OUT_FUSION_BUFFER")
+        return self._fusion_out(buf, entries, response)
+
+    def _fusion_out(self, buf: np.ndarray, entries: Sequence[Entry | None],
+                    response: Response) -> list[Any]:
+        """Copy each entry's part of the reduced fusion buffer to its output (raw bytes)."""
+        self._mark(response.names, "MEMCPY_OUT_FUSION_BUFFER")
         results: list[Any] = []
         offset = 0
         for entry, shape in zip(entries, response.shapes):
@@ -269,13 +298,44 @@ class Executor:
             if entry is None or entry.output is None:
                 results.append(None)
                 continue
-            if dtype.is_half:
-                _narrow(part, dtype, entry.output.reshape(-1))
-            else:
-                np.copyto(entry.output.reshape(-1), part)
+            np.copyto(_raw(entry.output), _raw(part))
             results.append(entry.output)
-        self._mark(names, None)
+        self._mark(response.names, None)
         return results
+
+    def _allreduce_half(self, response: Response, entries: Sequence[Entry | None], pre: float,
+                        post: float, total: int) -> list[Any]:
+        """float16/bfloat16: 2-byte values on the wire, float32 arithmetic, one rounding."""
+        names, dtype = response.names, response.dtype
+        combine = _half_combiner(dtype, response.reduce_op, pre, post)
+        single = entries[0] if len(entries) == 1 else None
+        if single is not None:
+            assert single.input is not None and single.output is not None
+            out = _raw(single.output)
+            if single.output is not single.input:
+                np.copyto(out, _raw(single.input))
+            self._mark(names, "MPI_ALLREDUCE")
+            self.backend.allreduce_pieces_(out, combine, response.process_set_id)
+            self._mark(names, None)
+            return [single.output]
+        self._stats["fused_responses"] += 1
+        buf = self._fusion_view(total * 2, np.dtype(np.uint16))
+        self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
+        offset = 0
+        for entry, shape in zip(entries, response.shapes):
+            count = _elements(shape)
+            part = buf[offset : offset + count]
+            if entry is None:
+                part[...] = 0  # the bits of +0.0 in both formats
+            else:
+                assert entry.input is not None
+                np.copyto(part, _raw(entry.input))
+            offset += count
+        self._mark(names, None)
+        self._mark(names, "MPI_ALLREDUCE")
+        self.backend.allreduce_pieces_(buf, combine, response.process_set_id)
+        self._mark(names, None)
+        return self._fusion_out(buf, entries, response)
 
     def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
         assert entry.input is not None

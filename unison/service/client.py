@@ -188,6 +188,10 @@ class GrpcBackend:
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
         self.data.allreduce_(buf, op, process_set_id, after_chunk)
 
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        self.data.allreduce_pieces_(buf, combine, process_set_id)
+
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
         self.data.allgatherv(send, recv, counts, process_set_id)
