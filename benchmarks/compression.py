@@ -35,6 +35,7 @@ SCHEMES = {
     "topk0.01": lambda: hvd.Compression.topk(0.01),
     "thresh1e-4": lambda: hvd.Compression.threshold(1e-4),
     "partial0.25": lambda: hvd.Compression.partial(0.25),
+    "powersgd4": lambda: hvd.Compression.powersgd(4),
 }
 
 

@@ -90,6 +90,33 @@ def test_tape_topk_reaches_the_optimum_and_sends_k_pairs(compiled: bool) -> None
     assert np.abs(w.numpy() - optimum).max() < 1e-2  # from an initial distance of 1.8
 
 
+@pytest.mark.convergence
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "function"])
+def test_tape_powersgd_reaches_the_optimum_with_low_rank_factors(compiled: bool) -> None:
+    outputs = 8
+    rng = np.random.RandomState(5)
+    x = rng.randn(ROWS, DIM).astype(np.float32)
+    y = (x @ rng.randn(DIM, outputs) + 0.1 * rng.randn(ROWS, outputs)).astype(np.float32)
+    optimum = np.linalg.lstsq(x.astype(np.float64), y.astype(np.float64), rcond=None)[0]
+    xs, ys = tf.constant(shard(x)), tf.constant(shard(y))
+    w = tf.Variable(tf.zeros((DIM, outputs)))  # 16 x 8: rank-1 factors carry 24 of 128 values
+    compression = hvd.Compression.powersgd(1)
+
+    def step() -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(xs @ w - ys)) / float(xs.shape[0])
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        (grad,) = tape.gradient(loss, [w])
+        w.assign_sub(0.05 * grad)
+
+    run = tf.function(step) if compiled else step
+    for _ in range(500):
+        run()
+    assert compression.statistics()["payload_bytes"] == 500 * (DIM + outputs) * 4
+    assert spread_of(w.numpy()) == 0.0
+    assert np.abs(w.numpy() - optimum).max() < 1e-3
+
+
 def fit_least_squares(compression, steps: int):
     x, y, optimum = least_squares()
     keras.utils.set_random_seed(3)
@@ -149,3 +176,4 @@ def test_keras_digits_accuracy_per_scheme() -> None:
     assert base > 0.95
     assert digits_accuracy(hvd.Compression.fp16) >= base - 0.01
     assert digits_accuracy(hvd.Compression.topk(0.01)) >= base - 0.03
+    assert digits_accuracy(hvd.Compression.powersgd(2)) >= base - 0.03

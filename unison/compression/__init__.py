@@ -8,6 +8,7 @@ Example:
 from ._base import Compressor, Exchange, payload_bytes
 from ._casts import BF16Compressor, FP16Compressor, NoneCompressor
 from ._partial import PartialSync, slice_plan
+from ._powersgd import LowRankState, PowerSGDCompressor
 from ._schemes import Compression
 from ._sparse import SparseContext, Sparsifier, ThresholdCompressor, TopKCompressor, scatter_sum
 
@@ -17,8 +18,10 @@ __all__ = [
     "Compressor",
     "Exchange",
     "FP16Compressor",
+    "LowRankState",
     "NoneCompressor",
     "PartialSync",
+    "PowerSGDCompressor",
     "SparseContext",
     "Sparsifier",
     "ThresholdCompressor",

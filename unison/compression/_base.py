@@ -16,6 +16,7 @@ class Exchange(str, enum.Enum):
     ALLREDUCE = "allreduce"  # payload is a dense tensor; ranks sum it
     ALLGATHER = "allgather"  # payload is (indices, values); ranks concatenate them
     PARTIAL = "partial"  # no gradient exchange; a rotating slice of the parameters is averaged
+    LOWRANK = "lowrank"  # PowerSGD: two allreduces of low-rank factors with local work in between
 
 
 class Compressor:

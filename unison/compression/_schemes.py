@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._casts import BF16Compressor, FP16Compressor, NoneCompressor
 from ._partial import PartialSync
+from ._powersgd import PowerSGDCompressor
 from ._sparse import ThresholdCompressor, TopKCompressor
 
 __all__ = ["Compression"]
@@ -18,3 +19,4 @@ class Compression:
     topk = TopKCompressor
     threshold = ThresholdCompressor
     partial = PartialSync
+    powersgd = PowerSGDCompressor

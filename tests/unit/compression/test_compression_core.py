@@ -13,6 +13,7 @@ from unison.compression import (
     Compression,
     Exchange,
     PartialSync,
+    PowerSGDCompressor,
     TopKCompressor,
     payload_bytes,
     scatter_sum,
@@ -89,7 +90,71 @@ def test_partial_sync_rotates_and_counts() -> None:
     (lambda: Compression.topk(0.0), r"Top-K ratio must be in \(0, 1\]. Got ratio=0.0."),
     (lambda: Compression.threshold(-1), r"threshold must be a number >= 0. Got threshold=-1."),
     (lambda: Compression.partial(2), r"fraction must be in \(0, 1\]. Got fraction=2."),
+    (lambda: Compression.powersgd(0), r"PowerSGD rank must be an integer >= 1. Got rank=0."),
+    (lambda: Compression.powersgd(1.5), r"PowerSGD rank must be an integer >= 1. Got rank=1.5."),
 ])
 def test_bad_arguments_name_the_rule_and_value(make, message) -> None:
     with pytest.raises(InvalidArgumentError, match=message):
         make()
+
+
+def _powersgd_step(compressors: list[PowerSGDCompressor], grads: list[np.ndarray], name: str) -> np.ndarray:
+    """One PowerSGD step of len(grads) simulated ranks, the sums done by hand; returns the result."""
+    begun = [c.begin(g, name) for c, g in zip(compressors, grads)]
+    p_sum = sum(p for p, _ in begun)
+    q_sum = sum(c.middle(state, p_sum.copy()) for c, (_, state) in zip(compressors, begun))
+    results = [c.end(state, q_sum.copy()) for c, (_, state) in zip(compressors, begun)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])  # every rank gets the same approximation
+    return results[0]
+
+
+@given(st.integers(1, 3), st.integers(0, 2**16))
+def test_powersgd_error_feedback_never_loses_mass(ranks, seed) -> None:
+    """Over any number of steps, what was applied plus what the ranks still hold equals the sum of
+    everything the ranks produced: the approximation delays gradient mass, never drops it."""
+    rng = np.random.default_rng(seed)
+    compressors = [PowerSGDCompressor(rank=1) for _ in range(ranks)]
+    applied = np.zeros((6, 5))
+    produced = np.zeros((6, 5))
+    for _ in range(3):
+        grads = [rng.standard_normal((6, 5)) for _ in range(ranks)]
+        produced += sum(grads)
+        applied += _powersgd_step(compressors, grads, "w")
+    held = sum(c.residual("w") for c in compressors)
+    np.testing.assert_allclose(applied + held, produced, atol=1e-9)
+
+
+def test_powersgd_is_exact_for_a_gradient_of_its_rank_and_sends_the_factors() -> None:
+    rng = np.random.default_rng(0)
+    u, v = rng.standard_normal((40, 2)), rng.standard_normal((2, 30))
+    grads = [u @ v * (r + 1) for r in range(3)]  # rank 2 on every rank, same column space
+    compressors = [PowerSGDCompressor(rank=2) for _ in range(3)]
+    result = _powersgd_step(compressors, [g.astype(np.float32) for g in grads], "w")
+    assert result.dtype == np.float32
+    np.testing.assert_allclose(result, sum(grads), rtol=1e-4, atol=1e-4)
+    assert np.abs(compressors[0].residual("w")).max() < 1e-4
+    stats = compressors[0].statistics()
+    assert stats["payload_bytes"] == 2 * (40 + 30) * 4 and stats["dense_bytes"] == 40 * 30 * 4
+
+
+def test_powersgd_views_tensors_as_matrices_and_sends_small_ones_dense() -> None:
+    c = PowerSGDCompressor(rank=4)
+    assert c.matrix_shape((64, 3, 3, 3)) == (64, 27)
+    assert c.matrix_shape((128,)) is None  # vectors
+    assert c.matrix_shape((8, 8)) is None  # 4 * 16 >= 64: the factors would not be smaller
+    assert c.exchange is Exchange.LOWRANK
+    with pytest.raises(InvalidArgumentError, match="two exchanges per step"):
+        c.compress(np.zeros((64, 27)))
+    with pytest.raises(InvalidArgumentError, match="send it dense"):
+        c.begin(np.zeros(128), "bias")
+
+
+def test_powersgd_warm_start_is_the_same_on_every_rank_and_reset_forgets() -> None:
+    a, b = PowerSGDCompressor(rank=1), PowerSGDCompressor(rank=1)
+    g = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(a.begin(g, "w")[0], b.begin(g, "w")[0])
+    _powersgd_step([a], [g], "w")
+    assert a.residual("w") is not None
+    a.reset()
+    assert a.residual("w") is None

@@ -8,7 +8,8 @@ reloads with plain Keras. Gradients are reduced at one point, `apply` (which `ap
 weight decay: so clipping sees the global gradient, as in a single-process run.
 
 With a sparsifier (``Compression.topk``/``threshold``) the gradients travel as (index, value) pairs by
-allgather with error feedback; with ``Compression.partial`` no gradient is reduced and, after each
+allgather with error feedback; with ``Compression.powersgd`` as low-rank factors (two allreduces)
+with error feedback; with ``Compression.partial`` no gradient is reduced and, after each
 apply, one rotating slice of the trainable variables is averaged across ranks.
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 from ... import _collectives as C
 from ..._runtime import job
 from ...compression import Exchange
-from ...compression._exchange import average_slices_, sparsified_allreduce
+from ...compression._exchange import average_slices_, self_reduced, self_reduced_allreduce
 from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -130,10 +131,10 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
             out[i] = g / size
     if not chosen:
         return out
-    if settings.exchange is Exchange.ALLGATHER:
+    if self_reduced(settings.compression):
         scale = 1.0 / size if settings.op is ReduceOp.AVERAGE else 1.0
         arrays = [np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])) for i in chosen]
-        summed = sparsified_allreduce(settings.compression, arrays, [names[i] for i in chosen],
+        summed = self_reduced_allreduce(settings.compression, arrays, [names[i] for i in chosen],
                                       gradient_group_name([names[i] for i in chosen]),
                                       settings.process_set, scale)
         for i, r in zip(chosen, summed):
@@ -343,6 +344,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
             "Compression.partial averages parameters after every step: it needs op=Average and "
             f"backward_passes_per_step=1. Got op={resolved.name}, backward_passes_per_step="
             f"{backward_passes_per_step}."
+        )
+    if self_reduced(compression) and resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise InvalidArgumentError(
+            f"compression={compression!r} supports op=Average and op=Sum. Got op={resolved.name}."
         )
     settings = _Settings(op=resolved, compression=compression, sparse_as_dense=sparse_as_dense,
                          gradient_predivide_factor=gradient_predivide_factor,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...compression import Compressor as _CoreCompressor
-from ...compression import PartialSync, ThresholdCompressor, TopKCompressor
+from ...compression import PartialSync, PowerSGDCompressor, ThresholdCompressor, TopKCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
@@ -93,8 +93,8 @@ class BF16Compressor(Compressor):
 
 class Compression:
     """The available compressors: Horovod's ``none`` and ``fp16``, plus ``bf16``, and the stateful
-    ``topk(ratio)``, ``threshold(value)`` (sparsified with error feedback; `DistributedGradientTape`
-    and the Keras optimizer) and ``partial(fraction)`` (Keras optimizer on the torch backend)."""
+    ``topk(ratio)``, ``threshold(value)``, ``powersgd(rank)`` (with error feedback;
+    `DistributedGradientTape` and the Keras optimizer) and ``partial(fraction)`` (Keras optimizer on the torch backend)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
@@ -102,3 +102,4 @@ class Compression:
     topk = TopKCompressor
     threshold = ThresholdCompressor
     partial = PartialSync
+    powersgd = PowerSGDCompressor

@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from ...compression import Exchange
-from ...compression._exchange import sparsified_allreduce
+from ...compression._exchange import self_reduced, self_reduced_allreduce
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -53,7 +53,11 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], *, op: ReduceOp
         prescale = 1.0 / gradient_predivide_factor
         postscale = gradient_predivide_factor / size
     exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
-    if exchange is Exchange.ALLGATHER:
+    if self_reduced(compression):
+        if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+            raise InvalidArgumentError(
+                f"compression={compression!r} supports op=Average and op=Sum. Got op={op.name}."
+            )
         scale = prescale * postscale * (1.0 / size if op is ReduceOp.AVERAGE else 1.0)
         for i, r in zip(chosen, _sparsified(grads, chosen, names, compression, process_set, scale)):
             out[i] = r
@@ -74,13 +78,14 @@ def reduce_gradients(grads: Sequence[Any], names: Sequence[str], *, op: ReduceOp
 
 def _sparsified(grads: list[Any], chosen: list[int], names: Sequence[str], compression: Any,
                 process_set: ProcessSet, scale: float) -> list[Any]:
-    """Exchange the chosen gradients as (index, value) pairs: eagerly, or as one numpy_function op."""
+    """Exchange the chosen gradients through the compressor's own exchange (sparsified pairs or
+    PowerSGD factors): eagerly, or as one numpy_function op."""
     dense = [tf.convert_to_tensor(grads[i]) for i in chosen]
     chosen_names = [str(names[i]) for i in chosen]
     group = gradient_group_name(chosen_names)
 
     def exchange(*arrays: Any) -> list[Any]:
-        return sparsified_allreduce(compression, arrays, chosen_names, group, process_set, scale)
+        return self_reduced_allreduce(compression, arrays, chosen_names, group, process_set, scale)
 
     results = run(exchange, dense, [d.dtype for d in dense], op_name=f"UnisonSparsified_{group}")
     for result, d in zip(results, dense):

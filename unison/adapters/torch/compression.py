@@ -1,4 +1,4 @@
-"""Gradient compression for torch: Horovod's none/fp16, plus bf16, top-K, threshold and partial sync.
+"""Gradient compression for torch: Horovod's none/fp16, plus bf16, top-K, threshold, partial sync, PowerSGD.
 
 The casts act on torch tensors; the sparsifiers and the partial-synchronization schedule are the
 framework-neutral ones from `unison.compression` (the optimizer hands them NumPy views).
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ...compression import Compressor as _CoreCompressor
-from ...compression import PartialSync, ThresholdCompressor, TopKCompressor
+from ...compression import PartialSync, PowerSGDCompressor, ThresholdCompressor, TopKCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
@@ -80,7 +80,8 @@ class BF16Compressor(Compressor):
 class Compression:
     """The built-in compressors: Horovod's names, plus ``bf16`` and the stateful schemes.
 
-    ``topk(ratio)``, ``threshold(value)`` and ``partial(fraction)`` build instances that keep state;
+    ``topk(ratio)``, ``threshold(value)``, ``partial(fraction)`` and ``powersgd(rank)`` build instances
+    that keep state;
     give each optimizer its own.
     """
 
@@ -90,3 +91,4 @@ class Compression:
     topk = TopKCompressor
     threshold = ThresholdCompressor
     partial = PartialSync
+    powersgd = PowerSGDCompressor

@@ -11,7 +11,8 @@ raises an error naming the parameters.
 
 `compression` decides what travels: a cast (none, fp16, bf16) is allreduced; a sparsifier (top-K,
 threshold; `unison.compression`) sends (index, value) pairs by allgather and keeps the unsent rest as
-error feedback; `Compression.partial` reduces no gradient, and after each ``step()`` averages one
+error feedback; PowerSGD (`Compression.powersgd`) reduces the gradients that arrived, as low-rank
+factors, in two grouped allreduces at ``synchronize()``; `Compression.partial` reduces no gradient, and after each ``step()`` averages one
 rotating slice of the parameters.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +30,7 @@ import torch
 from ... import _collectives as core
 from ..._runtime import job
 from ...compression import Exchange, payload_bytes
+from ...compression._exchange import lowrank_allreduce
 from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -54,7 +57,8 @@ class _DistributedOptimizer:
             if op not in (ReduceOp.AVERAGE, ReduceOp.SUM) or (
                     self._unison_exchange is Exchange.PARTIAL and op is not ReduceOp.AVERAGE):
                 raise InvalidArgumentError(
-                    f"compression={compression!r} supports op=Average (and op=Sum for sparsifiers). "
+                    f"compression={compression!r} supports op=Average (and op=Sum for sparsifiers and "
+                    "PowerSGD). "
                     f"Got op={op.name}."
                 )
             groups = []  # sparsified and partial schemes handle each parameter on its own
@@ -126,6 +130,9 @@ class _DistributedOptimizer:
         if self._unison_exchange is Exchange.ALLGATHER:
             self._unison_launch_sparsified(p)
             return
+        if self._unison_exchange is Exchange.LOWRANK:
+            self._unison_handles[p] = None  # reduced together with the others in _unison_wait
+            return
         group = self._unison_group_of.get(p)
         if group is not None:
             ready = self._unison_group_ready.setdefault(group, set())
@@ -187,6 +194,29 @@ class _DistributedOptimizer:
 
         self._unison_handles[p] = wait
         self._unison_stats["allreduces"] += 1
+
+    def _unison_lowrank(self, params: list[torch.Tensor]) -> None:
+        """Reduce these parameters' gradients together with PowerSGD (two grouped allreduces)."""
+        grads = []
+        for p in params:
+            assert p.grad is not None
+            grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
+        arrays = [g.detach().cpu().numpy() for g in grads]
+        names = [str(self._parameter_names.get(p)) for p in params]
+        before = self._compression.statistics()
+        scale = 1.0 / (self._unison_process_set.size() or 1) if self._unison_op is ReduceOp.AVERAGE else 1.0
+        # the parameters that arrived are in hook order, which may differ between ranks: sort by name
+        order = sorted(range(len(params)), key=names.__getitem__)
+        sorted_names = [names[i] for i in order]
+        group = f"torch.{len(order)}.{zlib.crc32('|'.join(sorted_names).encode()):08x}"
+        results = lowrank_allreduce(self._compression, [arrays[i] for i in order], sorted_names, group,
+                                    self._unison_process_set, scale)
+        after = self._compression.statistics()
+        for key in ("dense_bytes", "payload_bytes"):
+            self._unison_stats[key] += after[key] - before[key]
+        for i, result in zip(order, results):
+            _write_grad(params[i], torch.from_numpy(result).to(grads[i].device))
+        self._unison_stats["grouped_allreduces"] += 2
 
     def _unison_average_slice(self) -> None:
         """Average this step's slice of the parameters across the set (partial synchronization)."""
@@ -261,7 +291,12 @@ class _DistributedOptimizer:
         handles, self._unison_handles = self._unison_handles, {}
         group_handles, self._unison_group_handles = self._unison_group_handles, {}
         self._unison_group_ready = {}
+        lowrank = [p for p, launched in handles.items() if launched is None]
+        if lowrank:
+            self._unison_lowrank(lowrank)
         for p, launched in handles.items():
+            if launched is None:
+                continue
             if callable(launched):  # sparse or sparsified: a function that waits
                 _write_grad(p, launched())
                 continue
