@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -101,3 +102,80 @@ def test_vendor_names(text: str, vendor: str) -> None:
 def test_run_refuses_bad_np() -> None:
     with pytest.raises(LaunchError, match="np must be at least 1. Got np=0"):
         run(_work.total_of_ranks, args=(1.0,), np=0)
+
+
+STATUS_JOB = """
+import os, sys, time, numpy as np, unison
+unison.init()
+go = sys.argv[1]
+if unison.rank() == 1:
+    handle = unison.allreduce_async(np.ones(2), name="held")   # rank 0 joins once told to go
+while unison.rank() == 0 and not os.path.exists(go):
+    time.sleep(0.1)
+if unison.rank() == 0:
+    unison.allreduce(np.ones(2), name="held")
+else:
+    unison.synchronize(handle)
+unison.shutdown()
+"""
+
+
+def test_status_finds_the_running_job_without_address_or_secret(tmp_path: Path) -> None:
+    import subprocess
+
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "run"), "UNISON_CONTROLLER": "grpc"}
+    env.pop("UNISON_SECRET", None)
+    (tmp_path / "run").mkdir(mode=0o700)
+    script = tmp_path / "job.py"
+    script.write_text(STATUS_JOB)
+    go = tmp_path / "go"
+    nothing = run_job(unisonrun("--status"), env=env)
+    assert nothing.returncode == 2 and "No unisonrun job of yours is running" in nothing.output
+    job = subprocess.Popen(unisonrun("-np", "2", PYTHON, str(script), str(go)), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            status = run_job(unisonrun("--status"), env=env)
+            if status.returncode == 0 and "waiting: allreduce.held" in status.output:
+                break
+            assert time.monotonic() < deadline and job.poll() is None, status.output
+            time.sleep(0.5)
+        lines = status.output.splitlines()
+        assert any(line.startswith("unisonrun job ") and str(script) in line for line in lines)
+        assert "job of 2 ranks" in lines
+        assert "others wait for it: allreduce.held" in status.output  # rank 0 owes it
+        service = next((tmp_path / "run" / "unison").glob("*.json"))
+        assert json.loads(service.read_text())["np"] == 2
+        mode = (Path(json.loads(service.read_text())["dir"]) / "service.json").stat().st_mode
+        assert stat.S_IMODE(mode) == 0o600
+    finally:
+        go.write_text("")
+        out, _ = job.communicate(timeout=60)
+    assert job.returncode == 0, out
+    assert not list((tmp_path / "run" / "unison").glob("*.json")), "the job record outlived the job"
+    mpi_job = run_job(unisonrun("--status", "12345"), env=env)
+    assert mpi_job.returncode == 2 and "No running unisonrun job has pid 12345" in mpi_job.output
+
+
+def test_status_of_a_job_without_the_service_says_how_to_get_one(tmp_path: Path) -> None:
+    import subprocess
+
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "run"), "UNISON_CONTROLLER": "mpi"}
+    (tmp_path / "run").mkdir(mode=0o700)
+    script = tmp_path / "job.py"
+    script.write_text(STATUS_JOB)
+    go = tmp_path / "go"
+    job = subprocess.Popen(unisonrun("-np", "2", PYTHON, str(script), str(go)), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "run" / "unison").glob("*.json")):
+            assert time.monotonic() < deadline and job.poll() is None
+            time.sleep(0.2)
+        status = run_job(unisonrun("--status"), env=env)
+    finally:
+        go.write_text("")
+        out, _ = job.communicate(timeout=60)
+    assert job.returncode == 0, out
+    assert status.returncode == 2 and "start it with UNISON_CONTROLLER=grpc" in status.output, status.output

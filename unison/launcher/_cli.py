@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..errors import LaunchError
+from ._jobs import register, show_status
 from ._mpiexec import find_mpiexec
 from ._supervise import exit_status, report, supervise
 
@@ -24,6 +25,8 @@ examples:
   unisonrun -np 4 -H host1:2,host2:2 python train.py      (hosts reached by mpiexec's own launcher)
   unisonrun -np 2 --tag-output --timeout 3600 python train.py
   unisonrun --check-build
+  unisonrun --status                                       (live table of your running job;
+                                                            needs UNISON_CONTROLLER=grpc)
 
 When any rank fails (uncaught exception, signal, exit without shutting unison down) every rank is
 stopped within 10 s, the failed rank is named, and unisonrun exits non-zero.
@@ -56,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
                    "to this Python, else on PATH); must belong to the MPI that mpi4py loads")
     p.add_argument("--check-build", action="store_true", help="print versions and usable backends, then "
                    "run a 2-process self-test")
+    p.add_argument("--status", nargs="?", const="", default=None, metavar="PID|HOST:PORT",
+                   help="print the live status table of your running job (started by unisonrun with "
+                   "UNISON_CONTROLLER=grpc), or of the job with that unisonrun pid or service address")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
 
@@ -99,8 +105,13 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         cmd = found.command(np, program, hosts=hosts, hostfile=hostfile, tag_output=tag_output,
                             output_dir=output_dir, env=env_pairs, extra=shlex.split(mpi_args),
                             launcher_exec=launcher_exec, iface=iface)
-        outcome = supervise(cmd, Path(directory), env, timeout=timeout,
-                            stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails)
+        record = register(directory, program, np)
+        try:
+            outcome = supervise(cmd, Path(directory), env, timeout=timeout,
+                                stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails)
+        finally:
+            if record is not None:
+                record.unlink(missing_ok=True)
     report(outcome)
     return exit_status(outcome)
 
@@ -113,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._check_build import check_build
 
             return check_build(mpiexec=args.mpiexec)
+        if args.status is not None:
+            return show_status(args.status)
         if args.np is None:
             parser().error("-np N is required")
         command = list(args.command)

@@ -55,6 +55,10 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
                                        settings.heartbeat_timeout_seconds)
             outcome = ("ok", server.address)
             log.info("coordinator service listening on %s", server.address)
+            if settings.launcher_dir:
+                from ..launcher._jobs import write_service_file
+
+                write_service_file(settings.launcher_dir, server.address, secret)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             outcome = ("error", f"{type(exc).__name__}: {exc}")
             failure = exc

@@ -1,0 +1,131 @@
+"""Running unisonrun jobs of this user, and `unisonrun --status`: the live table of one of them.
+
+unisonrun records each job it starts in a private per-user directory (``$XDG_RUNTIME_DIR/unison``,
+else ``/tmp/unison-<uid>``, mode 0700): its pid, launcher directory and command. When the job runs
+the coordinator service (``UNISON_CONTROLLER=grpc``), rank 0 writes the service's address and the
+job's secret into the launcher directory (a 0600 file), so ``unisonrun --status`` needs no address
+and no secret from the user. Nothing is written anywhere else; the record goes when unisonrun ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import LaunchError
+
+__all__ = ["SERVICE_FILE", "register", "registry_dir", "running_jobs", "show_status", "write_service_file"]
+
+SERVICE_FILE = "service.json"
+
+
+def registry_dir(create: bool = True) -> Path:
+    """The per-user directory of job records; refused if another user owns it or others can enter."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "unison" if base else Path(tempfile.gettempdir()) / f"unison-{os.getuid()}"
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.exists():
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise LaunchError(
+                f"{path} must be a directory owned by you and private (mode 0700); it is owned by uid "
+                f"{info.st_uid} with mode {stat.S_IMODE(info.st_mode):04o}. Remove it and retry."
+            )
+    return path
+
+
+def register(directory: str, command: Sequence[str], np: int) -> Path | None:
+    """Record a starting job; returns the record to remove at the end (None if it could not be written)."""
+    try:
+        record = registry_dir() / f"{os.getpid()}.json"
+        record.write_text(json.dumps({"pid": os.getpid(), "dir": directory, "np": np,
+                                      "command": list(command), "started": time.time()}))
+        return record
+    except (OSError, LaunchError):
+        return None  # status lookups are a convenience; never stop a job over them
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_jobs() -> list[dict[str, Any]]:
+    """This user's running unisonrun jobs, oldest first; records of dead launchers are removed."""
+    directory = registry_dir(create=False)
+    if not directory.exists():
+        return []
+    jobs = []
+    for record in directory.glob("*.json"):
+        try:
+            job = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(int(job.get("pid", 0))) and os.path.isdir(job.get("dir", "")):
+            jobs.append(job)
+        else:
+            record.unlink(missing_ok=True)
+    return sorted(jobs, key=lambda j: j["started"])
+
+
+def write_service_file(launcher_dir: str, address: str, secret: str) -> None:
+    """Rank 0: leave the service address and secret for `unisonrun --status` (0600, atomic)."""
+    directory = Path(launcher_dir)
+    if not launcher_dir or not directory.is_dir():
+        return
+    tmp = directory / f".{SERVICE_FILE}.{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"address": address, "secret": secret}, f)
+        os.replace(tmp, directory / SERVICE_FILE)
+    except OSError:
+        pass  # the launcher directory is gone or not ours: status lookups are a convenience
+
+
+def _describe(job: dict[str, Any]) -> str:
+    age = time.time() - job["started"]
+    return f"  pid {job['pid']:>7}  {job['np']} ranks  {age:>7.0f} s  {' '.join(job['command'])[:70]}"
+
+
+def show_status(target: str, timeout: float = 5.0) -> int:
+    """`unisonrun --status [PID|HOST:PORT]`: print the live table; returns the exit status."""
+    from ..status import main as status_main
+
+    if ":" in target:
+        return status_main([target, "--timeout", str(timeout)])
+    jobs = running_jobs()
+    if target:
+        jobs = [j for j in jobs if str(j["pid"]) == target]
+        if not jobs:
+            raise LaunchError(f"No running unisonrun job has pid {target}. `unisonrun --status` lists them.")
+    if not jobs:
+        raise LaunchError("No unisonrun job of yours is running on this host.")
+    if len(jobs) > 1:
+        listing = "\n".join(_describe(j) for j in jobs)
+        raise LaunchError(f"{len(jobs)} unisonrun jobs are running; name one: unisonrun --status PID\n{listing}")
+    job = jobs[0]
+    service = Path(job["dir"]) / SERVICE_FILE
+    if not service.exists():
+        raise LaunchError(
+            f"Job {job['pid']} runs no coordinator service to ask (or its rank 0 is on another host): start "
+            "it with UNISON_CONTROLLER=grpc for live status, or use python -m unison.status HOST:PORT."
+        )
+    info = json.loads(service.read_text())
+    print(f"unisonrun job {job['pid']}: {' '.join(job['command'])}", file=sys.stderr)
+    os.environ["UNISON_SECRET"] = info["secret"]
+    os.environ.pop("UNISON_SECRET_FILE", None)
+    return status_main([info["address"], "--timeout", str(timeout)])
