@@ -37,7 +37,7 @@ bench: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) benchmarks/allreduce.py
 
 bench-multihost: venv
-	$(VPY) benchmarks/multihost.py --train
+	$(VPY) benchmarks/multihost.py --train --compression
 
 # Regenerate the gRPC modules of the coordinator service (committed; needs grpcio-tools).
 proto: venv

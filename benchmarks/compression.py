@@ -69,12 +69,18 @@ def digits(scheme: str) -> float:
     return digits_accuracy(SCHEMES[scheme]())
 
 
+def _percent(value: float) -> str:
+    return "-" if value != value else f"{value:.1%}"  # NaN: not measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
+    parser.add_argument("--digits", action=argparse.BooleanOptionalAction, default=True,
+                        help="train the digits model per scheme for the accuracy column")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -85,7 +91,7 @@ def main() -> None:
         for name in names:
             samples[name].append(run(name, args.batch_size, args.steps))
     load_after = os.getloadavg()
-    accuracy = {name: digits(name) for name in names}
+    accuracy = {name: digits(name) if args.digits else float("nan") for name in names}
     if hvd.rank() == 0:
         params = sum(p.numel() for p in mlp().parameters())
         print(f"MLP {params / 1e6:.2f} M parameters, batch {args.batch_size} per rank, {hvd.size()} ranks, "
@@ -106,7 +112,7 @@ def main() -> None:
             else:
                 even = f"{saved / extra / 1e9 * 8:.2f} Gb/s"
             print(f"{name:<12} {seconds * 1e3:>8.1f} {payload / 1e6:>11.2f} {wire / 1e6:>8.2f} "
-                  f"{payload / base[1]:>12.1%} {even:>12} {accuracy[name]:>10.1%}")
+                  f"{payload / base[1]:>12.1%} {even:>12} {_percent(accuracy[name]):>10}")
         print("(medians; MB per step on rank 0; break-even: scheme pays off on links slower than this)")
     hvd.shutdown()
 

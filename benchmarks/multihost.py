@@ -2,13 +2,14 @@
 
 Run as root (it creates network namespaces; see docs/multihost.md):
 
-    python benchmarks/multihost.py [--rates 1000,10000] [--sizes-mib 1,16] [--train]
+    python benchmarks/multihost.py [--rates 1000,10000] [--sizes-mib 1,16] [--train] [--compression]
 
 For each link rate (Mbit/s, a tbf cap on both ends of every link): 2 emulated hosts x 1 slot, the
 median time of an allreduce of float32 buffers with raw mpi4py (``Allreduce`` in place, one call) and
 with ``unison.allreduce`` (negotiation, 4 MiB chunks), as algorithm bandwidth (bytes x 8 / time).
 Then 2 hosts x 2 slots: unison's flat allreduce against ``UNISON_HIERARCHICAL_ALLREDUCE=1``. With
-``--train``, benchmarks/train_torch.py (2 hosts x 1 slot) at each rate. Load averages are printed:
+``--train``, benchmarks/train_torch.py (2 hosts x 1 slot) at each rate; with ``--compression``,
+benchmarks/compression.py likewise (each scheme's step time on the real link). Load averages are printed:
 on a shared machine, compare numbers only within one run.
 """
 
@@ -78,6 +79,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train", action="store_true", help="also run benchmarks/train_torch.py")
     parser.add_argument("--train-args", default="--rounds 2 --steps 5")
+    parser.add_argument("--compression", action="store_true",
+                        help="also run benchmarks/compression.py (every scheme's step time) at each rate")
+    parser.add_argument("--compression-args", default="--rounds 2 --steps 3 --no-digits")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes_mib.split(",")]
@@ -119,6 +123,13 @@ def main() -> None:
             with EmulatedHosts(hosts=2, slots=1, rate_mbit=rate) as cluster:
                 env = {"MASTER_ADDR": cluster.addresses[0], "GLOO_SOCKET_IFNAME": "eth0"}
                 done = cluster.run([sys.executable, str(train), *args.train_args.split()], env=env, timeout=600)
+            print(done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr[-1500:]}", flush=True)
+    if args.compression:
+        script = HERE.with_name("compression.py")
+        for rate in [float(r) for r in args.rates.split(",")]:
+            print(f"\ncompression.py, 2 hosts x 1 slot, {rate / 1000:g} Gbit/s links:", flush=True)
+            with EmulatedHosts(hosts=2, slots=1, rate_mbit=rate) as cluster:
+                done = cluster.run([sys.executable, str(script), *args.compression_args.split()], timeout=900)
             print(done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr[-1500:]}", flush=True)
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
