@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     os.environ["KERAS_BACKEND"] = "torch"
     import numpy as np, keras, torch
     torch.set_num_threads(1)
-    import unison.keras as hvd
+    import unison, unison.keras as hvd
     hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
     # Keras's own fit may load tf.data later when TensorFlow is installed; unison itself must not.
     assert "tensorflow" not in sys.modules, "unison.keras imported tensorflow on the torch backend"
@@ -43,6 +43,17 @@ SCRIPT = textwrap.dedent("""
     for a, b in zip(reference.get_weights(), dist.get_weights()):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     assert dist.optimizer.statistics()["reductions"] == 8, dist.optimizer.statistics()
+    # The self-reducing schemes on this backend: replicas stay identical, only the factors travel.
+    for compression in (hvd.Compression.powersgd(1), hvd.Compression.topk(0.25)):
+        squeezed = model()
+        squeezed.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=compression),
+                         loss="mse")
+        squeezed.fit(mine, mine_y, batch_size=per, epochs=2, shuffle=False, verbose=0)
+        flat = np.concatenate([w.reshape(-1) for w in squeezed.get_weights()])
+        everyone = unison.allgather_object(flat.tolist())
+        assert everyone[0] == everyone[1], f"{compression!r}: replicas differ"
+        stats = compression.statistics()
+        assert 0 < stats["payload_bytes"] < stats["dense_bytes"], (compression, stats)
     print(f"rank {rank}: OK", flush=True)
     hvd.shutdown()
 """)
