@@ -286,7 +286,18 @@ class Executor:
             return [single.output]
         self._stats["fused_responses"] += len(entries) > 1
         buf = self._fusion_view(total * dtype.storage.itemsize, dtype.storage)
-        self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
+        self._fusion_in(buf, entries, response,
+                        lambda source, part: _copy_scaled(source.reshape(-1), part, pre, dtype))
+        self._mark(names, "MPI_ALLREDUCE")
+        self.backend.allreduce_(buf, op, set_id, self._scaler(post, dtype))
+        self._mark(names, None)
+        return self._fusion_out(buf, entries, response)
+
+    def _fusion_in(self, buf: np.ndarray, entries: Sequence[Entry | None], response: Response,
+                   copy: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """Pack each entry's input into its part of the fusion buffer with `copy(input, part)`; a
+        joined rank (no entry) contributes zeros."""
+        self._mark(response.names, "MEMCPY_IN_FUSION_BUFFER")
         offset = 0
         for entry, shape in zip(entries, response.shapes):
             count = _elements(shape)
@@ -295,13 +306,9 @@ class Executor:
                 part[...] = 0
             else:
                 assert entry.input is not None
-                _copy_scaled(entry.input.reshape(-1), part, pre, dtype)
+                copy(entry.input, part)
             offset += count
-        self._mark(names, None)
-        self._mark(names, "MPI_ALLREDUCE")
-        self.backend.allreduce_(buf, op, set_id, self._scaler(post, dtype))
-        self._mark(names, None)
-        return self._fusion_out(buf, entries, response)
+        self._mark(response.names, None)
 
     def _fusion_out(self, buf: np.ndarray, entries: Sequence[Entry | None],
                     response: Response) -> list[Any]:
@@ -337,19 +344,8 @@ class Executor:
             self._mark(names, None)
             return [single.output]
         self._stats["fused_responses"] += 1
-        buf = self._fusion_view(total * 2, np.dtype(np.uint16))
-        self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
-        offset = 0
-        for entry, shape in zip(entries, response.shapes):
-            count = _elements(shape)
-            part = buf[offset : offset + count]
-            if entry is None:
-                part[...] = 0  # the bits of +0.0 in both formats
-            else:
-                assert entry.input is not None
-                np.copyto(part, _raw(entry.input))
-            offset += count
-        self._mark(names, None)
+        buf = self._fusion_view(total * 2, np.dtype(np.uint16))  # zero bits are +0.0 in both formats
+        self._fusion_in(buf, entries, response, lambda source, part: np.copyto(part, _raw(source)))
         self._mark(names, "MPI_ALLREDUCE")
         self.backend.allreduce_pieces_(buf, combine, response.process_set_id)
         self._mark(names, None)

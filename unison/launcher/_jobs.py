@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError
+from ._supervise import _alive
 
 __all__ = ["SERVICE_FILE", "register", "registry_dir", "running_jobs", "show_status", "write_service_file"]
 
@@ -51,16 +52,6 @@ def register(directory: str, command: Sequence[str], np: int) -> Path | None:
         return record
     except (OSError, LaunchError):
         return None  # status lookups are a convenience; never stop a job over them
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def running_jobs() -> list[dict[str, Any]]:
