@@ -196,6 +196,20 @@ def test_powersgd_sends_the_low_rank_factors_and_small_tensors_dense() -> None:
     assert not torch.equal(model.weight.grad, local)
 
 
+def test_powersgd_on_bfloat16_parameters_factors_in_float32_and_keeps_their_dtype() -> None:
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = torch.nn.Linear(32, 64).to(torch.bfloat16)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(1))
+    g = torch.Generator().manual_seed(hvd.rank())
+    (model(torch.randn(5, 32, generator=g).to(torch.bfloat16)) ** 2).sum().backward()
+    opt.step()
+    assert model.weight.grad.dtype == torch.bfloat16
+    everywhere = gathered(model.weight.float())
+    assert bool((everywhere == everywhere[0]).all())
+
+
 @pytest.mark.convergence
 def test_powersgd_with_error_feedback_reaches_the_least_squares_optimum() -> None:
     """A multi-output least-squares problem (8 x 16 weight, rank-1 factors): error feedback makes the

@@ -11,9 +11,9 @@ raises an error naming the parameters.
 
 `compression` decides what travels: a cast (none, fp16, bf16) is allreduced; a sparsifier (top-K,
 threshold; `unison.compression`) sends (index, value) pairs by allgather and keeps the unsent rest as
-error feedback; PowerSGD (`Compression.powersgd`) reduces the gradients that arrived, as low-rank
-factors, in two grouped allreduces at ``synchronize()``; `Compression.partial` reduces no gradient, and after each ``step()`` averages one
-rotating slice of the parameters.
+error feedback; PowerSGD (`Compression.powersgd`) reduces all gradients together, as low-rank
+factors, in two grouped allreduces at ``synchronize()``; `Compression.partial` reduces no gradient,
+and after each ``step()`` averages one rotating slice of the parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from ...compression._exchange import lowrank_allreduce
 from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
+from ..tensorflow._policy import gradient_group_name
 from . import collectives as c
 from .compression import Compression
 
@@ -201,21 +201,21 @@ class _DistributedOptimizer:
         for p in params:
             assert p.grad is not None
             grads.append(p.grad.to_dense() if p.grad.is_sparse else p.grad)
-        arrays = [g.detach().cpu().numpy() for g in grads]
+        # NumPy has no bfloat16: such gradients are factored in float32 and cast back
+        arrays = [(g.float() if g.dtype == torch.bfloat16 else g).detach().cpu().numpy() for g in grads]
         names = [str(self._parameter_names.get(p)) for p in params]
         before = self._compression.statistics()
         scale = 1.0 / (self._unison_process_set.size() or 1) if self._unison_op is ReduceOp.AVERAGE else 1.0
         # the parameters that arrived are in hook order, which may differ between ranks: sort by name
         order = sorted(range(len(params)), key=names.__getitem__)
         sorted_names = [names[i] for i in order]
-        group = f"torch.{len(order)}.{zlib.crc32('|'.join(sorted_names).encode()):08x}"
-        results = lowrank_allreduce(self._compression, [arrays[i] for i in order], sorted_names, group,
-                                    self._unison_process_set, scale)
+        results = lowrank_allreduce(self._compression, [arrays[i] for i in order], sorted_names,
+                                    gradient_group_name(sorted_names), self._unison_process_set, scale)
         after = self._compression.statistics()
         for key in ("dense_bytes", "payload_bytes"):
             self._unison_stats[key] += after[key] - before[key]
         for i, result in zip(order, results):
-            _write_grad(params[i], torch.from_numpy(result).to(grads[i].device))
+            _write_grad(params[i], torch.from_numpy(result).to(grads[i].device, grads[i].dtype))
         self._unison_stats["grouped_allreduces"] += 2
 
     def _unison_average_slice(self) -> None:
