@@ -100,6 +100,8 @@ class Coordinator:
         self._table: dict[str, _Pending] = {}
         self._joined: set[int] = set()
         self._last_joined = -1
+        # expected ranks per process set given the joined ranks; cleared when either changes
+        self._expected_cache: dict[int, tuple[int, ...]] = {}
         self._groups: dict[str, set[str]] = {}
         self._stats = {"cycles": 0, "requests": 0, "responses": 0, "errors": 0}
 
@@ -161,6 +163,7 @@ class Coordinator:
                     shutdown_ranks.append(rank)
                 elif request.kind is CollectiveKind.JOIN:
                     self._joined.add(rank)
+                    self._expected_cache.clear()
                     self._last_joined = rank
                 else:
                     self._add(request, now, out)
@@ -172,6 +175,7 @@ class Coordinator:
         if len(self._joined) == self.size:
             out.append(Response(CollectiveKind.JOIN.value, ("join",), last_joined=self._last_joined))
             self._joined.clear()
+            self._expected_cache.clear()
         if shutdown_ranks:
             out.append(
                 Response(CollectiveKind.SHUTDOWN.value, (), ranks=tuple(sorted(set(shutdown_ranks))))
@@ -184,13 +188,19 @@ class Coordinator:
     def _expected(self, request: Request) -> tuple[int, ...]:
         if request.kind in _WORLD_KINDS:
             return self._sets[0]
-        members = self._sets.get(request.process_set_id, ())
-        return tuple(r for r in members if r not in self._joined)
+        expected = self._expected_cache.get(request.process_set_id)
+        if expected is None:
+            members = self._sets.get(request.process_set_id, ())
+            expected = tuple(r for r in members if r not in self._joined)
+            self._expected_cache[request.process_set_id] = expected
+        return expected
 
     def _is_ready(self, entry: _Pending) -> bool:
         first = next(iter(entry.requests.values()))
         expected = self._expected(first)
-        return bool(expected) and all(r in entry.requests for r in expected)
+        if not expected or len(entry.requests) < len(expected):
+            return False  # the common case while ranks arrive: no O(size) scan per request
+        return all(r in entry.requests for r in expected)
 
     def _add(self, request: Request, now: float, out: list[Response]) -> None:
         entry = self._table.get(request.name)
@@ -245,6 +255,7 @@ class Coordinator:
             return self._add_process_set(name, first)
         if kind is CollectiveKind.REMOVE_PROCESS_SET:
             self._sets.pop(first.process_set_id, None)
+            self._expected_cache.clear()
             return Response(kind.value, (name,), process_set_id=first.process_set_id)
         members = self._sets[first.process_set_id]
         sizes: tuple[Any, ...] = ()
@@ -361,6 +372,7 @@ class Coordinator:
         set_id = self._next_set_id
         self._next_set_id += 1
         self._sets[set_id] = ranks
+        self._expected_cache.clear()
         return Response(CollectiveKind.ADD_PROCESS_SET.value, (name,), process_set_id=set_id,
                         ranks=ranks)
 
