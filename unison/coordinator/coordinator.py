@@ -273,6 +273,11 @@ class Coordinator:
     def _disagreement(self, name: str, requests: list[Request]) -> str:
         first = requests[0]
         kind = first.kind
+        if kind is not CollectiveKind.ALLTOALL and (first.shape or kind not in _NEEDS_DIMENSION):
+            # The common case, in one pass: every rank asked for exactly the same thing.
+            agreed = _agreement_key(first)
+            if all(_agreement_key(r) == agreed for r in requests):
+                return ""
 
         def differs(value: Callable[[Request], object]) -> bool:
             return any(value(r) != value(first) for r in requests[1:])
@@ -375,6 +380,12 @@ class Coordinator:
         self._expected_cache.clear()
         return Response(CollectiveKind.ADD_PROCESS_SET.value, (name,), process_set_id=set_id,
                         ranks=ranks)
+
+
+def _agreement_key(r: Request) -> tuple[Any, ...]:
+    """Every field the agreement checks compare (all but the rank); equal keys cannot disagree."""
+    return (r.kind, r.process_set_id, r.ranks, r.dtype, r.shape, r.reduce_op, r.root_rank, r.prescale,
+            r.postscale, r.device, r.group, r.group_size)
 
 
 def _group_index(name: str) -> tuple[int, str]:
