@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from unison.coordinator.coordinator import Coordinator
-from unison.coordinator.messages import Request, decode_requests, encode_requests, encode_responses
+from unison.coordinator.messages import Request, decode_request_lists, encode_requests, encode_responses
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
 from unison.service import coordinator_pb2 as pb
@@ -101,7 +101,7 @@ def measure(size: int, cycles: int, cached: bool) -> dict[str, float]:
             np.bitwise_and.reduce(matrix[:, 2 : 2 + WORDS], axis=0)  # the engine's fast-path decision
         else:
             parts = master.exchange(pb.GATHER, payload).parts
-            responses = coordinator.handle([decode_requests(p) for p in parts], now=time.monotonic())
+            responses = coordinator.handle(decode_request_lists(parts), now=time.monotonic())
             assert len(responses) == TENSORS, len(responses)
             master.exchange(pb.BROADCAST, encode_responses(responses))
         latencies.append(time.perf_counter() - t0)

@@ -25,7 +25,7 @@ def test_an_orderly_shutdown_is_not_an_abort() -> None:
 
 def test_the_reason_survives_the_wire() -> None:
     request = Request("shutdown", CollectiveKind.SHUTDOWN, 3, reason="rank 3 (h, pid 1) failed: E: x")
-    assert decode_requests(encode_requests([request])) == [request]
+    assert decode_requests(encode_requests([request]), 3) == [request]
 
 
 def test_describe_names_rank_host_pid_exception_and_place() -> None:

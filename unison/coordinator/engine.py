@@ -34,7 +34,7 @@ from .messages import (
     Request,
     Response,
     ResponseKind,
-    decode_requests,
+    decode_request_lists,
     decode_responses,
     encode_requests,
     encode_responses,
@@ -406,7 +406,7 @@ class Engine:
             data: bytes | None = None
             if self.coordinator is not None:
                 assert gathered is not None
-                lists = [decode_requests(b) if b else [] for b in gathered]
+                lists = decode_request_lists(gathered)
                 if self._news:
                     responses = [Response(ResponseKind.STALL, (), message=self._news)]
                     self._news = ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from hypothesis import given
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from unison.coordinator.messages import (
     Request,
     Response,
+    decode_request_lists,
     decode_requests,
     decode_responses,
     encode_requests,
@@ -29,11 +31,23 @@ requests = st.builds(
 )
 
 
-@given(st.lists(requests, max_size=5))
-def test_requests_round_trip(items) -> None:
+@given(st.lists(requests, max_size=5), st.integers(0, 4096))
+def test_requests_round_trip(items, rank) -> None:
+    items = [dataclasses.replace(r, rank=rank) for r in items]  # one rank's list
     data = encode_requests(items)
-    assert decode_requests(data) == items
+    assert decode_requests(data, rank) == items
     json.loads(data)  # plain JSON on the wire
+
+
+@given(st.lists(requests, max_size=5), st.integers(2, 6))
+def test_identical_payloads_decode_once_per_rank_with_each_rank(items, size) -> None:
+    payloads = [encode_requests([dataclasses.replace(r, rank=rank) for r in items]) for rank in range(size)]
+    assert len(set(payloads)) == 1  # the rank is not on the wire
+    lists = decode_request_lists([*payloads[:-1], b""])
+    assert lists[-1] == []
+    for rank, decoded in enumerate(lists[:-1]):
+        assert decoded == [dataclasses.replace(r, rank=rank) for r in items]
+        assert all(hash(a) == hash(b) for a, b in zip(decoded, [dataclasses.replace(r, rank=rank) for r in items]))
 
 
 @given(st.lists(st.builds(
