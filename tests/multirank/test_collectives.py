@@ -225,7 +225,7 @@ def test_alltoall_equal_and_explicit_splits() -> None:
     assert out.tolist() == [[r, rank] for r in range(size) for _ in range(rank + 1)]
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", [np.int32, np.float16, BF16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
 def test_reducescatter_uneven_rows(dtype) -> None:
     rank, size = hvd.rank(), hvd.size()
     rows = 2 * size + 1
@@ -241,6 +241,22 @@ def test_reducescatter_uneven_rows(dtype) -> None:
     if np.issubdtype(dtype, np.integer):
         want = np.trunc(want)
     np.testing.assert_allclose(avg.astype(np.float64), want, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)
+def test_half_reducescatter_sends_2_byte_values_and_rounds_once(dtype) -> None:
+    rank, size = hvd.rank(), hvd.size()
+    rows = 3 * size + 1
+    everyone = [np.random.default_rng(r).standard_normal((rows, 5)).astype(np.float32).astype(dtype)
+                for r in range(size)]
+    before = _wire_bytes()
+    out = hvd.reducescatter(everyone[rank], op=hvd.Average, prescale_factor=0.5, name=f"rs.bits.{dtype}")
+    assert _wire_bytes() - before == everyone[rank].nbytes  # never widened on the wire
+    start = sum(3 + (1 if r < 1 else 0) for r in range(rank))
+    mine = 3 + (1 if rank < 1 else 0)
+    wide = np.stack([e[start : start + mine].astype(np.float32) * np.float32(0.5) for e in everyone])
+    want = (wide.sum(0) * np.float32(1.0 / size)).astype(dtype)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
 
 
 def test_grouped_reducescatter_and_op_check() -> None:

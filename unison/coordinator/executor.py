@@ -124,13 +124,6 @@ def _round_to_float16(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float16).view(np.uint16)
 
 
-def _narrow(values: np.ndarray, dtype: DType, out: np.ndarray) -> None:
-    if dtype is DType.BFLOAT16:
-        float32_to_bfloat16(values, out=out)
-    else:
-        out[...] = values.reshape(out.shape)
-
-
 _HALF_REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min,
                   ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}
 
@@ -402,24 +395,25 @@ class Executor:
         row = _elements(shape[1:])
         counts = [r * row for r in rows]
         pre, post = response.prescale, self._post_factor(response, set_size)
-        op = self._mpi_op(response.reduce_op)
         self._stats["bytes"] += entry.input.nbytes
-        work_dtype = np.dtype(np.float32) if dtype.is_half else dtype.storage
-        if dtype.is_half:
-            send = _widen(entry.input, dtype) * np.float32(pre)
-        elif pre != 1.0:
-            send = np.empty(entry.input.size, dtype=work_dtype)
-            _copy_scaled(entry.input.reshape(-1), send, pre, dtype)
-        else:
-            send = np.ascontiguousarray(entry.input).reshape(-1)
-        recv = np.empty(counts[me], dtype=work_dtype)
-        self._mark(response.names, "MPI_REDUCESCATTER")
-        self.backend.reducescatter(send, recv, counts, op, response.process_set_id)
-        self._mark(response.names, None)
-        _scale_(recv, post, DType.FLOAT32 if dtype.is_half else dtype)
         out = np.empty((rows[me], *shape[1:]), dtype=dtype.storage)
+        self._mark(response.names, "MPI_REDUCESCATTER")
         if dtype.is_half:
-            _narrow(recv, dtype, out.reshape(-1))
+            # as for allreduce: 2-byte values on the wire (an alltoall of the pieces), float32 sums
+            pieces = np.empty((set_size, counts[me]), dtype=np.uint16)
+            self.backend.alltoallv(_raw(np.ascontiguousarray(entry.input)), counts, pieces.reshape(-1),
+                                   [counts[me]] * set_size, response.process_set_id)
+            combine = _half_combiner(dtype, response.reduce_op, pre, post)
+            _raw(out)[...] = combine(pieces)
         else:
-            out.reshape(-1)[...] = recv
+            if pre != 1.0:
+                send = np.empty(entry.input.size, dtype=dtype.storage)
+                _copy_scaled(entry.input.reshape(-1), send, pre, dtype)
+            else:
+                send = np.ascontiguousarray(entry.input).reshape(-1)
+            recv = out.reshape(-1)
+            self.backend.reducescatter(send, recv, counts, self._mpi_op(response.reduce_op),
+                                       response.process_set_id)
+            _scale_(recv, post, dtype)
+        self._mark(response.names, None)
         return out
