@@ -6,7 +6,7 @@ precision; integers are scaled through float64 and truncated toward zero, as Hor
 float16 and bfloat16 cross the wire in their own 2 bytes but are never summed in half precision (which
 MPICH cannot do and which loses accuracy): each rank receives its piece of every rank's buffer, widens
 the pieces to float32, scales, reduces them in rank order and rounds once; the rounded pieces are then
-allgathered (`Backend.allreduce_pieces_`). The result is the float32 reduction rounded once, identical
+allgathered (`Backend.allreduce_pieces_`). A reducescatter is the same without the allgather. The result is the float32 reduction rounded once, identical
 on every rank, for half the bytes of reducing in float32.
 """
 
