@@ -74,6 +74,10 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "Unset: rank 0 makes a random one and hands it to the other ranks over MPI."),
     Setting("secret_file", "UNISON_SECRET_FILE", None, "str", "",
             "File holding the secret instead (must not be readable by group or others: mode 0600)."),
+    Setting("service_host_aggregation", "UNISON_SERVICE_HOST_AGGREGATION", None, "bool", True,
+            "grpc controller: the lowest rank of each host gathers its host's status rows and requests "
+            "over shared memory and negotiates for all of them (one stream per host instead of one per "
+            "rank). Set to 0 for one stream per rank."),
     Setting("heartbeat_timeout_seconds", "UNISON_HEARTBEAT_TIMEOUT_SECONDS", None, "float", 10.0,
             "grpc controller: a rank silent this long is declared dead and the job is aborted."),
     Setting("launcher_dir", "UNISON_LAUNCHER_DIR", None, "str", "",
@@ -117,6 +121,7 @@ class Settings:
     service_addr: str = ""
     secret: str = dataclasses.field(default="", repr=False)
     secret_file: str = ""
+    service_host_aggregation: bool = True
     heartbeat_timeout_seconds: float = 10.0
     launcher_dir: str = ""
     cpu_operations: str = "mpi"

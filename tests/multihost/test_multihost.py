@@ -95,6 +95,8 @@ def test_grpc_control_plane_across_hosts_admits_only_the_secret(two_by_two: Emul
     ranks = results(two_by_two.run(JOB, env=env, timeout=150), 4)
     check_collectives(ranks)
     assert all("GrpcBackend" in r["backend"] for r in ranks)
+    # each host's lowest rank negotiates for its host: one stream per host
+    assert [r["backend"].split("host_ranks=")[1].split("]")[0] + "]" for r in ranks] == ["[0, 1]"] * 2 + ["[2, 3]"] * 2
     outsider = ranks[-1]["outsider"]
     assert ranks[-1]["host"] == "h1"
     assert outsider["wrong"][0] == 1 and "UNAUTHENTICATED" in outsider["wrong"][1], outsider

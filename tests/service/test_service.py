@@ -16,7 +16,7 @@ from unison.errors import AbortedError, ConfigError
 from unison.service import coordinator_pb2 as pb
 from unison.service import coordinator_pb2_grpc as pb_grpc
 from unison.service.client import ControlClient
-from unison.service.rendezvous import JobAborted, Rendezvous
+from unison.service.rendezvous import JobAborted, Rendezvous, pack_parts, unpack_parts
 from unison.service.security import TOKEN_KEY, load_secret
 from unison.service.server import MAX_MESSAGE_BYTES, RANK_KEY, CoordinatorServer
 from unison.status import format_status
@@ -53,20 +53,41 @@ def in_threads(*fns):
 
 def test_rendezvous_pairs_exchanges_by_sequence() -> None:
     r = Rendezvous(3)
-    rows = in_threads(*(lambda i=i: r.status(i, 0, bytes([i])) for i in range(3)))
+    rows = in_threads(*(lambda i=i: r.status([i], 0, [bytes([i])]) for i in range(3)))
     assert rows == [b"\x00\x01\x02"] * 3
-    parts = in_threads(*(lambda i=i: r.gather(i, 0, f"p{i}".encode()) for i in range(3)))
+    parts = in_threads(*(lambda i=i: r.gather([i], 0, [f"p{i}".encode()]) for i in range(3)))
     assert parts[0] == [b"p0", b"p1", b"p2"] and parts[1] is None and parts[2] is None
-    got = in_threads(*(lambda i=i: r.broadcast(i, 0, b"resp" if i == 0 else b"") for i in range(3)))
+    got = in_threads(*(lambda i=i: r.broadcast([i], 0, b"resp" if i == 0 else b"") for i in range(3)))
     assert got == [b"resp"] * 3
     assert r.blocked() == {} and not r._slots  # everything collected, nothing left behind
+
+
+def test_rendezvous_exchanges_may_speak_for_several_ranks() -> None:
+    # ranks 0-2 on one host (one exchange), ranks 3-4 on another, rank 5 alone
+    r = Rendezvous(6)
+    hosts = [[0, 1, 2], [3, 4], [5]]
+    rows = in_threads(*(lambda h=h: r.status(h, 0, [bytes([i]) for i in h]) for h in hosts))
+    assert rows == [bytes(range(6))] * 3
+    parts = in_threads(*(lambda h=h: r.gather(h, 0, [f"p{i}".encode() for i in h]) for h in hosts))
+    assert parts[0] == [f"p{i}".encode() for i in range(6)] and parts[1] is None and parts[2] is None
+    got = in_threads(*(lambda h=h: r.broadcast(h, 0, b"resp" if h[0] == 0 else b"") for h in hosts))
+    assert got == [b"resp"] * 3
+    assert r.blocked() == {} and not r._slots
+
+
+def test_packed_parts_round_trip_and_refuse_malformed_input() -> None:
+    parts = [b"", b"abc", bytes(1000)]
+    assert unpack_parts(pack_parts(parts)) == parts
+    for bad in (b"", b"\x02\x00\x00\x00", pack_parts(parts)[:-1], pack_parts(parts) + b"x"):
+        with pytest.raises(ValueError, match="packed parts"):
+            unpack_parts(bad)
 
 
 def test_rendezvous_abort_releases_waiters() -> None:
     r = Rendezvous(2)
     threading.Timer(0.2, r.abort, args=("rank 1 vanished",)).start()
     with pytest.raises(JobAborted, match="rank 1 vanished"):
-        r.status(0, 0, b"x")
+        r.status([0], 0, [b"x"])
 
 
 def test_two_clients_negotiate_through_the_server(server: CoordinatorServer) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MissingDependencyError
+from ..errors import AbortedError, MissingDependencyError
 from ..ops import ReduceOp
 from .base import Abandoned, split_counts
 
@@ -58,6 +58,8 @@ class MpiBackend:
         self.size = self._control.Get_size()
         self.chunk_bytes = chunk_bytes
         self._abandoned = False
+        self._failure = ""
+        self._host: Any = None
         self._ops = {
             ReduceOp.SUM: self._mpi.SUM,
             ReduceOp.MIN: self._mpi.MIN,
@@ -107,6 +109,8 @@ class MpiBackend:
         while not request.Test():
             if self._abandoned:
                 raise Abandoned()
+            if self._failure:
+                raise AbortedError(self._failure)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_SLEEP_SECONDS)
         self._stats["wait_seconds"] += time.perf_counter() - start
@@ -118,28 +122,58 @@ class MpiBackend:
         return out
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        return self._gather_bytes(self._control, payload, lengths)
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        return self._broadcast_bytes(self._control, payload)
+
+    def _gather_bytes(self, comm: Any, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         self._stats["control_calls"] += 1
         send = np.frombuffer(payload, dtype=np.uint8)
         byte = self._mpi.BYTE
-        if self.rank != 0:
-            self._wait(self._control.Igatherv([send, byte], None, root=0))
+        if comm.Get_rank() != 0:
+            self._wait(comm.Igatherv([send, byte], None, root=0))
             return None
         counts = [int(n) for n in lengths]
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
         recv = np.empty(sum(counts), dtype=np.uint8)
-        self._wait(self._control.Igatherv([send, byte], [recv, (counts, displs), byte], root=0))
+        self._wait(comm.Igatherv([send, byte], [recv, (counts, displs), byte], root=0))
         return [recv[d : d + n].tobytes() for d, n in zip(displs, counts)]
 
-    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+    def _broadcast_bytes(self, comm: Any, payload: bytes | None) -> bytes:
         self._stats["control_calls"] += 1
         length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
-        self._wait(self._control.Ibcast(length, root=0))
-        if self.rank == 0:
+        self._wait(comm.Ibcast(length, root=0))
+        if comm.Get_rank() == 0:
             buf = np.frombuffer(payload or b"", dtype=np.uint8).copy()
         else:
             buf = np.empty(int(length[0]), dtype=np.uint8)
-        self._wait(self._control.Ibcast([buf, self._mpi.BYTE], root=0))
+        self._wait(comm.Ibcast([buf, self._mpi.BYTE], root=0))
         return buf.tobytes()
+
+    # -- host groups: the gRPC control plane's per-host aggregation ---------------------------------
+
+    def split_host_group(self) -> list[int]:
+        """Collective over the job: group the ranks of each host; returns this host's global ranks,
+        lowest first (that rank, the host leader, speaks for the others)."""
+        world = self._comms[0]
+        self._host = world.Split_type(self._mpi.COMM_TYPE_SHARED, key=world.Get_rank())
+        ranks = np.empty(self._host.Get_size(), dtype=np.int64)
+        self._host.Allgather(np.array([world.Get_rank()], dtype=np.int64), ranks)
+        return [int(r) for r in ranks]
+
+    def host_gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        """Gather the host's payloads (lengths known to all, in host order) to the host leader."""
+        return self._gather_bytes(self._host, payload, lengths)
+
+    def host_broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """Broadcast the host leader's payload to the host's ranks."""
+        return self._broadcast_bytes(self._host, payload)
+
+    def fail_waits(self, reason: str) -> None:
+        """Make any current or future control-plane wait raise `AbortedError(reason)` (the job is
+        being aborted and this rank may be waiting for a peer that will never come)."""
+        self._failure = reason
 
     def abandon(self) -> None:
         self._abandoned = True
@@ -249,13 +283,13 @@ class MpiBackend:
             comm.Free()
 
     def close(self) -> None:
-        for extra in (self._local, self._cross):
+        for extra in (self._local, self._cross, self._host):
             if extra is not None:
                 try:
                     extra.Free()
                 except Exception:  # noqa: BLE001 - freeing during interpreter exit may fail harmlessly
                     pass
-        self._local = self._cross = None
+        self._local = self._cross = self._host = None
         for set_id in list(self._comms):
             comm = self._comms.pop(set_id)
             try:

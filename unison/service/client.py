@@ -18,8 +18,9 @@ from ..errors import AbortedError, ConfigError
 from ..ops import ReduceOp
 from . import coordinator_pb2 as pb
 from . import coordinator_pb2_grpc as pb_grpc
+from .rendezvous import pack_parts
 from .security import TOKEN_KEY
-from .server import CHANNEL_OPTIONS, RANK_KEY
+from .server import CHANNEL_OPTIONS, RANK_KEY, RANKS_KEY
 
 __all__ = ["ControlClient", "GrpcBackend"]
 
@@ -40,11 +41,15 @@ class ControlClient:
     """
 
     def __init__(self, address: str, secret: str, rank: int,
-                 progress: Callable[[], tuple[int, Sequence[str]]] | None = None) -> None:
+                 progress: Callable[[], tuple[int, Sequence[str]]] | None = None,
+                 speaks_for: Sequence[int] = ()) -> None:
         self.address = address
         self.rank = rank
         self.progress = progress or (lambda: (0, ()))
         self._metadata = ((TOKEN_KEY, secret), (RANK_KEY, str(rank)))
+        # the ranks this client's exchanges carry (a host leader's host); only the leader negotiates
+        self.speaks_for = tuple(speaks_for) or (rank,)
+        self._stream_metadata = self._metadata + ((RANKS_KEY, ",".join(map(str, self.speaks_for))),)
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
         self._outbox: queue.SimpleQueue[pb.Exchange | None] = queue.SimpleQueue()
@@ -58,8 +63,9 @@ class ControlClient:
     def __repr__(self) -> str:
         return f"<ControlClient rank={self.rank} -> {self.address}>"
 
-    def register(self, version: str, timeout: float = 60.0) -> pb.RegisterReply:
-        """Register with the service (waiting for it to come up), open the stream, start heartbeats."""
+    def register(self, version: str, timeout: float = 60.0, negotiate: bool = True) -> pb.RegisterReply:
+        """Register with the service (waiting for it to come up), open the negotiation stream unless
+        this rank's host leader negotiates for it, and start heartbeats."""
         request = pb.RegisterRequest(rank=self.rank, host=socket.gethostname(), pid=os.getpid(),
                                      version=version)
         try:
@@ -71,7 +77,8 @@ class ControlClient:
                 f"within {timeout:.0f} s: {exc.code().name}: {exc.details()}. Check that every rank "
                 "uses the same UNISON_SERVICE_ADDR and secret, and that no firewall blocks the port."
             ) from None
-        self._replies = self._stub.Negotiate(self._requests(), metadata=self._metadata)
+        if negotiate:
+            self._replies = self._stub.Negotiate(self._requests(), metadata=self._stream_metadata)
         self._heartbeat.start()
         return reply
 
@@ -157,32 +164,58 @@ class GrpcBackend:
 
     name = "grpc+mpi"
 
-    def __init__(self, control: ControlClient, data: Any, size: int, server: Any = None) -> None:
+    def __init__(self, control: ControlClient, data: Any, size: int, server: Any = None,
+                 host_ranks: Sequence[int] = ()) -> None:
         self.control = control
         self.data = data
         self.rank = control.rank
         self.size = size
         self.server = server  # rank 0 owns the service; closed after the engine's last cycle
+        # With host aggregation: this host's global ranks, lowest (the leader) first; the leader
+        # gathers the host's rows and payloads over shared memory and negotiates for all of them.
+        self.host_ranks = tuple(host_ranks)
+        self.leader = not self.host_ranks or self.host_ranks[0] == self.rank
 
     def __repr__(self) -> str:
-        return f"<GrpcBackend rank={self.rank} size={self.size} service={self.control.address}>"
+        host = f" host_ranks={list(self.host_ranks)}" if self.host_ranks else ""
+        return f"<GrpcBackend rank={self.rank} size={self.size}{host} service={self.control.address}>"
 
     def statistics(self) -> dict[str, float]:
         out = dict(self.data.statistics())
         out["service_sequence_status"] = self.control._sequences[pb.STATUS]
         return out
 
+    def interrupt(self, reason: str) -> None:
+        """The job is being aborted: stop waiting for host peers (they may be gone)."""
+        if self.host_ranks:
+            self.data.fail_waits(reason)
+
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
-        reply = self.control.exchange(pb.STATUS, np.ascontiguousarray(row, dtype="<u8").tobytes())
-        return np.frombuffer(reply.data, dtype="<u8").reshape(self.size, -1)
+        mine = np.ascontiguousarray(row, dtype="<u8").tobytes()
+        if not self.host_ranks:
+            reply = self.control.exchange(pb.STATUS, mine)
+            return np.frombuffer(reply.data, dtype="<u8").reshape(self.size, -1)
+        rows = self.data.host_gather_bytes(mine, [len(mine)] * len(self.host_ranks))
+        matrix = self.control.exchange(pb.STATUS, b"".join(rows)).data if self.leader else None
+        return np.frombuffer(self.data.host_broadcast_bytes(matrix), dtype="<u8").reshape(self.size, -1)
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
-        reply = self.control.exchange(pb.GATHER, payload)
+        if not self.host_ranks:
+            reply = self.control.exchange(pb.GATHER, payload)
+            return list(reply.parts) if self.rank == 0 else None
+        parts = self.data.host_gather_bytes(payload, [lengths[r] for r in self.host_ranks])
+        if not self.leader:
+            return None
+        reply = self.control.exchange(pb.GATHER, pack_parts(parts))
         return list(reply.parts) if self.rank == 0 else None
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
-        reply = self.control.exchange(pb.BROADCAST, payload or b"")
-        return payload or b"" if self.rank == 0 else bytes(reply.data)
+        if self.leader:
+            reply = self.control.exchange(pb.BROADCAST, payload or b"")
+            payload = payload or b"" if self.rank == 0 else bytes(reply.data)
+        if not self.host_ranks:
+            return payload or b""
+        return self.data.host_broadcast_bytes(payload if self.leader else None)
 
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:

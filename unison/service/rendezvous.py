@@ -3,14 +3,46 @@
 Every rank's engine runs the same sequence of cycles, so the n-th STATUS exchange of rank 0 belongs with
 the n-th STATUS exchange of every other rank (likewise GATHER and BROADCAST). This class holds the
 exchanges until the pairing is complete and hands each rank its answer; it knows nothing of gRPC.
+
+One exchange may speak for several ranks (a host's ranks, gathered by their host leader): `ranks`
+lists them, lowest first, and carries one part per rank. Rank 0's exchange receives the gather.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["JobAborted", "Rendezvous"]
+__all__ = ["JobAborted", "Rendezvous", "pack_parts", "unpack_parts"]
+
+
+def pack_parts(parts: Sequence[bytes]) -> bytes:
+    """Several byte strings as one: a count, the lengths, then the bytes.
+
+    Example:
+        >>> unpack_parts(pack_parts([b"ab", b"", b"c"]))
+        [b'ab', b'', b'c']
+    """
+    return struct.pack(f"<I{len(parts)}Q", len(parts), *map(len, parts)) + b"".join(parts)
+
+
+def unpack_parts(data: bytes) -> list[bytes]:
+    """Undo `pack_parts`; raises ValueError on malformed input."""
+    if len(data) < 4:
+        raise ValueError("packed parts: missing count")
+    (count,) = struct.unpack_from("<I", data)
+    header = 4 + 8 * count
+    if len(data) < header:
+        raise ValueError("packed parts: truncated lengths")
+    lengths = struct.unpack_from(f"<{count}Q", data, 4)
+    if header + sum(lengths) != len(data):
+        raise ValueError("packed parts: lengths do not match the data")
+    out, offset = [], header
+    for length in lengths:
+        out.append(data[offset : offset + length])
+        offset += length
+    return out
 
 
 class JobAborted(Exception):
@@ -32,7 +64,7 @@ class Rendezvous:
 
     Example:
         >>> r = Rendezvous(1)
-        >>> r.status(0, 0, b"row")
+        >>> r.status([0], 0, [b"row"])
         b'row'
     """
 
@@ -82,52 +114,55 @@ class Rendezvous:
         if self._abort:
             raise JobAborted(self._abort)
 
-    def status(self, rank: int, sequence: int, row: bytes) -> bytes:
-        """Deposit this rank's status row; return every rank's rows concatenated in rank order."""
+    def status(self, ranks: Sequence[int], sequence: int, rows: Sequence[bytes]) -> bytes:
+        """Deposit these ranks' status rows; return every rank's rows concatenated in rank order."""
         key = ("status", sequence)
         with self._cond:
             self.exchanges += 1
             slot = self._slot(key)
-            slot.parts[rank] = row
-            slot.count += 1
+            for rank, row in zip(ranks, rows):
+                slot.parts[rank] = row
+            slot.count += len(ranks)
             if slot.count == self.size:
                 slot.value = b"".join(p or b"" for p in slot.parts)
                 self._cond.notify_all()
-            self._wait(rank, f"status exchange {sequence}", lambda: slot.value is not None)
-            slot.reads += 1
+            self._wait(ranks[0], f"status exchange {sequence}", lambda: slot.value is not None)
+            slot.reads += len(ranks)
             if slot.reads == self.size:
                 del self._slots[key]
             assert isinstance(slot.value, bytes)
             return slot.value
 
-    def gather(self, rank: int, sequence: int, payload: bytes) -> list[bytes] | None:
-        """Deposit a payload; rank 0 waits for and receives all of them, other ranks return at once."""
+    def gather(self, ranks: Sequence[int], sequence: int, payloads: Sequence[bytes]) -> list[bytes] | None:
+        """Deposit payloads; the exchange holding rank 0 waits for and receives all of them, the
+        others return at once."""
         key = ("gather", sequence)
         with self._cond:
             self.exchanges += 1
             slot = self._slot(key)
-            slot.parts[rank] = payload
-            slot.count += 1
+            for rank, payload in zip(ranks, payloads):
+                slot.parts[rank] = payload
+            slot.count += len(ranks)
             if slot.count == self.size:
                 self._cond.notify_all()
-            if rank != 0:
+            if ranks[0] != 0:
                 return None
-            self._wait(rank, f"request gather {sequence}", lambda: slot.count == self.size)
+            self._wait(0, f"request gather {sequence}", lambda: slot.count == self.size)
             del self._slots[key]
             return [p or b"" for p in slot.parts]
 
-    def broadcast(self, rank: int, sequence: int, payload: bytes) -> bytes:
-        """Rank 0 deposits its payload and returns; the others wait for it."""
+    def broadcast(self, ranks: Sequence[int], sequence: int, payload: bytes) -> bytes:
+        """The exchange holding rank 0 deposits its payload and returns; the others wait for it."""
         key = ("broadcast", sequence)
         with self._cond:
             self.exchanges += 1
             slot = self._slot(key)
-            if rank == 0:
+            if ranks[0] == 0:
                 slot.value = payload
                 self._cond.notify_all()
             else:
-                self._wait(rank, f"response broadcast {sequence}", lambda: slot.value is not None)
-            slot.reads += 1
+                self._wait(ranks[0], f"response broadcast {sequence}", lambda: slot.value is not None)
+            slot.reads += len(ranks)
             if slot.reads == self.size:
                 del self._slots[key]
             assert isinstance(slot.value, bytes)

@@ -14,14 +14,17 @@ import grpc
 from ..errors import ConfigError
 from . import coordinator_pb2 as pb
 from . import coordinator_pb2_grpc as pb_grpc
-from .rendezvous import JobAborted, Rendezvous
+from .rendezvous import JobAborted, Rendezvous, unpack_parts
 from .security import TOKEN_KEY, token_matches
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "CoordinatorServer", "RANK_KEY"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "CoordinatorServer", "RANKS_KEY", "RANK_KEY"]
 
 log = logging.getLogger(__name__)
 
 RANK_KEY = "x-unison-rank"
+# On a Negotiate stream: the ranks it speaks for ("0,1,2,3": a host leader and its host's ranks);
+# absent, just RANK_KEY's rank.
+RANKS_KEY = "x-unison-ranks"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Client and server keepalive settings agree, so the server never answers pings with GOAWAY
 # ("too_many_pings"), and idle streams survive long validation phases.
@@ -101,6 +104,7 @@ class _Servicer(pb_grpc.CoordinatorServicer):
     def Negotiate(self, requests: Iterator[pb.Exchange], context: grpc.ServicerContext) -> Iterator[pb.ExchangeReply]:
         srv = self.server
         rank = srv.rank_of(context)
+        ranks = srv.ranks_of(context, rank)
         rendezvous = srv.rendezvous
         with srv.lock:
             srv.ranks[rank].streams += 1
@@ -109,13 +113,17 @@ class _Servicer(pb_grpc.CoordinatorServicer):
                 reply = pb.ExchangeReply(phase=exchange.phase, sequence=exchange.sequence)
                 try:
                     if exchange.phase == pb.STATUS:
-                        reply.data = rendezvous.status(rank, exchange.sequence, exchange.data)
+                        width, extra = divmod(len(exchange.data), len(ranks))
+                        if extra:
+                            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "status rows of unequal size")
+                        rows = [exchange.data[i * width : (i + 1) * width] for i in range(len(ranks))]
+                        reply.data = rendezvous.status(ranks, exchange.sequence, rows)
                     elif exchange.phase == pb.GATHER:
-                        parts = rendezvous.gather(rank, exchange.sequence, exchange.data)
+                        parts = rendezvous.gather(ranks, exchange.sequence, srv.parts_of(context, ranks, exchange.data))
                         if parts is not None:
                             reply.parts.extend(parts)
                     elif exchange.phase == pb.BROADCAST:
-                        reply.data = rendezvous.broadcast(rank, exchange.sequence, exchange.data)
+                        reply.data = rendezvous.broadcast(ranks, exchange.sequence, exchange.data)
                     else:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown exchange phase")
                 except JobAborted as exc:
@@ -204,6 +212,31 @@ class CoordinatorServer:
         if not str(text).isdigit() or not 0 <= int(text) < self.size:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{RANK_KEY} must name a rank of the job")
         return int(text)
+
+    def ranks_of(self, context: grpc.ServicerContext, rank: int) -> list[int]:
+        """The ranks a Negotiate stream speaks for: RANKS_KEY's list, led by `rank`, or `rank` alone."""
+        text = str(dict(context.invocation_metadata()).get(RANKS_KEY, "") or rank)
+        items = text.split(",")
+        if not all(i.isdigit() for i in items):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{RANKS_KEY} must list ranks of the job")
+        ranks = [int(i) for i in items]
+        if ranks[0] != rank or ranks != sorted(set(ranks)) or ranks[-1] >= self.size:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{RANKS_KEY} must list distinct ranks of the job in order, starting with {RANK_KEY}")
+        return ranks
+
+    @staticmethod
+    def parts_of(context: grpc.ServicerContext, ranks: list[int], data: bytes) -> list[bytes]:
+        """One gather payload per rank of the stream (packed with `pack_parts` when several)."""
+        if len(ranks) == 1:
+            return [data]
+        try:
+            parts = unpack_parts(data)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if len(parts) != len(ranks):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(parts)} payloads for {len(ranks)} ranks")
+        return parts
 
     def abort(self, reason: str) -> None:
         """Abort the job: every waiting and future exchange answers with `reason`."""

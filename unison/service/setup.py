@@ -71,9 +71,13 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     host, _, port = address.rpartition(":")
     if host in ("0.0.0.0", "::", "[::]"):
         address = f"{comm.bcast(os.uname().nodename if rank == 0 else None, root=0)}:{port}"
-    control = ControlClient(address, secret, rank)
-    control.register(__version__)
-    return GrpcBackend(control, MpiBackend(comm, settings.chunk_bytes, settings.hierarchical_allreduce), size, server)
+    data = MpiBackend(comm, settings.chunk_bytes, settings.hierarchical_allreduce)
+    host_ranks = data.split_host_group() if settings.service_host_aggregation else []
+    if len(host_ranks) == 1:
+        host_ranks = []  # alone on its host: nothing to aggregate
+    control = ControlClient(address, secret, rank, speaks_for=host_ranks)
+    control.register(__version__, negotiate=not host_ranks or host_ranks[0] == rank)
+    return GrpcBackend(control, data, size, server, host_ranks)
 
 
 def watch_engine(backend: Any, engine: Any) -> None:
@@ -90,6 +94,8 @@ def watch_engine(backend: Any, engine: Any) -> None:
             return engine.statistics()["cycles"], []
 
     def on_abort(reason: str) -> None:
+        backend.interrupt(reason)  # a rank waiting for its host's peers stops waiting
+
         def exit_if_stuck() -> None:
             if engine.state != "stopped":
                 print(f"unison: rank {backend.rank}: job aborted: {reason} This rank is stuck in a "
