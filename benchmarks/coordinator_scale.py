@@ -1,8 +1,11 @@
 """Benchmark: the gRPC coordinator service with N simulated workers on loopback.
 
 The master process hosts the service and plays rank 0 (it runs the `Coordinator` on the gathered
-requests, exactly as rank 0's engine does). Ranks 1..N-1 are threads spread over two worker processes;
-each submits 100 tensors per cycle. *Cached* cycles are a status exchange only (steady-state training);
+requests, exactly as rank 0's engine does). The other ranks are threads spread over two worker
+processes; each rank submits 100 tensors per cycle. With ``--ranks-per-host K`` (default 8, as on a
+GPU node) each thread is a host leader speaking for K ranks, as with UNISON_SERVICE_HOST_AGGREGATION:
+the shared-memory gather within a host is not simulated (tens of microseconds on the host itself);
+``--ranks-per-host 1`` gives one stream per rank. *Cached* cycles are a status exchange only (steady-state training);
 *uncached* cycles use new tensor names every cycle, so every request goes through the gather, the
 Coordinator and the broadcast. Reported per N: cycle latency p50/p99 seen by rank 0 and the master
 process's CPU time per cycle (service threads included). On a 2-core machine the simulated workers
@@ -31,6 +34,7 @@ from unison.dtypes import DType
 from unison.ops import CollectiveKind
 from unison.service import coordinator_pb2 as pb
 from unison.service.client import ControlClient
+from unison.service.rendezvous import pack_parts
 from unison.service.server import CoordinatorServer
 
 SECRET = "b" * 64
@@ -38,9 +42,16 @@ TENSORS = 100
 WORDS = (TENSORS + 63) // 64
 
 
-def status_row(cached: bool, payload_bytes: int) -> bytes:
+def status_row(cached: bool, payload_bytes: int, ranks: int = 1) -> bytes:
     hits = [(1 << 64) - 1, (1 << (TENSORS - 64)) - 1] if cached else [0] * WORDS
-    return np.array([0, payload_bytes, *hits, *([0] * WORDS)], dtype="<u8").tobytes()
+    return np.array([0, payload_bytes, *hits, *([0] * WORDS)], dtype="<u8").tobytes() * ranks
+
+
+def payload_for(host: list[int], cycle: int) -> bytes:
+    """What a host leader sends in the gather: its ranks' request lists (packed when several)."""
+    if len(host) == 1:
+        return requests_for(host[0], cycle)
+    return pack_parts([requests_for(rank, cycle) for rank in host])
 
 
 def requests_for(rank: int, cycle: int) -> bytes:
@@ -50,17 +61,20 @@ def requests_for(rank: int, cycle: int) -> bytes:
     ])
 
 
-def run_worker_ranks(address: str, ranks: list[int], cycles: int, cached: bool, start: mp.Event) -> None:
-    """A worker process: one thread per simulated rank, each running `cycles` cycles."""
-    clients = [ControlClient(address, SECRET, rank) for rank in ranks]
+def run_worker_ranks(address: str, hosts: list[list[int]], cycles: int, cached: bool, start: mp.Event) -> None:
+    """A worker process: one thread per simulated host leader, each running `cycles` cycles."""
+    clients = [ControlClient(address, SECRET, host[0], speaks_for=host) for host in hosts]
     for client in clients:
         client.register("bench")
+    # Payloads are made before the clock starts: on a real cluster ranks encode on their own CPUs.
+    payloads = {c.rank: [b"" if cached else payload_for(list(c.speaks_for), cycle) for cycle in range(cycles)]
+                for c in clients}
     start.wait()
 
     def rank_loop(client: ControlClient) -> None:
         for cycle in range(cycles):
-            payload = b"" if cached else requests_for(client.rank, cycle)
-            client.exchange(pb.STATUS, status_row(cached, len(payload)))
+            payload = payloads[client.rank][cycle]
+            client.exchange(pb.STATUS, status_row(cached, len(payload), len(client.speaks_for)))
             if not cached:
                 client.exchange(pb.GATHER, payload)
                 client.exchange(pb.BROADCAST, b"")
@@ -74,28 +88,30 @@ def run_worker_ranks(address: str, ranks: list[int], cycles: int, cached: bool, 
         client.close()
 
 
-def measure(size: int, cycles: int, cached: bool) -> dict[str, float]:
+def measure(size: int, cycles: int, cached: bool, per_host: int) -> dict[str, float]:
     server = CoordinatorServer(size, SECRET, "127.0.0.1:0", "bench", heartbeat_timeout_seconds=600)
     ctx = mp.get_context("spawn")
     start = ctx.Event()
-    others = list(range(1, size))
+    hosts = [list(range(first, min(first + per_host, size))) for first in range(0, size, per_host)]
+    others = hosts[1:]
     groups = [others[0::2], others[1::2]]
     workers = [ctx.Process(target=run_worker_ranks, args=(server.address, g, cycles, cached, start))
                for g in groups if g]
     for w in workers:
         w.start()
-    master = ControlClient(server.address, SECRET, 0)
+    master = ControlClient(server.address, SECRET, 0, speaks_for=hosts[0])
     master.register("bench")
     coordinator = Coordinator(size)
-    while sum(1 for s in server.ranks if s.pid) < size:
+    while sum(1 for s in server.ranks if s.pid) < len(hosts):
         time.sleep(0.01)
+    mine = [b"" if cached else payload_for(hosts[0], cycle) for cycle in range(cycles)]
     start.set()
     latencies: list[float] = []
     cpu_before = time.process_time()
     for cycle in range(cycles):
         t0 = time.perf_counter()
-        payload = b"" if cached else requests_for(0, cycle)
-        reply = master.exchange(pb.STATUS, status_row(cached, len(payload)))
+        payload = mine[cycle]
+        reply = master.exchange(pb.STATUS, status_row(cached, len(payload), len(hosts[0])))
         matrix = np.frombuffer(reply.data, dtype="<u8").reshape(size, -1)
         if cached:
             np.bitwise_and.reduce(matrix[:, 2 : 2 + WORDS], axis=0)  # the engine's fast-path decision
@@ -121,13 +137,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256])
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--ranks-per-host", type=int, default=8,
+                        help="ranks each negotiation stream speaks for (1: one stream per rank)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "coordinator_scale.json"))
     args = parser.parse_args()
-    results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS, "cases": []}
+    results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS,
+               "ranks_per_host": args.ranks_per_host, "cases": []}
     print(f"{'N':>5} {'mode':>9} {'p50 ms':>9} {'p99 ms':>9} {'master CPU ms/cycle':>20} {'us/worker':>10}")
     for size in args.sizes:
         for cached in (True, False):
-            row = measure(size, args.cycles * (3 if cached else 1), cached)
+            row = measure(size, args.cycles * (3 if cached else 1), cached, args.ranks_per_host)
             mode = "cached" if cached else "uncached"
             results["cases"].append({"size": size, "mode": mode, **row})
             print(f"{size:>5} {mode:>9} {row['p50_ms']:>9.2f} {row['p99_ms']:>9.2f} "
