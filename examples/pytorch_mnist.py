@@ -1,6 +1,7 @@
 """Train a small CNN on scikit-learn's bundled 8x8 digits with unison.torch (real data, no download).
 
 Run: mpiexec -n 2 python examples/pytorch_mnist.py [--epochs 8] [--checkpoint checkpoints/pytorch_digits.pt]
+                                                  [--compression none|fp16|bf16|topk|powersgd|partial]
 
 Each rank trains on its own shard of the training set (rows rank::size); DistributedOptimizer
 averages gradients, rank 0 prints per-epoch loss/accuracy (summed over every rank's shard, then
@@ -19,6 +20,16 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import unison.torch as hvd
+
+# Each choice, and what travels per step instead of every float32 gradient (docs/compression.md).
+COMPRESSION = {
+    "none": lambda: hvd.Compression.none,
+    "fp16": lambda: hvd.Compression.fp16,  # 2-byte gradients, summed in float32
+    "bf16": lambda: hvd.Compression.bf16,
+    "topk": lambda: hvd.Compression.topk(0.01),  # the largest 1% of each gradient, rest kept for later
+    "powersgd": lambda: hvd.Compression.powersgd(2),  # rank-2 factors of each weight matrix
+    "partial": lambda: hvd.Compression.partial(0.25),  # average a quarter of the parameters per step
+}
 
 
 class Net(torch.nn.Module):
@@ -68,6 +79,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--checkpoint", default="checkpoints/pytorch_digits.pt")
+    parser.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
+                        help="how gradients travel between ranks")
     args = parser.parse_args()
 
     hvd.init()
@@ -82,7 +95,8 @@ def main() -> None:
 
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=COMPRESSION[args.compression]())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
@@ -102,6 +116,10 @@ def main() -> None:
                   f"test loss {test_loss:.4f} acc {test_acc:.3f}", flush=True)
             save_atomically({"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()},
                             args.checkpoint)
+    if hvd.rank() == 0 and args.compression != "none":
+        stats = opt.statistics()
+        print(f"{args.compression}: sent {stats['payload_bytes'] / max(stats['dense_bytes'], 1):.1%} of the "
+              "gradient bytes", flush=True)
     hvd.shutdown()
 
 

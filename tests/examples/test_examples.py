@@ -33,6 +33,18 @@ def test_pytorch_mnist_trains_and_checkpoints_atomically(tmp_path: Path) -> None
     assert checkpoint.exists() and not list(tmp_path.glob("*.tmp*"))
 
 
+@pytest.mark.parametrize("scheme", ["powersgd", "fp16"])
+def test_pytorch_mnist_with_compression(scheme: str, tmp_path: Path) -> None:
+    out = run2("examples/pytorch_mnist.py", "--epochs", "3", "--compression", scheme,
+               "--checkpoint", str(tmp_path / "model.pt"))
+    assert accuracy(out, r"test loss [\d.]+ acc (\d\.\d+)") > 0.85
+    sent = float(re.search(rf"{scheme}: sent ([\d.]+)% of the gradient bytes", out).group(1))
+    if scheme == "fp16":
+        assert sent == 50.0, out
+    else:
+        assert 0 < sent < 50, out
+
+
 def test_keras_mnist_fit_with_callbacks() -> None:
     assert accuracy(run2("examples/keras_mnist.py"), r"accuracy on all 1797 digits: (\d\.\d+)") > 0.9
 
