@@ -34,7 +34,7 @@ lint: venv
 	$(VENV)/bin/mypy unison
 
 bench: venv
-	$(VENV)/bin/mpiexec -n 2 $(VPY) benchmarks/allreduce.py
+	$(VPY) benchmarks/run_all.py
 
 bench-multihost: venv
 	$(VPY) benchmarks/multihost.py --train --compression

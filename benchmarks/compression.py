@@ -1,13 +1,15 @@
 """Gradient compression schemes side by side: bytes per step, step time, digits accuracy, 2 ranks.
 
-Run: mpiexec -n 2 python benchmarks/compression.py [--rounds 3] [--steps 5]
+Run: mpiexec -n 2 python benchmarks/compression.py [--rounds 3] [--steps 5] [--quick] [--output PATH]
 
 For the 11.5 M-parameter MLP of train_torch.py each scheme trains `steps` steps per round; rounds
 alternate the schemes so machine noise hits all alike, and the table shows medians. "payload" is the
 bytes this rank hands to the engine per step (what the scheme promises); "wire" is the engine's own
 count of bytes moved by MPI per step on this rank (allgather counts everything received). "break-even"
 is the link bandwidth below which the scheme's extra compute is repaid by the bytes it saves. The
-digits column trains the small model of the tests to the end and reports test accuracy.
+digits column trains the small model of the tests to the end and reports test accuracy. Rank 0 also
+writes everything it prints, with the samples of every round, to ``benchmarks/results/compression.json``
+(break-even there: Gbit/s, or "never" / "always").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import unison.torch as hvd
 from unison._runtime import job
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_torch import mlp  # noqa: E402
+from train_torch import mlp, write_json  # noqa: E402
 
 SCHEMES = {
     "none": lambda: hvd.Compression.none,
@@ -81,45 +83,66 @@ def _percent(value: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 3; 1 with --quick)")
+    parser.add_argument("--steps", type=int, help="timed steps per run (default 5; 2 with --quick)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
-    parser.add_argument("--digits", action=argparse.BooleanOptionalAction, default=True,
-                        help="train the digits model per scheme for the accuracy column")
+    parser.add_argument("--digits", action=argparse.BooleanOptionalAction,
+                        help="train the digits model per scheme for the accuracy column (default: on, "
+                             "off with --quick)")
+    parser.add_argument("--quick", action="store_true", help="one round of a few steps, no digits (smoke run)")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "compression.json"))
     args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 3)
+    steps = args.steps or (2 if args.quick else 5)
+    with_digits = not args.quick if args.digits is None else args.digits
     torch.set_num_threads(1)
     hvd.init()
     names = args.schemes.split(",")
     load_before = os.getloadavg()
     samples: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name in names:
-            samples[name].append(run(name, args.batch_size, args.steps))
+            samples[name].append(run(name, args.batch_size, steps))
     load_after = os.getloadavg()
-    accuracy = {name: digits(name) if args.digits else float("nan") for name in names}
+    accuracy = {name: digits(name) if with_digits else float("nan") for name in names}
     if hvd.rank() == 0:
         params = sum(p.numel() for p in mlp().parameters())
         print(f"MLP {params / 1e6:.2f} M parameters, batch {args.batch_size} per rank, {hvd.size()} ranks, "
-              f"1 thread each; {args.rounds} alternating rounds of {args.steps} steps; load average "
+              f"1 thread each; {rounds} alternating rounds of {steps} steps; load average "
               f"before {load_before[0]:.2f}/{load_before[1]:.2f}, after {load_after[0]:.2f}/"
               f"{load_after[1]:.2f} (1/5 min)")
         print(f"{'scheme':<12} {'step ms':>8} {'payload MB':>11} {'wire MB':>8} {'payload/none':>13} "
               f"{'break-even':>12} {'digits acc':>10}")
         med = {n: [statistics.median(s[i] for s in samples[n]) for i in range(3)] for n in names}
         base = med.get("none", med[names[0]])
+        schemes: dict[str, dict[str, object]] = {}
         for name in names:
             seconds, payload, wire = med[name]
             saved, extra = base[2] - wire, seconds - base[0]
+            break_even: float | str
             if saved <= 0:
-                even = "never"
+                even = break_even = "never"
             elif extra <= 0:
-                even = "always"
+                even = break_even = "always"
             else:
-                even = f"{saved / extra / 1e9 * 8:.2f} Gb/s"
+                break_even = saved / extra / 1e9 * 8
+                even = f"{break_even:.2f} Gb/s"
             print(f"{name:<12} {seconds * 1e3:>8.1f} {payload / 1e6:>11.2f} {wire / 1e6:>8.2f} "
                   f"{payload / base[1]:>12.1%} {even:>12} {_percent(accuracy[name]):>10}")
+            schemes[name] = {
+                "seconds_per_step": [s[0] for s in samples[name]],
+                "payload_bytes_per_step": [s[1] for s in samples[name]],
+                "wire_bytes_per_step": [s[2] for s in samples[name]],
+                "median_seconds_per_step": seconds, "median_payload_bytes_per_step": payload,
+                "median_wire_bytes_per_step": wire, "payload_share_of_baseline": payload / base[1],
+                "break_even_gbit_per_second": break_even,
+                "digits_accuracy": None if accuracy[name] != accuracy[name] else accuracy[name]}
         print("(medians; MB per step on rank 0; break-even: scheme pays off on links slower than this)")
+        write_json(Path(args.output), {
+            "ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps,
+            "batch_size": args.batch_size, "parameters": params, "baseline": "none" if "none" in med else names[0],
+            "load_before": load_before, "load_after": load_after, "schemes": schemes})
     hvd.shutdown()
 
 

@@ -12,7 +12,7 @@ process's CPU time per cycle (service threads included). On a 2-core machine the
 compete with the master for the CPU, so latencies are upper bounds; the master CPU time is the number
 that predicts a real cluster.
 
-Run: python benchmarks/coordinator_scale.py [--sizes 8 64 256] [--cycles 20]
+Run: python benchmarks/coordinator_scale.py [--sizes 8 64 256] [--cycles 20] [--quick] [--output PATH]
 """
 
 from __future__ import annotations
@@ -135,18 +135,21 @@ def measure(size: int, cycles: int, cached: bool, per_host: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256])
-    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--sizes", type=int, nargs="+", help="simulated ranks N (default 8 64 256; 8 64 with --quick)")
+    parser.add_argument("--cycles", type=int, help="uncached cycles per N, 3x as many cached (default 20; 5 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and cycles (smoke run)")
     parser.add_argument("--ranks-per-host", type=int, default=8,
                         help="ranks each negotiation stream speaks for (1: one stream per rank)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "coordinator_scale.json"))
     args = parser.parse_args()
-    results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS,
+    sizes = args.sizes or ([8, 64] if args.quick else [8, 64, 256])
+    cycles = args.cycles or (5 if args.quick else 20)
+    results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS, "cycles": cycles,
                "ranks_per_host": args.ranks_per_host, "cases": []}
     print(f"{'N':>5} {'mode':>9} {'p50 ms':>9} {'p99 ms':>9} {'master CPU ms/cycle':>20} {'us/worker':>10}")
-    for size in args.sizes:
+    for size in sizes:
         for cached in (True, False):
-            row = measure(size, args.cycles * (3 if cached else 1), cached, args.ranks_per_host)
+            row = measure(size, cycles * (3 if cached else 1), cached, args.ranks_per_host)
             mode = "cached" if cached else "uncached"
             results["cases"].append({"size": size, "mode": mode, **row})
             print(f"{size:>5} {mode:>9} {row['p50_ms']:>9.2f} {row['p99_ms']:>9.2f} "

@@ -9,7 +9,8 @@ median time of an allreduce of float32 buffers with raw mpi4py (``Allreduce`` in
 with ``unison.allreduce`` (negotiation, 4 MiB chunks), as algorithm bandwidth (bytes x 8 / time).
 Then 2 hosts x 2 slots: unison's flat allreduce against ``UNISON_HIERARCHICAL_ALLREDUCE=1``. With
 ``--train``, benchmarks/train_torch.py (2 hosts x 1 slot) at each rate; with ``--compression``,
-benchmarks/compression.py likewise (each scheme's step time on the real link). Load averages are printed:
+benchmarks/compression.py likewise (each scheme's step time on the real link); their JSON goes to
+``benchmarks/results/multihost_*.json``, beside (not over) the local results. Load averages are printed:
 on a shared machine, compare numbers only within one run.
 """
 
@@ -122,14 +123,18 @@ def main() -> None:
             print(f"\ntrain_torch.py, 2 hosts x 1 slot, {rate / 1000:g} Gbit/s links:", flush=True)
             with EmulatedHosts(hosts=2, slots=1, rate_mbit=rate) as cluster:
                 env = {"MASTER_ADDR": cluster.addresses[0], "GLOO_SOCKET_IFNAME": "eth0"}
-                done = cluster.run([sys.executable, str(train), *args.train_args.split()], env=env, timeout=600)
+                output = HERE.parent / "results" / f"multihost_train_torch_{rate / 1000:g}gbit.json"
+                done = cluster.run([sys.executable, str(train), *args.train_args.split(), "--output", str(output)],
+                                   env=env, timeout=600)
             print(done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr[-1500:]}", flush=True)
     if args.compression:
         script = HERE.with_name("compression.py")
         for rate in [float(r) for r in args.rates.split(",")]:
             print(f"\ncompression.py, 2 hosts x 1 slot, {rate / 1000:g} Gbit/s links:", flush=True)
             with EmulatedHosts(hosts=2, slots=1, rate_mbit=rate) as cluster:
-                done = cluster.run([sys.executable, str(script), *args.compression_args.split()], timeout=900)
+                output = HERE.parent / "results" / f"multihost_compression_{rate / 1000:g}gbit.json"
+                done = cluster.run([sys.executable, str(script), *args.compression_args.split(), "--output",
+                                    str(output)], timeout=900)
             print(done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr[-1500:]}", flush=True)
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")

@@ -1,6 +1,7 @@
 """Throughput of TF training on 2 ranks with unison against the same processes without communication.
 
-Run: ``.venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/train_tensorflow.py [--rounds 5 --steps 10]``
+Run: ``.venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/train_tensorflow.py [--rounds 5 --steps 10]
+[--quick] [--output PATH]``
 
 The model is the communication-heavy MLP of the torch benchmark (1024-2048-2048-2048-512, about
 11.5 M parameters, batch 32, one thread per rank). Rounds alternate between three measurements, so
@@ -11,15 +12,18 @@ that load changes on a shared machine hit all of them alike; medians are reporte
 * ``raw``: unison's NumPy-level grouped allreduce of the same bytes, outside TensorFlow.
 
 The adapter's overhead per step is ``unison - nocomm - raw``: what the TF bridge adds beyond
-computing and beyond reducing the same bytes.
+computing and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
+load average before and after, to ``benchmarks/results/train_tensorflow.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -48,10 +52,15 @@ def make_model() -> keras.Model:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; 1 with --quick)")
+    parser.add_argument("--steps", type=int, help="timed steps per run (default 10; 2 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="one round of a few steps (smoke run)")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "train_tensorflow.json"))
     args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 5)
+    steps_per_run = args.steps or (2 if args.quick else 10)
     hvd.init()
+    load_before = os.getloadavg()
     model = make_model()
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     opt = keras.optimizers.SGD(0.001)
@@ -85,20 +94,20 @@ def main() -> None:
         run()
         run()
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, run in runners.items():
             unison.barrier()
             start = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(steps_per_run):
                 run()
             if name != "raw":
                 float(model.trainable_variables[0][0, 0])  # wait for the last step
-            times[name].append((time.perf_counter() - start) / args.steps)
+            times[name].append((time.perf_counter() - start) / steps_per_run)
     load = os.getloadavg()
     if hvd.rank() == 0:
         med = {name: statistics.median(values) for name, values in times.items()}
         print(f"model: {params / 1e6:.2f} M params, batch {BATCH}, {hvd.size()} ranks, "
-              f"{args.rounds} rounds x {args.steps} steps")
+              f"{rounds} rounds x {steps_per_run} steps")
         for name in runners:
             print(f"{name:>7}: median {med[name] * 1e3:8.1f} ms/step  "
                   f"(rounds: {', '.join(f'{t * 1e3:.1f}' for t in times[name])})")
@@ -106,6 +115,15 @@ def main() -> None:
         print(f"adapter overhead per step beyond compute + raw allreduce: "
               f"{(med['unison'] - med['nocomm'] - med['raw']) * 1e3:.1f} ms")
         print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        results = {"ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps_per_run,
+                   "batch_size": BATCH, "parameters": params, "load_before": load_before, "load_after": load,
+                   "seconds_per_step": times, "median_seconds_per_step": med,
+                   "share_of_ceiling": med["nocomm"] / med["unison"],
+                   "adapter_overhead_seconds": med["unison"] - med["nocomm"] - med["raw"]}
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {out}")
     hvd.shutdown()
 
 

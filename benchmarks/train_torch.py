@@ -1,19 +1,22 @@
 """Synthetic training throughput: unison.torch vs torch DDP (gloo) vs no communication, 2 ranks.
 
-Run: mpiexec -n 2 python benchmarks/train_torch.py [--rounds 5] [--steps 20]
+Run: mpiexec -n 2 python benchmarks/train_torch.py [--rounds 5] [--steps 20] [--quick] [--output PATH]
 
 Each rank uses one thread. Runs alternate (unison, DDP, none, unison, ...) so that machine noise
 hits every mode alike; the table shows medians of samples/s over the rounds (global: both ranks'
 samples) and each mode's share of the no-communication ceiling. The load average is printed before
-and after: on a shared machine, compare numbers only within one run.
+and after: on a shared machine, compare numbers only within one run. Rank 0 also writes everything it
+prints, with the samples of every round, to ``benchmarks/results/train_torch.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -72,11 +75,15 @@ def run(mode: str, name: str, batch: int, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; 1 with --quick)")
+    parser.add_argument("--steps", type=int, help="timed steps per run (default 20; 3 with --quick)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--models", default="mlp,convnet")
+    parser.add_argument("--quick", action="store_true", help="one round of a few steps (smoke run)")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "train_torch.json"))
     args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 5)
+    steps = args.steps or (3 if args.quick else 20)
     torch.set_num_threads(1)
     hvd.init()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -84,30 +91,48 @@ def main() -> None:
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
     load_before = os.getloadavg()
     modes = ["unison", "ddp", "none"]
+    names = args.models.split(",")
     results: dict[tuple[str, str], list[float]] = {}
-    for name in args.models.split(","):
-        params = sum(p.numel() for p in MODELS[name][0]().parameters())
+    params: dict[str, int] = {}
+    for name in names:
+        params[name] = sum(p.numel() for p in MODELS[name][0]().parameters())
         if hvd.rank() == 0:
-            print(f"{name}: {params / 1e6:.2f} M parameters, batch {args.batch_size} per rank", flush=True)
-        for _ in range(args.rounds):
+            print(f"{name}: {params[name] / 1e6:.2f} M parameters, batch {args.batch_size} per rank", flush=True)
+        for _ in range(rounds):
             for mode in modes:
-                results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, args.steps))
+                results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, steps))
     load_after = os.getloadavg()
     if hvd.rank() == 0:
-        print(f"\n{hvd.size()} ranks, 1 thread each, {args.rounds} alternating rounds of {args.steps} steps;"
+        print(f"\n{hvd.size()} ranks, 1 thread each, {rounds} alternating rounds of {steps} steps;"
               f" load average before {load_before[0]:.2f}/{load_before[1]:.2f}, after "
               f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min)")
         print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'unison/none':>12} {'ddp/none':>9}"
               f" {'unison/ddp':>11}")
-        for name in args.models.split(","):
+        models = {}
+        for name in names:
             med = {m: statistics.median(results[(name, m)]) for m in modes}
             print(f"{name:<8} {med['unison']:>10.1f} {med['ddp']:>10.1f} {med['none']:>10.1f} "
                   f"{med['unison'] / med['none']:>11.0%} {med['ddp'] / med['none']:>9.0%} "
                   f"{med['unison'] / med['ddp']:>10.2f}x")
+            models[name] = {"parameters": params[name],
+                            "samples_per_second": {m: results[(name, m)] for m in modes},
+                            "median_samples_per_second": med,
+                            "share_of_ceiling": {m: med[m] / med["none"] for m in ("unison", "ddp")},
+                            "unison_over_ddp": med["unison"] / med["ddp"]}
         print("(samples/s, medians over rounds, global across ranks)")
+        write_json(Path(args.output), {
+            "ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps,
+            "batch_size": args.batch_size, "load_before": load_before, "load_after": load_after,
+            "models": models})
     dist.destroy_process_group()
     hvd.shutdown()
 
+
+def write_json(path: Path, results: dict[str, object]) -> None:
+    """Write `results` to `path` as indented JSON, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {path}")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,74 @@
+"""`benchmarks/run_all.py --quick` runs every local benchmark and leaves its JSON, plots and summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+pytestmark = pytest.mark.timeout(300)
+
+# The keys each benchmark's JSON must have, beyond which the plots and the summary read.
+EXPECTED_KEYS = {
+    "allreduce": {"size", "load_before", "load_after", "cases"},
+    "train_torch": {"ranks", "rounds", "steps", "batch_size", "load_before", "load_after", "models"},
+    "train_tensorflow": {"ranks", "rounds", "steps", "batch_size", "parameters", "load_before", "load_after",
+                         "seconds_per_step", "median_seconds_per_step", "share_of_ceiling"},
+    "compression": {"ranks", "rounds", "steps", "batch_size", "parameters", "baseline", "load_before",
+                    "load_after", "schemes"},
+    "coordinator_scale": {"cycles", "tensors_per_cycle", "load_before", "load_after", "cases"},
+}
+PLOTS = ["allreduce.png", "training_throughput.png", "compression.png", "coordinator_scale.png"]
+
+
+def run_all(results_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--quick",
+                           "--results-dir", str(results_dir), *args],
+                          capture_output=True, text=True, timeout=280, cwd=ROOT, env=env)
+
+
+def test_quick_run_writes_every_json_plot_and_the_summary(tmp_path: Path) -> None:
+    done = run_all(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name, keys in EXPECTED_KEYS.items():
+        results = json.loads((tmp_path / f"{name}.json").read_text())
+        assert keys <= results.keys(), (name, sorted(results))
+    torch_results = json.loads((tmp_path / "train_torch.json").read_text())
+    for model in torch_results["models"].values():
+        assert {"unison", "ddp", "none"} == model["samples_per_second"].keys()
+        assert all(len(v) == torch_results["rounds"] for v in model["samples_per_second"].values())
+    schemes = json.loads((tmp_path / "compression.json").read_text())["schemes"]
+    assert {"none", "fp16", "powersgd4"} <= schemes.keys()
+    assert schemes["fp16"]["median_wire_bytes_per_step"] < schemes["none"]["median_wire_bytes_per_step"]
+    for plot in PLOTS:
+        assert (tmp_path / plot).read_bytes()[:8] == PNG_SIGNATURE, plot
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.strip() in done.stdout  # printed as written
+    for name in EXPECTED_KEYS:
+        assert f"| {name} |" in summary, name
+    assert not list(tmp_path.glob("*.tmp")), "temporary outputs left behind"
+
+
+def test_a_failing_benchmark_does_not_stop_the_others(tmp_path: Path) -> None:
+    # An invalid setting makes hvd.init() raise in allreduce.py; coordinator_scale.py does not read it.
+    env = {**os.environ, "UNISON_FUSION_THRESHOLD": "bogus"}
+    done = run_all(tmp_path, "--only", "allreduce,coordinator_scale", env=env)
+    assert done.returncode != 0
+    assert "benchmarks failed: allreduce" in done.stderr
+    assert json.loads((tmp_path / "coordinator_scale.json").read_text())["cases"]
+    assert (tmp_path / "coordinator_scale.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert not (tmp_path / "allreduce.json").exists() and not (tmp_path / "allreduce.png").exists()
+    assert "Failed: allreduce." in (tmp_path / "summary.md").read_text()
+
+
+def test_only_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
+    done = run_all(tmp_path, "--only", "allreduce,multihost")
+    assert done.returncode == 2
+    assert "--only names benchmarks ['multihost'] that do not exist" in done.stderr
