@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import importlib.util
+import json
 import logging
 import socket
 import threading
@@ -12,7 +13,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from . import _failure
-from .config import Settings, load_settings, process_environment
+from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .coordinator.engine import Engine
 from .errors import ConfigError, InvalidArgumentError, NotInitializedError, UnisonNotImplementedError
 from .process_sets import ProcessSet, global_process_set
@@ -111,6 +112,25 @@ def _topology(mpi: Any, comm: Any) -> tuple[int, int, int, int, bool]:
     return local_rank, local_size, cross_rank, cross_size, len(set(sizes)) == 1
 
 
+def _check_settings_agree(comm: Any, settings: Settings) -> None:
+    """Collective: refuse, on every rank, to start a job whose ranks differ in a job-wide setting
+    (it would hang or mix up buffers later)."""
+    import numpy as np
+
+    if comm.Get_size() == 1:
+        return
+    mine = np.frombuffer(json.dumps(job_wide_values(settings), sort_keys=True).encode(), dtype=np.uint8)
+    lengths = np.empty(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([mine.size], dtype=np.int64), lengths)
+    displs = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(int).tolist()
+    gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+    comm.Allgatherv(mine, [gathered, (lengths.astype(int).tolist(), displs)])
+    rows = [json.loads(gathered[d : d + n].tobytes()) for d, n in zip(displs, lengths.tolist())]
+    problem = disagreement(rows)
+    if problem:
+        raise ConfigError(problem)
+
+
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Start this process's part of the job: discover ranks, start the engine thread.
 
@@ -164,6 +184,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                     "of that library (with the mpich wheel: the mpiexec in the same environment's bin/)."
                 )
             topology = _topology(mpi, the_comm)
+            _check_settings_agree(the_comm, settings)
             if settings.controller == "grpc":
                 from .service.setup import grpc_backend
 

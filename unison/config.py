@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ConfigError
@@ -129,6 +129,40 @@ class Settings:
     disable_group_fusion: bool = False
     mpi_threads_disable: bool = False
     hierarchical_allreduce: bool = False
+
+
+# Settings every rank must share: each rank plans fusion, chunks MPI calls and keeps its response
+# cache on its own, and all ranks must build the same control plane. A difference would hang the job
+# or mix up buffers, so init() compares them first (`disagreement`).
+JOB_WIDE_SETTINGS = ("fusion_threshold_bytes", "fusion_max_tensor_bytes", "chunk_bytes", "cache_capacity",
+                     "controller", "service_host_aggregation", "hierarchical_allreduce",
+                     "disable_group_fusion", "dynamic_process_sets", "cpu_operations")
+
+
+def job_wide_values(settings: Settings) -> dict[str, Any]:
+    """This rank's values of `JOB_WIDE_SETTINGS`, as plain JSON-able data."""
+    return {name: getattr(settings, name) for name in JOB_WIDE_SETTINGS}
+
+
+def disagreement(values_by_rank: Sequence[Mapping[str, Any]]) -> str:
+    """Explain the first job-wide setting whose value differs between ranks ('' when all agree).
+
+    Example:
+        >>> disagreement([{"chunk_bytes": 4}, {"chunk_bytes": 4}, {"chunk_bytes": 8}])
+        'UNISON_CHUNK_BYTES differs between ranks: 4 on ranks [0, 1]; 8 on rank [2]. Every rank must use the same value: set it in the environment of every rank (unisonrun -x NAME=VALUE passes it to other hosts).'
+    """
+    env = {s.field: s.env for s in SETTINGS_TABLE}
+    for name in values_by_rank[0] if values_by_rank else ():
+        groups: dict[str, list[int]] = {}
+        for rank, values in enumerate(values_by_rank):
+            groups.setdefault(repr(values.get(name)), []).append(rank)
+        if len(groups) > 1:
+            listing = "; ".join(f"{value} on {'rank' if len(ranks) == 1 else 'ranks'} {ranks}"
+                                for value, ranks in groups.items())
+            return (f"{env.get(name, name)} differs between ranks: {listing}. Every rank must use the same "
+                    "value: set it in the environment of every rank (unisonrun -x NAME=VALUE passes it to "
+                    "other hosts).")
+    return ""
 
 
 def _parse(setting: Setting, variable: str, raw: str) -> Any:

@@ -75,3 +75,21 @@ def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:
     assert seconds < BOUND_SECONDS, seconds
     assert_no_strays(tmp_path, 2)
     assert not any(alive(int(p.read_text())) for p in tmp_path.glob("pid-*"))
+
+
+INIT_AND_REDUCE = "import numpy as np, unison; unison.init(); print('reduced', unison.allreduce(np.ones(2)))"
+
+
+@pytest.mark.parametrize("variable, values", [("UNISON_CHUNK_BYTES", ("4194304", "1048576")),
+                                              ("HOROVOD_CACHE_CAPACITY", ("1024", "0"))])
+def test_ranks_with_different_job_wide_settings_are_refused_at_init(variable: str, values: tuple[str, str]) -> None:
+    # MPMD launch: rank 1 gets another value. Each rank plans fusion and chunks its MPI calls itself,
+    # so this would hang or mix up buffers later; init() refuses it on every rank instead.
+    done = run_job([MPIEXEC, "-n", "1", "-env", variable, values[0], PYTHON, "-c", INIT_AND_REDUCE, ":",
+                    "-n", "1", "-env", variable, values[1], PYTHON, "-c", INIT_AND_REDUCE])
+    assert done.returncode != 0, done.output
+    name = variable.replace("HOROVOD_", "UNISON_")
+    want = f"{name} differs between ranks: {int(values[0])} on rank [0]; {int(values[1])} on rank [1]."
+    assert done.output.count(want) >= 2, done.output  # said on every rank
+    assert "reduced" not in done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
