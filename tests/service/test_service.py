@@ -18,7 +18,7 @@ from unison.service import coordinator_pb2_grpc as pb_grpc
 from unison.service.client import ControlClient
 from unison.service.rendezvous import JobAborted, Rendezvous, pack_parts, unpack_parts
 from unison.service.security import TOKEN_KEY, load_secret
-from unison.service.server import MAX_MESSAGE_BYTES, RANK_KEY, CoordinatorServer
+from unison.service.server import MAX_MESSAGE_BYTES, RANK_KEY, RANKS_KEY, CoordinatorServer
 from unison.status import format_status
 
 SECRET = "s" * 64
@@ -100,6 +100,22 @@ def test_two_clients_negotiate_through_the_server(server: CoordinatorServer) -> 
     for c in clients:
         c.close()
     assert server.wait_for_streams_closed(5)
+
+
+def test_a_host_leader_negotiates_for_its_host_and_no_rank_is_claimed_twice(server: CoordinatorServer) -> None:
+    leader = ControlClient(server.address, SECRET, 0, speaks_for=[0, 1])
+    leader.register("test")
+    reply = leader.exchange(pb.STATUS, b"\x00" * 8 + b"\x01" * 8)  # both rows, one exchange
+    assert reply.data == b"\x00" * 8 + b"\x01" * 8
+    channel, s = stub(server.address)
+    with channel:
+        stream = s.Negotiate(iter([pb.Exchange(phase=pb.STATUS, data=b"\x01" * 8)]), timeout=5,
+                             metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "1"), (RANKS_KEY, "1")))
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+    leader.close()
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "ranks [1] already negotiate through the stream of rank 0" in info.value.details()
 
 
 @pytest.mark.parametrize("metadata", [(), ((TOKEN_KEY, "wrong" * 10),), ((TOKEN_KEY, SECRET[:-1] + "t"),)])

@@ -171,6 +171,7 @@ class CoordinatorServer:
         self.rendezvous = Rendezvous(size)
         self.lock = threading.Condition()
         self.ranks = [_RankState() for _ in range(size)]
+        self._speaker: dict[int, int] = {}  # rank -> the rank whose stream speaks for it
         self._auth = _Authenticate(secret)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=2 * size + 8, thread_name_prefix="unison-service"),
@@ -223,6 +224,13 @@ class CoordinatorServer:
         if ranks[0] != rank or ranks != sorted(set(ranks)) or ranks[-1] >= self.size:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"{RANKS_KEY} must list distinct ranks of the job in order, starting with {RANK_KEY}")
+        with self.lock:
+            taken = {r: self._speaker[r] for r in ranks if self._speaker.get(r, rank) != rank}
+            if not taken:
+                self._speaker.update(dict.fromkeys(ranks, rank))
+        if taken:  # two streams speaking for one rank would count it twice
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"ranks {sorted(taken)} already negotiate through the stream of rank {min(taken.values())}")
         return ranks
 
     @staticmethod
