@@ -50,11 +50,11 @@ def _fmt_ranks(ranks: Iterable[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks}"
 
 
-def _group_by_value(requests: Sequence[Request], value: Callable[[Request], str]) -> str:
+def _group_by_value(by_rank: Mapping[int, Request], value: Callable[[Request], str]) -> str:
     """Render 'A on ranks [0, 1]; B on rank [2]' with groups ordered by their lowest rank."""
     groups: dict[str, list[int]] = {}
-    for request in sorted(requests, key=lambda r: r.rank):
-        groups.setdefault(value(request), []).append(request.rank)
+    for rank in sorted(by_rank):
+        groups.setdefault(value(by_rank[rank]), []).append(rank)
     return "; ".join(f"{val} on {_fmt_ranks(ranks)}" for val, ranks in groups.items())
 
 
@@ -68,7 +68,8 @@ def _factor_text(value: float) -> str:
 
 @dataclasses.dataclass
 class _Pending:
-    """Requests received so far for one name, in arrival order."""
+    """Requests received so far for one name: rank -> its request, in arrival order. Ranks that sent
+    identical request lists share one Request object (its own `rank` field is then one of them)."""
 
     requests: dict[int, Request]
     first_seen: float
@@ -151,22 +152,31 @@ class Coordinator:
         self._stats["cycles"] += 1
         out: list[Response] = []
         shutdown_ranks: list[int] = []
-        failures = [r for requests in request_lists for r in requests
+        failures = [(rank, r) for rank, requests in enumerate(request_lists) for r in requests
                     if r.kind is CollectiveKind.SHUTDOWN and r.reason]
         if failures:
             self._stats["requests"] += sum(len(requests) for requests in request_lists)
-            return self.abort(min(failures, key=lambda r: r.rank).reason)
+            return self.abort(min(failures, key=lambda pair: pair[0])[1].reason)
+        # Ranks that sent the very same list object (identical payloads, decoded once) are handled
+        # together: the work per cycle grows with ranks + requests, not ranks x requests.
+        senders: dict[int, tuple[Sequence[Request], list[int]]] = {}
         for rank, requests in enumerate(request_lists):
+            if requests:
+                senders.setdefault(id(requests), (requests, []))[1].append(rank)
+        joined_now: list[int] = []
+        for requests, ranks in senders.values():
+            self._stats["requests"] += len(requests) * len(ranks)
             for request in requests:
-                self._stats["requests"] += 1
                 if request.kind is CollectiveKind.SHUTDOWN:
-                    shutdown_ranks.append(rank)
+                    shutdown_ranks.extend(ranks)
                 elif request.kind is CollectiveKind.JOIN:
-                    self._joined.add(rank)
+                    self._joined.update(ranks)
                     self._expected_cache.clear()
-                    self._last_joined = rank
+                    joined_now.extend(ranks)
                 else:
-                    self._add(request, now, out)
+                    self._add(request, ranks, now, out)
+        if joined_now:
+            self._last_joined = max(joined_now)
         if self._joined:
             # Joining can complete tensors that were only waiting for the joined ranks.
             for name, entry in list(self._table.items()):
@@ -202,18 +212,23 @@ class Coordinator:
             return False  # the common case while ranks arrive: no O(size) scan per request
         return all(r in entry.requests for r in expected)
 
-    def _add(self, request: Request, now: float, out: list[Response]) -> None:
+    def _add(self, request: Request, ranks: Sequence[int], now: float, out: list[Response]) -> None:
+        """Record `request` as sent by each of `ranks`."""
         entry = self._table.get(request.name)
         if entry is None:
             entry = self._table[request.name] = _Pending({}, now)
-        if request.rank in entry.requests:
+        if entry.requests and not entry.requests.keys().isdisjoint(ranks):
+            again = sorted(entry.requests.keys() & set(ranks))
+            who = f"Rank {again[0]}" if len(again) == 1 else f"Ranks {again}"
             out.append(self._error(
                 (request.name,),
-                f"Rank {request.rank} submitted {request.kind.value} '{request.name}' twice before it "
-                "completed. Use a different name for each tensor in flight.",
+                f"{who} submitted {request.kind.value} '{request.name}' twice before it completed. "
+                "Use a different name for each tensor in flight.",
             ))
-            return
-        entry.requests[request.rank] = request
+            ranks = [r for r in ranks if r not in entry.requests]
+            if not ranks:
+                return
+        entry.requests.update(dict.fromkeys(ranks, request))
         if self._is_ready(entry):
             self._mark_ready(request.name, entry, out)
 
@@ -222,7 +237,7 @@ class Coordinator:
         first = next(iter(entry.requests.values()))
         if not first.group:
             del self._table[name]
-            out.append(self._respond(name, list(entry.requests.values())))
+            out.append(self._respond(name, entry.requests))
             return
         members = self._groups.setdefault(first.group, set())
         members.add(name)
@@ -231,7 +246,7 @@ class Coordinator:
         # The whole group is ready: respond for all its members together, in name order.
         del self._groups[first.group]
         for member in sorted(members, key=_group_index):
-            out.append(self._respond(member, list(self._table.pop(member).requests.values())))
+            out.append(self._respond(member, self._table.pop(member).requests))
 
     def _error(self, names: tuple[str, ...], message: str) -> Response:
         self._stats["errors"] += 1
@@ -239,12 +254,11 @@ class Coordinator:
 
     # -- agreement checks --------------------------------------------------------------------------
 
-    def _respond(self, name: str, requests: list[Request]) -> Response:
+    def _respond(self, name: str, by_rank: dict[int, Request]) -> Response:
         """Check that every rank agrees on `name`; return its response or an error response."""
-        requests.sort(key=lambda r: r.rank)
-        first = requests[0]
+        first = by_rank[min(by_rank)]
         kind = first.kind
-        problem = self._disagreement(name, requests)
+        problem = self._disagreement(name, by_rank)
         if problem:
             return self._error((name,), problem + _FIX_HINT)
         if kind in _NOT_WITH_JOIN and self._joined:
@@ -259,7 +273,6 @@ class Coordinator:
             return Response(kind.value, (name,), process_set_id=first.process_set_id)
         members = self._sets[first.process_set_id]
         sizes: tuple[Any, ...] = ()
-        by_rank = {r.rank: r for r in requests}
         if kind is CollectiveKind.ALLGATHER:
             sizes = (tuple(by_rank[r].shape[0] if r in by_rank else 0 for r in members),)
         elif kind is CollectiveKind.ALLTOALL:
@@ -270,13 +283,16 @@ class Coordinator:
             group=first.group,
         )
 
-    def _disagreement(self, name: str, requests: list[Request]) -> str:
+    def _disagreement(self, name: str, by_rank: dict[int, Request]) -> str:
+        ranks = sorted(by_rank)
+        requests = [by_rank[r] for r in ranks]
         first = requests[0]
         kind = first.kind
         if kind is not CollectiveKind.ALLTOALL and (first.shape or kind not in _NEEDS_DIMENSION):
-            # The common case, in one pass: every rank asked for exactly the same thing.
+            # The common case, in one pass: every rank asked for exactly the same thing (often the
+            # very same object: ranks whose request lists were identical share their requests).
             agreed = _agreement_key(first)
-            if all(_agreement_key(r) == agreed for r in requests):
+            if all(r is first or _agreement_key(r) == agreed for r in requests):
                 return ""
 
         def differs(value: Callable[[Request], object]) -> bool:
@@ -285,78 +301,78 @@ class Coordinator:
         label = f"{kind.value} '{name}'"
         if differs(lambda r: r.kind):
             return f"Mismatched operations for '{name}': " + _group_by_value(
-                requests, lambda r: r.kind.upper
+                by_rank, lambda r: r.kind.upper
             ) + "."
         if differs(lambda r: r.process_set_id):
             return f"Mismatched process sets for {label}: " + _group_by_value(
-                requests, lambda r: f"process set {r.process_set_id}"
+                by_rank, lambda r: f"process set {r.process_set_id}"
             ) + "."
         if kind in _WORLD_KINDS:
             if differs(lambda r: r.ranks):
                 return f"Mismatched process set ranks for {label}: " + _group_by_value(
-                    requests, lambda r: str(list(r.ranks))
+                    by_rank, lambda r: str(list(r.ranks))
                 ) + "."
             return ""
         if kind in (CollectiveKind.BARRIER,):
             return ""
         if differs(lambda r: r.dtype):
             return f"Mismatched data types for {label}: " + _group_by_value(
-                requests, lambda r: r.dtype.value
+                by_rank, lambda r: r.dtype.value
             ) + "."
         if kind in _NEEDS_DIMENSION:
-            scalars = [r for r in requests if not r.shape]
+            scalars = [rank for rank in ranks if not by_rank[rank].shape]
             if scalars:
                 return (
                     f"{kind.upper} of '{name}' needs a tensor with at least one dimension; "
-                    f"{_fmt_ranks(r.rank for r in scalars)} sent a scalar (shape [])."
+                    f"{_fmt_ranks(scalars)} sent a scalar (shape [])."
                 )
         if kind in _DIM0_MAY_DIFFER:
             if differs(lambda r: len(r.shape)):
                 return f"Mismatched {kind.upper} tensor shapes for '{name}': " + _group_by_value(
-                    requests, lambda r: f"a tensor of rank {len(r.shape)} {_shape_text(r.shape)}"
+                    by_rank, lambda r: f"a tensor of rank {len(r.shape)} {_shape_text(r.shape)}"
                 ) + "."
             if differs(lambda r: r.shape[1:]):
                 return (
                     f"Mismatched {kind.upper} tensor shapes for '{name}': dimensions after the first "
                     "must match: " + _group_by_value(
-                        requests, lambda r: "[?" + "".join(f", {d}" for d in r.shape[1:]) + "]"
+                        by_rank, lambda r: "[?" + "".join(f", {d}" for d in r.shape[1:]) + "]"
                     ) + "."
                 )
         elif differs(lambda r: r.shape):
             return f"Mismatched {kind.upper} tensor shapes for '{name}': " + _group_by_value(
-                requests, lambda r: _shape_text(r.shape)
+                by_rank, lambda r: _shape_text(r.shape)
             ) + "."
         if differs(lambda r: (r.prescale, r.postscale)):
             return f"Mismatched prescale and/or postscale factors for {label}: " + _group_by_value(
-                requests, lambda r: f"({_factor_text(r.prescale)}, {_factor_text(r.postscale)})"
+                by_rank, lambda r: f"({_factor_text(r.prescale)}, {_factor_text(r.postscale)})"
             ) + "."
         if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.REDUCESCATTER) and differs(
             lambda r: r.reduce_op
         ):
             return f"Mismatched reduction operation for {label}: " + _group_by_value(
-                requests, lambda r: r.reduce_op.name
+                by_rank, lambda r: r.reduce_op.name
             ) + "."
         if kind is CollectiveKind.BROADCAST and differs(lambda r: r.root_rank):
             return f"Mismatched BROADCAST root ranks for '{name}': " + _group_by_value(
-                requests, lambda r: f"root rank {r.root_rank}"
+                by_rank, lambda r: f"root rank {r.root_rank}"
             ) + "."
         if differs(lambda r: r.device):
             return f"Mismatched {kind.upper} CPU/GPU device selection for '{name}': " + _group_by_value(
-                requests, lambda r: "GPU" if r.device != "cpu" else "CPU"
+                by_rank, lambda r: "GPU" if r.device != "cpu" else "CPU"
             ) + "."
         if differs(lambda r: (r.group, r.group_size)):
             return f"Mismatched groups for {label}: " + _group_by_value(
-                requests, lambda r: f"group '{r.group}' of {r.group_size}"
+                by_rank, lambda r: f"group '{r.group}' of {r.group_size}"
             ) + "."
         if kind is CollectiveKind.ALLTOALL:
-            dim0 = {r.rank: r.shape[0] for r in requests}
             members = self._sets[first.process_set_id]
-            for r in requests:
-                splits = _splits_of(r, len(members))
-                if sum(splits) != dim0[r.rank]:
+            for rank in ranks:
+                splits = _splits_of(by_rank[rank], len(members))
+                rows = by_rank[rank].shape[0]
+                if sum(splits) != rows:
                     return (
-                        f"alltoall '{name}': splits on rank {r.rank} sum to {sum(splits)} but its "
-                        f"tensor has {dim0[r.rank]} rows; the splits must cover the first dimension."
+                        f"alltoall '{name}': splits on rank {rank} sum to {sum(splits)} but its "
+                        f"tensor has {rows} rows; the splits must cover the first dimension."
                     )
         return ""
 

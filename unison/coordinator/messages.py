@@ -177,28 +177,19 @@ def decode_requests(data: bytes, rank: int) -> list[Request]:
 
 def decode_request_lists(parts: Sequence[bytes]) -> list[list[Request]]:
     """Parse every rank's payload (index = rank). Identical payloads, the common case, are parsed
-    once and the requests copied with each rank: decoding no longer grows with ranks x tensors."""
+    once and the ranks that sent them get the same list object, whose requests carry the first such
+    rank: the coordinator takes each rank from the list's position, never from `Request.rank`."""
     parsed: dict[bytes, list[Request]] = {}
     out: list[list[Request]] = []
     for rank, data in enumerate(parts):
         if not data:
             out.append([])
             continue
-        first = parsed.get(data)
-        if first is None:
-            parsed[data] = first = decode_requests(data, rank)
-            out.append(first)
-        else:
-            out.append([_with_rank(r, rank) for r in first])
+        requests = parsed.get(data)
+        if requests is None:
+            requests = parsed[data] = decode_requests(data, rank)
+        out.append(requests)
     return out
-
-
-def _with_rank(request: Request, rank: int) -> Request:
-    # A copy that skips the frozen dataclass's __init__ (5x faster); every field but the rank is shared.
-    clone = object.__new__(Request)
-    clone.__dict__.update(request.__dict__)
-    clone.__dict__["rank"] = rank
-    return clone
 
 
 def encode_responses(responses: Sequence[Response]) -> bytes:

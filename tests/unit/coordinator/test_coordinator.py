@@ -219,3 +219,30 @@ def test_a_failing_rank_aborts_the_job_with_the_lowest_failing_ranks_reason() ->
     # an orderly shutdown (no reason) is not an abort
     out = one_cycle(Coordinator(2), [], [Request("shutdown", CollectiveKind.SHUTDOWN, 1)])
     assert out[-1].kind == "shutdown"
+
+
+def test_ranks_sharing_one_request_list_are_told_apart_by_position() -> None:
+    # Identical payloads are decoded once: ranks 0-2 hand in the very same list (whose requests say
+    # rank 0); the coordinator must take each rank from the list's position.
+    c = Coordinator(4)
+    shared = [req("x", 0), req("y", 0, shape=(8,))]
+    out = one_cycle(c, shared, shared, shared, [req("x", 3), req("y", 3, shape=(9,))])
+    assert [r.names for r in out] == [("x",), ("y",)]
+    assert out[0].kind == "allreduce"
+    assert out[1].kind == ResponseKind.ERROR
+    assert "[8] on ranks [0, 1, 2]; [9] on rank [3]" in out[1].message
+    gathered = [req("g", 0, CollectiveKind.ALLGATHER, shape=(2, 3))]
+    out = one_cycle(c, gathered, [req("g", 1, CollectiveKind.ALLGATHER, shape=(5, 3))], gathered, gathered)
+    assert out[0].sizes == ((2, 5, 2, 2),)
+    again = [req("z", 0)]
+    out = one_cycle(c, again, again, [], [])
+    out = one_cycle(c, again, [], [], [])  # rank 0 again before z completed
+    assert out[0].kind == ResponseKind.ERROR and out[0].message.startswith("Rank 0 submitted allreduce 'z' twice")
+
+
+def test_joins_from_a_shared_list_report_the_highest_rank_joined_last() -> None:
+    c = Coordinator(3)
+    join = [Request("join.noname", CollectiveKind.JOIN, 1)]
+    assert one_cycle(c, [Request("join.noname", CollectiveKind.JOIN, 0)], [], []) == []
+    out = one_cycle(c, [], join, join)
+    assert out[-1].kind == "join" and out[-1].last_joined == 2
