@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ...compression import Compression as _CoreCompression
 from ...compression import Compressor as _CoreCompressor
-from ...compression import PartialSync, PowerSGDCompressor, ThresholdCompressor, TopKCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
@@ -91,15 +91,12 @@ class BF16Compressor(Compressor):
         return tensor if ctx is None else _cast(tensor, ctx)
 
 
-class Compression:
-    """The available compressors: Horovod's ``none`` and ``fp16``, plus ``bf16``, and the stateful
-    ``topk(ratio)``, ``threshold(value)``, ``powersgd(rank)`` (with error feedback;
-    `DistributedGradientTape` and the Keras optimizer) and ``partial(fraction)`` (Keras optimizer on the torch backend)."""
+class Compression(_CoreCompression):
+    """The available compressors: Horovod's ``none`` and ``fp16``, plus ``bf16`` (casts on tf tensors),
+    and the stateful framework-neutral ``topk(ratio)``, ``threshold(value)``, ``powersgd(rank)`` (with
+    error feedback; `DistributedGradientTape` and the Keras optimizer) and ``partial(fraction)`` (Keras
+    optimizer)."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
-    topk = TopKCompressor
-    threshold = ThresholdCompressor
-    partial = PartialSync
-    powersgd = PowerSGDCompressor

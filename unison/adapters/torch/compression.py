@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from ...compression import Compression as _CoreCompression
 from ...compression import Compressor as _CoreCompressor
-from ...compression import PartialSync, PowerSGDCompressor, ThresholdCompressor, TopKCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
@@ -77,18 +77,14 @@ class BF16Compressor(Compressor):
         return tensor if ctx is None or tensor.dtype == ctx else tensor.to(ctx)
 
 
-class Compression:
+class Compression(_CoreCompression):
     """The built-in compressors: Horovod's names, plus ``bf16`` and the stateful schemes.
 
-    ``topk(ratio)``, ``threshold(value)``, ``partial(fraction)`` and ``powersgd(rank)`` build instances
-    that keep state;
-    give each optimizer its own.
+    The casts act on torch tensors; ``topk(ratio)``, ``threshold(value)``, ``partial(fraction)`` and
+    ``powersgd(rank)`` are the framework-neutral schemes and build instances that keep state: give
+    each optimizer its own.
     """
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
-    topk = TopKCompressor
-    threshold = ThresholdCompressor
-    partial = PartialSync
-    powersgd = PowerSGDCompressor
