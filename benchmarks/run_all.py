@@ -7,8 +7,8 @@ this interpreter with 2 ranks, each with its default settings (about 3 minutes i
 machine; ``--quick`` passes ``--quick`` to each, for a smoke run of under a minute). Their output is
 streamed as it comes. Each writes ``<name>.json`` into the results folder; from those this script
 draws ``allreduce.png``, ``training_throughput.png``, ``compression.png`` and
-``coordinator_scale.png``, and writes the summary table, with the load average at start and end, to
-``summary.md``. A failing benchmark does not stop the others: the script goes on and exits non-zero
+``coordinator_scale.png``, and writes the summary table, with the load average at start and end and
+the share of CPU time the hypervisor stole during each benchmark (`machine.py`), to ``summary.md``. A failing benchmark does not stop the others: the script goes on and exits non-zero
 at the end, naming the ones that failed. ``benchmarks/multihost.py`` is not run here (it needs root;
 ``make bench-multihost``).
 """
@@ -30,6 +30,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from machine import cpu_times, steal_share  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 RANKS = 2
@@ -49,6 +51,7 @@ class Outcome:
     seconds: float
     returncode: int
     results: Results | None  # None when it failed or wrote no JSON
+    steal: float | None = None  # share of CPU time stolen by the hypervisor while it ran
 
     @property
     def ok(self) -> bool:
@@ -69,7 +72,7 @@ def run_benchmark(name: str, quick: bool, results_dir: Path) -> Outcome:
     output.unlink(missing_ok=True)
     argv = command(name, quick, output)
     print(f"\n=== {name}: {' '.join(argv)}", flush=True)
-    start = time.perf_counter()
+    start, cpu_before = time.perf_counter(), cpu_times()
     process = subprocess.Popen(argv, cwd=HERE.parent)
     try:
         returncode = process.wait(TIMEOUT_SECONDS)
@@ -81,7 +84,7 @@ def run_benchmark(name: str, quick: bool, results_dir: Path) -> Outcome:
         except subprocess.TimeoutExpired:
             process.kill()
             returncode = process.wait()
-    seconds = time.perf_counter() - start
+    seconds, steal = time.perf_counter() - start, steal_share(cpu_before, cpu_times())
     results = None
     if returncode == 0 and output.exists():
         results = json.loads(output.read_text())
@@ -89,7 +92,7 @@ def run_benchmark(name: str, quick: bool, results_dir: Path) -> Outcome:
     output.unlink(missing_ok=True)
     print(f"=== {name}: exit {returncode} after {seconds:.0f} s"
           f"{'' if returncode or results is not None else ', but it wrote no results'}", flush=True)
-    return Outcome(name, seconds, returncode, results)
+    return Outcome(name, seconds, returncode, results, steal)
 
 
 def succeeded(outcomes: list[Outcome]) -> dict[str, Results]:
@@ -128,14 +131,15 @@ def plot_training(torch_data: Results | None, tf_data: Results | None, path: Pat
     """Training throughput as a share of the no-communication ceiling, per model and framework."""
     groups: list[tuple[str, dict[str, float]]] = []
     for name, model in (torch_data or {}).get("models", {}).items():
-        groups.append((f"PyTorch {name}\n{model['parameters'] / 1e6:.1f} M params",
-                       {"unison": model["share_of_ceiling"]["unison"], "ddp": model["share_of_ceiling"]["ddp"]}))
+        groups.append((f"PyTorch {name}\n{model['parameters'] / 1e6:.1f} M params", dict(model["share_of_ceiling"])))
     if tf_data:
         groups.append((f"TensorFlow mlp\n{tf_data['parameters'] / 1e6:.1f} M params",
                        {"unison": tf_data["share_of_ceiling"]}))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    width = 0.38
-    for side, label, offset in (("unison", "unison", -width / 2), ("ddp", "torch DDP (gloo)", width / 2)):
+    width = 0.27
+    sides = (("unison", "unison", -width), ("ddp", "torch DDP (gloo)", 0.0),
+             ("sync", "no communication, barrier each step", width))
+    for side, label, offset in sides:
         # A model with one side only has its bar centred.
         xs = [i + (offset if len(shares) > 1 else 0) for i, (_, shares) in enumerate(groups) if side in shares]
         values = [100 * shares[side] for _, shares in groups if side in shares]
@@ -146,7 +150,7 @@ def plot_training(torch_data: Results | None, tf_data: Results | None, path: Pat
     ax.set_ylim(0, 130)
     ax.set_ylabel("throughput, % of the no-communication ceiling")
     ax.set_title(f"Training throughput on {RANKS} ranks x 1 thread (medians over rounds)")
-    ax.legend(loc="upper center", ncol=3, fontsize="small")
+    ax.legend(loc="upper center", ncol=2, fontsize="small")
     save(fig, path)
 
 
@@ -237,6 +241,11 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
         rows.append(("train_torch", f"{name} ({model['parameters'] / 1e6:.1f} M params), share of no-comm "
                      "ceiling vs torch DDP", f"{share['unison']:.0%}", f"{share['ddp']:.0%}",
                      f"{model['unison_over_ddp']:.2f}x"))
+        if "share_of_sync_ceiling" in model:
+            sync = model["share_of_sync_ceiling"]
+            rows.append(("train_torch", f"{name}, share of the synchronous ceiling (no communication, a barrier "
+                         f"each step; {share['sync']:.0%} of no-comm) vs torch DDP", f"{sync['unison']:.0%}",
+                         f"{sync['ddp']:.0%}", f"{model['unison_over_ddp']:.2f}x"))
     if "train_tensorflow" in results:
         tf_data = results["train_tensorflow"]
         rows.append(("train_tensorflow", f"mlp ({tf_data['parameters'] / 1e6:.1f} M params), share of no-comm "
@@ -263,8 +272,13 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
     return rows
 
 
+def percent(share: float | None) -> str:
+    """A share as a whole percentage, or "unknown"."""
+    return "unknown" if share is None else f"{share:.0%}"
+
+
 def summary(outcomes: list[Outcome], load_start: tuple[float, ...], load_end: tuple[float, ...],
-            seconds: float, quick: bool) -> str:
+            seconds: float, quick: bool, steal: float | None = None) -> str:
     """The markdown summary: conditions of the run, then one table of headline numbers."""
     load = "/".join(f"{v:.2f}" for v in load_start), "/".join(f"{v:.2f}" for v in load_end)
     failed = [o.name for o in outcomes if not o.ok]
@@ -274,6 +288,9 @@ def summary(outcomes: list[Outcome], load_start: tuple[float, ...], load_end: tu
         f"{os.cpu_count()} cores; load average (1/5/15 min) at start {load[0]}, at end {load[1]}; "
         f"{seconds / 60:.1f} minutes in all ("
         + ", ".join(f"{o.name} {o.seconds:.0f} s" for o in outcomes) + ").",
+        f"CPU steal (time the hypervisor gave to other guests, which the load average does not show): "
+        f"{percent(steal)} over the run ("
+        + ", ".join(f"{o.name} {percent(o.steal)}" for o in outcomes) + ").",
         "Failed: " + (", ".join(failed) if failed else "none") + ". Timings on a shared machine vary; "
         "compare within one run.",
         "",
@@ -296,13 +313,13 @@ def main() -> None:
     if unknown:
         parser.error(f"--only names benchmarks {unknown} that do not exist; choose from {','.join(BENCHMARKS)}")
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    load_start, start = os.getloadavg(), time.perf_counter()
+    load_start, start, cpu_start = os.getloadavg(), time.perf_counter(), cpu_times()
     print(f"load average at start: {'/'.join(f'{v:.2f}' for v in load_start)} (1/5/15 min)", flush=True)
     outcomes = [run_benchmark(name, args.quick, args.results_dir) for name in names]
-    load_end = os.getloadavg()
+    load_end, steal = os.getloadavg(), steal_share(cpu_start, cpu_times())
     print()
     plots(succeeded(outcomes), args.results_dir)
-    text = summary(outcomes, load_start, load_end, time.perf_counter() - start, args.quick)
+    text = summary(outcomes, load_start, load_end, time.perf_counter() - start, args.quick, steal)
     (args.results_dir / "summary.md").write_text(text)
     print(f"\n{text}\nwrote {args.results_dir / 'summary.md'}")
     failed = [o.name for o in outcomes if not o.ok]

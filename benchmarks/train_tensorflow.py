@@ -13,7 +13,8 @@ that load changes on a shared machine hit all of them alike; medians are reporte
 
 The adapter's overhead per step is ``unison - nocomm - raw``: what the TF bridge adds beyond
 computing and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
-load average before and after, to ``benchmarks/results/train_tensorflow.json``.
+load average before and after and the share of CPU time stolen by the hypervisor (`machine.py`), to
+``benchmarks/results/train_tensorflow.json``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import keras  # noqa: E402
 
 import unison  # noqa: E402
 import unison.tensorflow as hvd  # noqa: E402
+from machine import cpu_times, steal_share  # noqa: E402
 
 LAYERS = [1024, 2048, 2048, 2048, 512]
 BATCH = 32
@@ -60,7 +62,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 5)
     steps_per_run = args.steps or (2 if args.quick else 10)
     hvd.init()
-    load_before = os.getloadavg()
+    load_before, cpu_before = os.getloadavg(), cpu_times()
     model = make_model()
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     opt = keras.optimizers.SGD(0.001)
@@ -103,7 +105,7 @@ def main() -> None:
             if name != "raw":
                 float(model.trainable_variables[0][0, 0])  # wait for the last step
             times[name].append((time.perf_counter() - start) / steps_per_run)
-    load = os.getloadavg()
+    load, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:
         med = {name: statistics.median(values) for name, values in times.items()}
         print(f"model: {params / 1e6:.2f} M params, batch {BATCH}, {hvd.size()} ranks, "
@@ -114,9 +116,11 @@ def main() -> None:
         print(f"throughput vs no-communication ceiling: {med['nocomm'] / med['unison']:.1%}")
         print(f"adapter overhead per step beyond compute + raw allreduce: "
               f"{(med['unison'] - med['nocomm'] - med['raw']) * 1e3:.1f} ms")
-        print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; CPU steal "
+              + ("unknown" if steal is None else f"{steal:.0%}"))
         results = {"ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps_per_run,
                    "batch_size": BATCH, "parameters": params, "load_before": load_before, "load_after": load,
+                   "steal_share": steal,
                    "seconds_per_step": times, "median_seconds_per_step": med,
                    "share_of_ceiling": med["nocomm"] / med["unison"],
                    "adapter_overhead_seconds": med["unison"] - med["nocomm"] - med["raw"]}

@@ -2,11 +2,15 @@
 
 Run: mpiexec -n 2 python benchmarks/train_torch.py [--rounds 5] [--steps 20] [--quick] [--output PATH]
 
-Each rank uses one thread. Runs alternate (unison, DDP, none, unison, ...) so that machine noise
+Each rank uses one thread. Runs alternate (unison, DDP, none, sync, unison, ...) so that machine noise
 hits every mode alike; the table shows medians of samples/s over the rounds (global: both ranks'
-samples) and each mode's share of the no-communication ceiling. The load average is printed before
-and after: on a shared machine, compare numbers only within one run. Rank 0 also writes everything it
-prints, with the samples of every round, to ``benchmarks/results/train_torch.json``.
+samples) and each mode's share of the no-communication ceiling (``none``: the ranks never wait for
+each other). ``sync`` is the same training without communication but with a barrier after every step:
+the ceiling of any synchronous data-parallel method on this machine, since a step then lasts as long as
+the slower rank's, and a step's compute time varies from step to step on a shared machine. The load
+average and the share of CPU time stolen by the hypervisor (`machine.py`) are printed; on a shared
+machine, compare numbers only within one run. Rank 0 also writes everything it prints, with the samples
+of every round, to ``benchmarks/results/train_torch.json``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from mpi4py import MPI
 
 import unison.torch as hvd
+from machine import cpu_times, steal_share
 
 
 def mlp() -> torch.nn.Module:
@@ -63,6 +69,8 @@ def run(mode: str, name: str, batch: int, steps: int) -> float:
     elif mode == "ddp":
         forward = torch.nn.parallel.DistributedDataParallel(model)
     for step in range(steps + 2):
+        if mode == "sync":
+            MPI.COMM_WORLD.Barrier()
         if step == 2:
             hvd.barrier()
             start = time.perf_counter()
@@ -89,8 +97,8 @@ def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
-    load_before = os.getloadavg()
-    modes = ["unison", "ddp", "none"]
+    load_before, cpu_before = os.getloadavg(), cpu_times()
+    modes = ["unison", "ddp", "none", "sync"]
     names = args.models.split(",")
     results: dict[tuple[str, str], list[float]] = {}
     params: dict[str, int] = {}
@@ -101,28 +109,32 @@ def main() -> None:
         for _ in range(rounds):
             for mode in modes:
                 results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, steps))
-    load_after = os.getloadavg()
+    load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:
+        stolen = "unknown" if steal is None else f"{steal:.0%}"
         print(f"\n{hvd.size()} ranks, 1 thread each, {rounds} alternating rounds of {steps} steps;"
               f" load average before {load_before[0]:.2f}/{load_before[1]:.2f}, after "
-              f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min)")
-        print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'unison/none':>12} {'ddp/none':>9}"
-              f" {'unison/ddp':>11}")
+              f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min); CPU steal {stolen}")
+        print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'sync':>10} {'unison/none':>12}"
+              f" {'ddp/none':>9} {'unison/sync':>12} {'ddp/sync':>9} {'unison/ddp':>11}")
         models = {}
         for name in names:
             med = {m: statistics.median(results[(name, m)]) for m in modes}
             print(f"{name:<8} {med['unison']:>10.1f} {med['ddp']:>10.1f} {med['none']:>10.1f} "
-                  f"{med['unison'] / med['none']:>11.0%} {med['ddp'] / med['none']:>9.0%} "
+                  f"{med['sync']:>10.1f} {med['unison'] / med['none']:>12.0%} {med['ddp'] / med['none']:>9.0%} "
+                  f"{med['unison'] / med['sync']:>12.0%} {med['ddp'] / med['sync']:>9.0%} "
                   f"{med['unison'] / med['ddp']:>10.2f}x")
             models[name] = {"parameters": params[name],
                             "samples_per_second": {m: results[(name, m)] for m in modes},
                             "median_samples_per_second": med,
-                            "share_of_ceiling": {m: med[m] / med["none"] for m in ("unison", "ddp")},
+                            "share_of_ceiling": {m: med[m] / med["none"] for m in ("unison", "ddp", "sync")},
+                            "share_of_sync_ceiling": {m: med[m] / med["sync"] for m in ("unison", "ddp")},
                             "unison_over_ddp": med["unison"] / med["ddp"]}
         print("(samples/s, medians over rounds, global across ranks)")
         write_json(Path(args.output), {
             "ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps,
             "batch_size": args.batch_size, "load_before": load_before, "load_after": load_after,
+            "steal_share": steal,
             "models": models})
     dist.destroy_process_group()
     hvd.shutdown()

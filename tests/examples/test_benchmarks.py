@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_quick_run_writes_every_json_plot_and_the_summary(tmp_path: Path) -> Non
         assert keys <= results.keys(), (name, sorted(results))
     torch_results = json.loads((tmp_path / "train_torch.json").read_text())
     for model in torch_results["models"].values():
-        assert {"unison", "ddp", "none"} == model["samples_per_second"].keys()
+        assert {"unison", "ddp", "none", "sync"} == model["samples_per_second"].keys()
+        assert model["share_of_ceiling"]["sync"] > 0 and model["share_of_sync_ceiling"]["unison"] > 0
         assert all(len(v) == torch_results["rounds"] for v in model["samples_per_second"].values())
     schemes = json.loads((tmp_path / "compression.json").read_text())["schemes"]
     assert {"none", "fp16", "powersgd4"} <= schemes.keys()
@@ -53,6 +55,9 @@ def test_quick_run_writes_every_json_plot_and_the_summary(tmp_path: Path) -> Non
     assert summary.strip() in done.stdout  # printed as written
     for name in EXPECTED_KEYS:
         assert f"| {name} |" in summary, name
+    assert "share of the synchronous ceiling" in summary
+    # this machine's kernel reports steal, so every benchmark gets a percentage
+    assert re.search(r"CPU steal .*: \d+% over the run \(allreduce \d+%, ", summary), summary
     assert not list(tmp_path.glob("*.tmp")), "temporary outputs left behind"
 
 
@@ -72,3 +77,19 @@ def test_only_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
     done = run_all(tmp_path, "--only", "allreduce,multihost")
     assert done.returncode == 2
     assert "--only names benchmarks ['multihost'] that do not exist" in done.stderr
+
+
+def test_steal_share_is_the_stolen_part_of_the_cpu_time_between_two_readings() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from machine import cpu_times, steal_share
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert steal_share((1000, 10), (1200, 60)) == 0.25
+    assert steal_share((1000, 10), (1000, 10)) is None  # no time passed
+    assert steal_share(None, (1000, 10)) is None
+    before = cpu_times()
+    assert before is not None and before[0] > 0 and 0 <= before[1] <= before[0]
+    sum(i * i for i in range(200_000))  # let some ticks pass
+    after = cpu_times()
+    assert after is not None and after[0] >= before[0] and after[1] >= before[1]
