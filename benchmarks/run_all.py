@@ -29,7 +29,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-
 from machine import cpu_times, steal_share  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -35,10 +35,10 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import keras  # noqa: E402
+from machine import cpu_times, steal_share  # noqa: E402
 
 import unison  # noqa: E402
 import unison.tensorflow as hvd  # noqa: E402
-from machine import cpu_times, steal_share  # noqa: E402
 
 LAYERS = [1024, 2048, 2048, 2048, 512]
 BATCH = 32

@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from machine import cpu_times, steal_share
 from mpi4py import MPI
 
 import unison.torch as hvd
-from machine import cpu_times, steal_share
 
 
 def mlp() -> torch.nn.Module:
