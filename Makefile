@@ -30,8 +30,8 @@ test: venv
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3
 
 lint: venv
-	$(VENV)/bin/ruff check unison
-	$(VENV)/bin/mypy unison
+	$(VENV)/bin/ruff check unison benchmarks tests
+	$(VENV)/bin/mypy unison benchmarks
 
 bench: venv
 	$(VPY) benchmarks/run_all.py

@@ -25,6 +25,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def requests_for(rank: int, cycle: int) -> bytes:
     ])
 
 
-def run_worker_ranks(address: str, hosts: list[list[int]], cycles: int, cached: bool, start: mp.Event) -> None:
+def run_worker_ranks(address: str, hosts: list[list[int]], cycles: int, cached: bool, start: Any) -> None:
     """A worker process: one thread per simulated host leader, each running `cycles` cycles."""
     clients = [ControlClient(address, SECRET, host[0], speaks_for=host) for host in hosts]
     for client in clients:

@@ -22,7 +22,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -435,12 +435,18 @@ def _groups(param_groups: list[dict[str, Any]], num_groups: int, groups: Any) ->
     return out
 
 
+if TYPE_CHECKING:
+    class _Wrapped(_DistributedOptimizer, torch.optim.Optimizer):
+        """For type checkers: what `DistributedOptimizer` returns, the optimizer plus
+        ``synchronize()``, ``skip_synchronize()``, ``statistics()`` and the rest."""
+
+
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
                          compression: Any = Compression.none,
                          backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
                          sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
-                         *, missing_grads: str = "zero") -> torch.optim.Optimizer:
+                         *, missing_grads: str = "zero") -> _Wrapped:
     """Wrap `optimizer` so that ``step()`` uses gradients averaged across the ranks.
 
     Returns the same optimizer state under a dynamic subclass of its class (same class name).
