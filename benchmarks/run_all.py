@@ -3,7 +3,7 @@
 Run: ``python benchmarks/run_all.py [--quick] [--only NAME[,NAME]] [--results-dir DIR]`` (``make bench``).
 
 The benchmarks run one after the other as subprocesses, the MPI ones under the ``mpiexec`` next to
-this interpreter with 2 ranks, each with its default settings (about 3 minutes in all on a 2-core
+this interpreter with 2 ranks, each with its default settings (about 5 minutes in all on a 2-core
 machine; ``--quick`` passes ``--quick`` to each, for a smoke run of under a minute). Their output is
 streamed as it comes. Each writes ``<name>.json`` into the results folder; from those this script
 draws ``allreduce.png``, ``training_throughput.png``, ``compression.png`` and
