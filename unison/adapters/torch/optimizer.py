@@ -22,7 +22,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -435,10 +435,10 @@ def _groups(param_groups: list[dict[str, Any]], num_groups: int, groups: Any) ->
     return out
 
 
-if TYPE_CHECKING:
-    class _Wrapped(_DistributedOptimizer, torch.optim.Optimizer):
-        """For type checkers: what `DistributedOptimizer` returns, the optimizer plus
-        ``synchronize()``, ``skip_synchronize()``, ``statistics()`` and the rest."""
+class _Wrapped(_DistributedOptimizer, torch.optim.Optimizer):
+    """What `DistributedOptimizer` returns, as type checkers see it: the optimizer plus
+    ``synchronize()``, ``skip_synchronize()``, ``statistics()`` and the rest. Never instantiated: the
+    result's real class is a subclass of the wrapped optimizer's own class."""
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
