@@ -211,6 +211,16 @@ def test_too_many_backward_passes_and_early_zero_grad_raise() -> None:
     opt.step()
 
 
+def test_a_user_hook_that_returns_a_value_is_named_instead_of_a_key_error() -> None:
+    model = torch.nn.Linear(2, 1)
+    model.weight.register_post_accumulate_grad_hook(lambda param: param.grad * 2)  # returns: a mistake
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    with pytest.raises(ValueError, match=r"gradient hook received a tensor that is not one of its parameters "
+                       r"\(a Tensor of shape \[1, 2\]\): a post-accumulate-grad hook .* Make such hooks return None"):
+        model(torch.ones(1, 2)).sum().backward()
+
+
 def test_partial_accumulation_window_warns_and_is_flushed() -> None:
     model = torch.nn.Linear(2, 1)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

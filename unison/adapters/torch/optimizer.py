@@ -107,7 +107,15 @@ class _DistributedOptimizer:
     # -- the hook ----------------------------------------------------------------------------------
 
     def _unison_hook(self, p: torch.Tensor) -> None:
-        count = self._unison_countdown[p]
+        count = self._unison_countdown.get(p)
+        if count is None:
+            # torch hands a hook's return value to the hooks registered after it on the parameter
+            raise InvalidArgumentError(
+                "DistributedOptimizer's gradient hook received a tensor that is not one of its parameters "
+                f"(a {type(p).__name__} of shape {list(p.shape)}): a post-accumulate-grad hook registered "
+                "on the parameter before it returned a value, and torch passes that value on to the next "
+                "hook. Make such hooks return None."
+            )
         if count <= 0:
             raise GradientCountError(
                 "Gradients were computed more than backward_passes_per_step times before call to "
