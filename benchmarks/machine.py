@@ -3,15 +3,16 @@
 On a virtual machine the hypervisor may run other guests on our cores; Linux counts that time as
 *steal* in ``/proc/stat``. The load average counts only this guest's runnable threads, so a run that
 lost a third of its CPU to other guests looks as calm as a quiet one. Seen on the 2-core test machine:
-steal of 5% to 54% per second during one training benchmark, and round-to-round throughput swings of
-25% with it. The benchmarks record the share of steal over each run next to the load average.
+steal of 5% to 54% per second during training benchmarks, whose rounds swung by up to 25% in
+throughput in the same runs. The benchmarks record the share of steal over each run next to the load
+average.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["cpu_times", "steal_share"]
+__all__ = ["cpu_times", "percent", "steal_share"]
 
 _STAT = Path("/proc/stat")
 
@@ -40,3 +41,13 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     if before is None or after is None or after[0] <= before[0]:
         return None
     return (after[1] - before[1]) / (after[0] - before[0])
+
+
+def percent(share: float | None) -> str:
+    """A share as a whole percentage, or "unknown" (as `steal_share` returns None).
+
+    Example:
+        >>> percent(0.25), percent(None)
+        ('25%', 'unknown')
+    """
+    return "unknown" if share is None else f"{share:.0%}"

@@ -8,8 +8,9 @@ machine; ``--quick`` passes ``--quick`` to each, for a smoke run of under a minu
 streamed as it comes. Each writes ``<name>.json`` into the results folder; from those this script
 draws ``allreduce.png``, ``training_throughput.png``, ``compression.png`` and
 ``coordinator_scale.png``, and writes the summary table, with the load average at start and end and
-the share of CPU time the hypervisor stole during each benchmark (`machine.py`), to ``summary.md``. A failing benchmark does not stop the others: the script goes on and exits non-zero
-at the end, naming the ones that failed. ``benchmarks/multihost.py`` is not run here (it needs root;
+the share of CPU time the hypervisor stole during each benchmark (`machine.py`), to ``summary.md``.
+A failing benchmark does not stop the others: the script goes on and exits non-zero at the end,
+naming the ones that failed. ``benchmarks/multihost.py`` is not run here (it needs root;
 ``make bench-multihost``).
 """
 
@@ -29,7 +30,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from machine import cpu_times, steal_share  # noqa: E402
+from machine import cpu_times, percent, steal_share  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -269,11 +270,6 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
             rows.append(("coordinator_scale", f"N={largest}, {case['mode']} cycle: p50; master CPU per cycle",
                          f"{case['p50_ms']:.2f} ms; {case['master_cpu_ms_per_cycle']:.2f} ms", "–", "–"))
     return rows
-
-
-def percent(share: float | None) -> str:
-    """A share as a whole percentage, or "unknown"."""
-    return "unknown" if share is None else f"{share:.0%}"
 
 
 def summary(outcomes: list[Outcome], load_start: tuple[float, ...], load_end: tuple[float, ...],

@@ -35,7 +35,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import keras  # noqa: E402
-from machine import cpu_times, steal_share  # noqa: E402
+from machine import cpu_times, percent, steal_share  # noqa: E402
 
 import unison  # noqa: E402
 import unison.tensorflow as hvd  # noqa: E402
@@ -116,8 +116,8 @@ def main() -> None:
         print(f"throughput vs no-communication ceiling: {med['nocomm'] / med['unison']:.1%}")
         print(f"adapter overhead per step beyond compute + raw allreduce: "
               f"{(med['unison'] - med['nocomm'] - med['raw']) * 1e3:.1f} ms")
-        print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; CPU steal "
-              + ("unknown" if steal is None else f"{steal:.0%}"))
+        print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+              f"CPU steal {percent(steal)}")
         results = {"ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps_per_run,
                    "batch_size": BATCH, "parameters": params, "load_before": load_before, "load_after": load,
                    "steal_share": steal,

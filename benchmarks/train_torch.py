@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from machine import cpu_times, steal_share
+from machine import cpu_times, percent, steal_share
 from mpi4py import MPI
 
 import unison.torch as hvd
@@ -111,10 +111,9 @@ def main() -> None:
                 results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, steps))
     load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:
-        stolen = "unknown" if steal is None else f"{steal:.0%}"
         print(f"\n{hvd.size()} ranks, 1 thread each, {rounds} alternating rounds of {steps} steps;"
               f" load average before {load_before[0]:.2f}/{load_before[1]:.2f}, after "
-              f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min); CPU steal {stolen}")
+              f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min); CPU steal {percent(steal)}")
         print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'sync':>10} {'unison/none':>12}"
               f" {'ddp/none':>9} {'unison/sync':>12} {'ddp/sync':>9} {'unison/ddp':>11}")
         models = {}

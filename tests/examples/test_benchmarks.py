@@ -82,12 +82,13 @@ def test_only_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
 def test_steal_share_is_the_stolen_part_of_the_cpu_time_between_two_readings() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from machine import cpu_times, steal_share
+        from machine import cpu_times, percent, steal_share
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     assert steal_share((1000, 10), (1200, 60)) == 0.25
     assert steal_share((1000, 10), (1000, 10)) is None  # no time passed
     assert steal_share(None, (1000, 10)) is None
+    assert (percent(0.25), percent(None)) == ("25%", "unknown")
     before = cpu_times()
     assert before is not None and before[0] > 0 and 0 <= before[1] <= before[0]
     sum(i * i for i in range(200_000))  # let some ticks pass
