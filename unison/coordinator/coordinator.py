@@ -102,7 +102,8 @@ class Coordinator:
         self._joined: set[int] = set()
         self._last_joined = -1
         # expected ranks per process set given the joined ranks; cleared when either changes
-        self._expected_cache: dict[int, tuple[int, ...]] = {}
+        self._expected_cache: dict[int, frozenset[int]] = {}
+        self._world = frozenset(range(size))
         self._groups: dict[str, set[str]] = {}
         self._stats = {"cycles": 0, "requests": 0, "responses": 0, "errors": 0}
 
@@ -152,17 +153,17 @@ class Coordinator:
         self._stats["cycles"] += 1
         out: list[Response] = []
         shutdown_ranks: list[int] = []
-        failures = [(rank, r) for rank, requests in enumerate(request_lists) for r in requests
-                    if r.kind is CollectiveKind.SHUTDOWN and r.reason]
-        if failures:
-            self._stats["requests"] += sum(len(requests) for requests in request_lists)
-            return self.abort(min(failures, key=lambda pair: pair[0])[1].reason)
         # Ranks that sent the very same list object (identical payloads, decoded once) are handled
         # together: the work per cycle grows with ranks + requests, not ranks x requests.
         senders: dict[int, tuple[Sequence[Request], list[int]]] = {}
         for rank, requests in enumerate(request_lists):
             if requests:
                 senders.setdefault(id(requests), (requests, []))[1].append(rank)
+        failures = [(ranks[0], r) for requests, ranks in senders.values() for r in requests
+                    if r.kind is CollectiveKind.SHUTDOWN and r.reason]
+        if failures:
+            self._stats["requests"] += sum(len(requests) for requests in request_lists)
+            return self.abort(min(failures, key=lambda pair: pair[0])[1].reason)
         joined_now: list[int] = []
         for requests, ranks in senders.values():
             self._stats["requests"] += len(requests) * len(ranks)
@@ -195,13 +196,14 @@ class Coordinator:
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
-    def _expected(self, request: Request) -> tuple[int, ...]:
+    def _expected(self, request: Request) -> frozenset[int]:
+        """The ranks whose request `request`'s collective waits for (its set, less joined ranks)."""
         if request.kind in _WORLD_KINDS:
-            return self._sets[0]
+            return self._world
         expected = self._expected_cache.get(request.process_set_id)
         if expected is None:
             members = self._sets.get(request.process_set_id, ())
-            expected = tuple(r for r in members if r not in self._joined)
+            expected = frozenset(members).difference(self._joined)
             self._expected_cache[request.process_set_id] = expected
         return expected
 
@@ -210,7 +212,7 @@ class Coordinator:
         expected = self._expected(first)
         if not expected or len(entry.requests) < len(expected):
             return False  # the common case while ranks arrive: no O(size) scan per request
-        return all(r in entry.requests for r in expected)
+        return entry.requests.keys() >= expected
 
     def _add(self, request: Request, ranks: Sequence[int], now: float, out: list[Response]) -> None:
         """Record `request` as sent by each of `ranks`."""
@@ -285,14 +287,16 @@ class Coordinator:
 
     def _disagreement(self, name: str, by_rank: dict[int, Request]) -> str:
         ranks = sorted(by_rank)
-        requests = [by_rank[r] for r in ranks]
+        requests = list(map(by_rank.__getitem__, ranks))
         first = requests[0]
         kind = first.kind
         if kind is not CollectiveKind.ALLTOALL and (first.shape or kind not in _NEEDS_DIMENSION):
-            # The common case, in one pass: every rank asked for exactly the same thing (often the
-            # very same object: ranks whose request lists were identical share their requests).
+            # The common case: every rank asked for exactly the same thing, often as the very same
+            # object (ranks whose request lists were identical share their requests), so only the
+            # distinct objects are compared.
             agreed = _agreement_key(first)
-            if all(r is first or _agreement_key(r) == agreed for r in requests):
+            distinct = dict(zip(map(id, requests), requests)).values()
+            if all(r is first or _agreement_key(r) == agreed for r in distinct):
                 return ""
 
         def differs(value: Callable[[Request], object]) -> bool:

