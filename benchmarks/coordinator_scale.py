@@ -77,8 +77,7 @@ def run_worker_ranks(address: str, hosts: list[list[int]], cycles: int, cached: 
             payload = payloads[client.rank][cycle]
             client.exchange(pb.STATUS, status_row(cached, len(payload), len(client.speaks_for)))
             if not cached:
-                client.exchange(pb.GATHER, payload)
-                client.exchange(pb.BROADCAST, b"")
+                client.exchange(pb.GATHER, payload)  # answered with rank 0's broadcast
 
     threads = [threading.Thread(target=rank_loop, args=(c,)) for c in clients]
     for t in threads:

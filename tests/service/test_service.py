@@ -102,6 +102,25 @@ def test_two_clients_negotiate_through_the_server(server: CoordinatorServer) -> 
     assert server.wait_for_streams_closed(5)
 
 
+def test_a_slow_cycle_costs_other_ranks_one_exchange(server: CoordinatorServer) -> None:
+    """Rank 1's gather is answered with rank 0's broadcast of that cycle; only rank 0 may broadcast."""
+    clients = [ControlClient(server.address, SECRET, rank) for rank in range(2)]
+    in_threads(*(lambda c=c: c.register("test") for c in clients))
+    before = server.statistics()["exchanges"]
+
+    def rank0() -> bytes:
+        parts = list(clients[0].exchange(pb.GATHER, b"req0").parts)
+        return clients[0].exchange(pb.BROADCAST, b"answer to " + b"+".join(parts)).data
+
+    sent, got = in_threads(rank0, lambda: clients[1].exchange(pb.GATHER, b"req1").data)
+    assert sent == got == b"answer to req0+req1"
+    assert server.statistics()["exchanges"] - before == 3  # two gathers, one broadcast
+    with pytest.raises(AbortedError, match="only rank 0 sends BROADCAST"):
+        clients[1].exchange(pb.BROADCAST, b"")
+    for c in clients:
+        c.close()
+
+
 def test_a_host_leader_negotiates_for_its_host_and_no_rank_is_claimed_twice(server: CoordinatorServer) -> None:
     leader = ControlClient(server.address, SECRET, 0, speaks_for=[0, 1])
     leader.register("test")

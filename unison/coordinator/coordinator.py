@@ -74,6 +74,8 @@ class _Pending:
     requests: dict[int, Request]
     first_seen: float
     ready: bool = False
+    # the distinct Request objects in `requests` (usually one): agreement is checked on these alone
+    distinct: list[Request] = dataclasses.field(default_factory=list)
 
 
 class Coordinator:
@@ -231,6 +233,8 @@ class Coordinator:
             if not ranks:
                 return
         entry.requests.update(dict.fromkeys(ranks, request))
+        if not any(request is seen for seen in entry.distinct):
+            entry.distinct.append(request)
         if self._is_ready(entry):
             self._mark_ready(request.name, entry, out)
 
@@ -239,7 +243,7 @@ class Coordinator:
         first = next(iter(entry.requests.values()))
         if not first.group:
             del self._table[name]
-            out.append(self._respond(name, entry.requests))
+            out.append(self._respond(name, entry))
             return
         members = self._groups.setdefault(first.group, set())
         members.add(name)
@@ -248,7 +252,7 @@ class Coordinator:
         # The whole group is ready: respond for all its members together, in name order.
         del self._groups[first.group]
         for member in sorted(members, key=_group_index):
-            out.append(self._respond(member, self._table.pop(member).requests))
+            out.append(self._respond(member, self._table.pop(member)))
 
     def _error(self, names: tuple[str, ...], message: str) -> Response:
         self._stats["errors"] += 1
@@ -256,11 +260,12 @@ class Coordinator:
 
     # -- agreement checks --------------------------------------------------------------------------
 
-    def _respond(self, name: str, by_rank: dict[int, Request]) -> Response:
+    def _respond(self, name: str, entry: _Pending) -> Response:
         """Check that every rank agrees on `name`; return its response or an error response."""
+        by_rank = entry.requests
         first = by_rank[min(by_rank)]
         kind = first.kind
-        problem = self._disagreement(name, by_rank)
+        problem = self._disagreement(name, by_rank, first, entry.distinct)
         if problem:
             return self._error((name,), problem + _FIX_HINT)
         if kind in _NOT_WITH_JOIN and self._joined:
@@ -285,19 +290,20 @@ class Coordinator:
             group=first.group,
         )
 
-    def _disagreement(self, name: str, by_rank: dict[int, Request]) -> str:
-        ranks = sorted(by_rank)
-        requests = list(map(by_rank.__getitem__, ranks))
-        first = requests[0]
+    def _disagreement(self, name: str, by_rank: dict[int, Request], first: Request,
+                      distinct: Sequence[Request]) -> str:
+        """'' if every rank agrees on `name`, else the error text. `first` is the lowest rank's request,
+        `distinct` the distinct Request objects in `by_rank`."""
         kind = first.kind
         if kind is not CollectiveKind.ALLTOALL and (first.shape or kind not in _NEEDS_DIMENSION):
-            # The common case: every rank asked for exactly the same thing, often as the very same
+            # The common case: every rank asked for exactly the same thing, usually as the very same
             # object (ranks whose request lists were identical share their requests), so only the
-            # distinct objects are compared.
+            # distinct objects are compared, not one request per rank.
             agreed = _agreement_key(first)
-            distinct = dict(zip(map(id, requests), requests)).values()
             if all(r is first or _agreement_key(r) == agreed for r in distinct):
                 return ""
+        ranks = sorted(by_rank)
+        requests = [by_rank[r] for r in ranks]
 
         def differs(value: Callable[[Request], object]) -> bool:
             return any(value(r) != value(first) for r in requests[1:])

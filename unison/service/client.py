@@ -175,6 +175,7 @@ class GrpcBackend:
         # gathers the host's rows and payloads over shared memory and negotiates for all of them.
         self.host_ranks = tuple(host_ranks)
         self.leader = not self.host_ranks or self.host_ranks[0] == self.rank
+        self._answer: bytes | None = None  # rank 0's broadcast, received as the reply to our gather
 
     def __repr__(self) -> str:
         host = f" host_ranks={list(self.host_ranks)}" if self.host_ranks else ""
@@ -200,19 +201,27 @@ class GrpcBackend:
         return np.frombuffer(self.data.host_broadcast_bytes(matrix), dtype="<u8").reshape(self.size, -1)
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
-        if not self.host_ranks:
-            reply = self.control.exchange(pb.GATHER, payload)
-            return list(reply.parts) if self.rank == 0 else None
-        parts = self.data.host_gather_bytes(payload, [lengths[r] for r in self.host_ranks])
-        if not self.leader:
-            return None
-        reply = self.control.exchange(pb.GATHER, pack_parts(parts))
-        return list(reply.parts) if self.rank == 0 else None
+        if self.host_ranks:
+            parts = self.data.host_gather_bytes(payload, [lengths[r] for r in self.host_ranks])
+            if not self.leader:
+                return None
+            payload = pack_parts(parts)
+        reply = self.control.exchange(pb.GATHER, payload)
+        if self.rank == 0:
+            return list(reply.parts)
+        # Ranks other than 0: the service answers the gather with rank 0's broadcast of this cycle
+        # (the engine always follows a gather with that broadcast); broadcast_bytes hands it out.
+        self._answer = bytes(reply.data)
+        return None
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
-        if self.leader:
-            reply = self.control.exchange(pb.BROADCAST, payload or b"")
-            payload = payload or b"" if self.rank == 0 else bytes(reply.data)
+        if self.rank == 0:
+            self.control.exchange(pb.BROADCAST, payload or b"")
+            payload = payload or b""
+        elif self.leader:
+            payload, self._answer = self._answer, None
+            if payload is None:
+                raise RuntimeError("broadcast_bytes without a gather_bytes before it in this cycle")
         if not self.host_ranks:
             return payload or b""
         return self.data.host_broadcast_bytes(payload if self.leader else None)

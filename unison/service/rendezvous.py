@@ -74,7 +74,6 @@ class Rendezvous:
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._abort = ""
         self._waiting: dict[int, str] = {}  # rank -> what it is blocked on (for status)
-        self.exchanges = 0
 
     def __repr__(self) -> str:
         return f"<Rendezvous size={self.size} open={len(self._slots)} aborted={bool(self._abort)}>"
@@ -118,7 +117,6 @@ class Rendezvous:
         """Deposit these ranks' status rows; return every rank's rows concatenated in rank order."""
         key = ("status", sequence)
         with self._cond:
-            self.exchanges += 1
             slot = self._slot(key)
             for rank, row in zip(ranks, rows):
                 slot.parts[rank] = row
@@ -138,7 +136,6 @@ class Rendezvous:
         others return at once."""
         key = ("gather", sequence)
         with self._cond:
-            self.exchanges += 1
             slot = self._slot(key)
             for rank, payload in zip(ranks, payloads):
                 slot.parts[rank] = payload
@@ -155,7 +152,6 @@ class Rendezvous:
         """The exchange holding rank 0 deposits its payload and returns; the others wait for it."""
         key = ("broadcast", sequence)
         with self._cond:
-            self.exchanges += 1
             slot = self._slot(key)
             if ranks[0] == 0:
                 slot.value = payload

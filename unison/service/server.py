@@ -113,6 +113,8 @@ class _Servicer(pb_grpc.CoordinatorServicer):
             srv.ranks[rank].streams += 1
         try:
             for exchange in requests:
+                with srv.lock:
+                    srv.exchanges += 1
                 reply = pb.ExchangeReply(phase=exchange.phase, sequence=exchange.sequence)
                 try:
                     if exchange.phase == pb.STATUS:
@@ -125,7 +127,15 @@ class _Servicer(pb_grpc.CoordinatorServicer):
                         parts = rendezvous.gather(ranks, exchange.sequence, srv.parts_of(context, ranks, exchange.data))
                         if parts is not None:
                             reply.parts.extend(parts)
+                        else:
+                            # A rank other than 0 has nothing to do between its gather and rank 0's
+                            # answer, so the reply waits for the broadcast of the same cycle and
+                            # carries it: one exchange per slow cycle instead of two.
+                            reply.data = rendezvous.broadcast(ranks, exchange.sequence, b"")
                     elif exchange.phase == pb.BROADCAST:
+                        if ranks[0] != 0:
+                            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                          "only rank 0 sends BROADCAST; other ranks get it as their GATHER's reply")
                         reply.data = rendezvous.broadcast(ranks, exchange.sequence, exchange.data)
                     else:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown exchange phase")
@@ -172,6 +182,7 @@ class CoordinatorServer:
         self.version = version
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.rendezvous = Rendezvous(size)
+        self.exchanges = 0  # Negotiate messages received (under `lock`)
         self.lock = threading.Condition()
         self.ranks = [_RankState() for _ in range(size)]
         self._speaker: dict[int, int] = {}  # rank -> the rank whose stream speaks for it
@@ -208,7 +219,7 @@ class CoordinatorServer:
 
     def statistics(self) -> dict[str, int]:
         """Counters: exchanges served, calls refused for a missing or wrong secret."""
-        return {"exchanges": self.rendezvous.exchanges, "refused": self._auth.refused}
+        return {"exchanges": self.exchanges, "refused": self._auth.refused}
 
     def rank_of(self, context: grpc.ServicerContext) -> int:
         metadata = dict(context.invocation_metadata())
