@@ -133,8 +133,10 @@ def plot_training(torch_data: Results | None, tf_data: Results | None, path: Pat
     for name, model in (torch_data or {}).get("models", {}).items():
         groups.append((f"PyTorch {name}\n{model['parameters'] / 1e6:.1f} M params", dict(model["share_of_ceiling"])))
     if tf_data:
-        groups.append((f"TensorFlow mlp\n{tf_data['parameters'] / 1e6:.1f} M params",
-                       {"unison": tf_data["share_of_ceiling"]}))
+        shares = {"unison": tf_data["share_of_ceiling"]}
+        if "sync_share_of_ceiling" in tf_data:
+            shares["sync"] = tf_data["sync_share_of_ceiling"]
+        groups.append((f"TensorFlow mlp\n{tf_data['parameters'] / 1e6:.1f} M params", shares))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     width = 0.27
     sides = (("unison", "unison", -width), ("ddp", "torch DDP (gloo)", 0.0),
@@ -250,6 +252,10 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
         tf_data = results["train_tensorflow"]
         rows.append(("train_tensorflow", f"mlp ({tf_data['parameters'] / 1e6:.1f} M params), share of no-comm "
                      "ceiling", f"{tf_data['share_of_ceiling']:.0%}", "–", "–"))
+        if "share_of_sync_ceiling" in tf_data:
+            rows.append(("train_tensorflow", "mlp, share of the synchronous ceiling (no communication, a "
+                         f"barrier each step; {tf_data['sync_share_of_ceiling']:.0%} of no-comm)",
+                         f"{tf_data['share_of_sync_ceiling']:.0%}", "–", "–"))
     if "compression" in results:
         data = results["compression"]
         base = data["schemes"][data["baseline"]]

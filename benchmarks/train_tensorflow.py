@@ -8,11 +8,13 @@ The model is the communication-heavy MLP of the torch benchmark (1024-2048-2048-
 that load changes on a shared machine hit all of them alike; medians are reported:
 
 * ``nocomm``: the same tf.function step with a plain tape (the ceiling);
+* ``sync``: ``nocomm`` plus an MPI barrier after every step: the ceiling of any synchronous method,
+  since a step then lasts as long as the slower rank's;
 * ``unison``: the step with ``hvd.DistributedGradientTape`` (one grouped allreduce per step);
 * ``raw``: unison's NumPy-level grouped allreduce of the same bytes, outside TensorFlow.
 
-The adapter's overhead per step is ``unison - nocomm - raw``: what the TF bridge adds beyond
-computing and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
+The adapter's overhead per step is ``unison - sync - raw``: what the TF bridge adds beyond computing
+in lockstep and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
 load average before and after and the share of CPU time stolen by the hypervisor (`machine.py`), to
 ``benchmarks/results/train_tensorflow.json``.
 """
@@ -36,6 +38,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import keras  # noqa: E402
 from machine import cpu_times, percent, steal_share  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 import unison  # noqa: E402
 import unison.tensorflow as hvd  # noqa: E402
@@ -91,7 +94,11 @@ def main() -> None:
     def raw() -> None:
         unison.grouped_allreduce(buffers, name="raw_bench")
 
-    runners = {"unison": steps["unison"], "nocomm": steps["nocomm"], "raw": raw}
+    def synced() -> None:
+        local_step()
+        MPI.COMM_WORLD.Barrier()
+
+    runners = {"unison": steps["unison"], "nocomm": steps["nocomm"], "sync": synced, "raw": raw}
     for run in runners.values():  # trace and warm the response cache
         run()
         run()
@@ -113,9 +120,11 @@ def main() -> None:
         for name in runners:
             print(f"{name:>7}: median {med[name] * 1e3:8.1f} ms/step  "
                   f"(rounds: {', '.join(f'{t * 1e3:.1f}' for t in times[name])})")
-        print(f"throughput vs no-communication ceiling: {med['nocomm'] / med['unison']:.1%}")
-        print(f"adapter overhead per step beyond compute + raw allreduce: "
-              f"{(med['unison'] - med['nocomm'] - med['raw']) * 1e3:.1f} ms")
+        print(f"throughput vs no-communication ceiling: {med['nocomm'] / med['unison']:.1%}; "
+              f"vs synchronous ceiling: {med['sync'] / med['unison']:.1%} "
+              f"(sync is {med['nocomm'] / med['sync']:.0%} of no-comm)")
+        print(f"adapter overhead per step beyond lockstep compute + raw allreduce: "
+              f"{(med['unison'] - med['sync'] - med['raw']) * 1e3:.1f} ms")
         print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
               f"CPU steal {percent(steal)}")
         results = {"ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps_per_run,
@@ -123,7 +132,9 @@ def main() -> None:
                    "steal_share": steal,
                    "seconds_per_step": times, "median_seconds_per_step": med,
                    "share_of_ceiling": med["nocomm"] / med["unison"],
-                   "adapter_overhead_seconds": med["unison"] - med["nocomm"] - med["raw"]}
+                   "share_of_sync_ceiling": med["sync"] / med["unison"],
+                   "sync_share_of_ceiling": med["nocomm"] / med["sync"],
+                   "adapter_overhead_seconds": med["unison"] - med["sync"] - med["raw"]}
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
