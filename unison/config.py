@@ -233,6 +233,13 @@ def load_settings(
                 values[setting.field] = _parse(setting, variable, env[variable])
                 break
     settings = Settings(**values)
+    if settings.service_addr:
+        host, _, port = settings.service_addr.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(
+                "UNISON_SERVICE_ADDR must be host:port with a port from 0 to 65535 (0: any free port), "
+                f"for example 10.0.0.5:29500. Got UNISON_SERVICE_ADDR={settings.service_addr!r}."
+            )
     if settings.stall_shutdown_seconds and settings.stall_shutdown_seconds < settings.stall_check_seconds:
         raise ConfigError(
             "UNISON_STALL_SHUTDOWN_TIME_SECONDS must be 0 or at least UNISON_STALL_CHECK_TIME_SECONDS. "

@@ -51,6 +51,20 @@ def test_env_pass_through() -> None:
     assert done.returncode == 0 and done.output.count("value=abc") == 2, done.output
 
 
+def test_a_bad_setting_stops_the_launch_before_any_rank_starts(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    code = f"open({str(started)!r}, 'a').write('x')"
+    done = run_job(unisonrun("-np", "2", PYTHON, "-c", code),
+                   env={"UNISON_CONTROLLER": "grpc", "UNISON_SERVICE_ADDR": "bogus"})
+    assert done.returncode == 2, done.output
+    assert done.output.startswith("unisonrun: UNISON_SERVICE_ADDR must be host:port"), done.output
+    done = run_job(unisonrun("-np", "2", "-x", "HOROVOD_CYCLE_TIME=soon", PYTHON, "-c", code))
+    assert done.returncode == 2 and "HOROVOD_CYCLE_TIME must be" in done.output, done.output
+    assert not started.exists()
+    done = run_job(unisonrun("-np", "2", PYTHON, "-c", code), env={"UNISON_SERVICE_ADDR": "127.0.0.1:0"})
+    assert done.returncode == 0 and started.read_text() == "xx", done.output
+
+
 def test_timeout_stops_the_job() -> None:
     done = run_job(unisonrun("-np", "2", "--timeout", "2", PYTHON, "-c", "import time; time.sleep(60)"))
     assert done.returncode == 124, done.output

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._failure import LAUNCHER_DIR_VARIABLE
-from ..errors import LaunchError
+from ..config import load_settings
+from ..errors import ConfigError, LaunchError
 from ._jobs import register, show_status
 from ._mpiexec import find_mpiexec
 from ._supervise import exit_status, report, supervise
@@ -89,6 +90,10 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         raise LaunchError(f"-np must be at least 1. Got -np {np}.")
     if not program:
         raise LaunchError("No program given: unisonrun -np N python train.py")
+    try:  # a bad UNISON_*/HOROVOD_* value fails here once, not on every rank after the start
+        load_settings({**os.environ, **(extra_env or {}), **dict(env_pairs)})
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
     found = find_mpiexec(mpiexec)
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
