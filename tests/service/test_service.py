@@ -203,6 +203,52 @@ def test_silent_rank_aborts_the_job_with_its_rank_named() -> None:
         srv.stop(0)
 
 
+def test_heartbeats_travel_on_one_stream_and_carry_progress(server: CoordinatorServer) -> None:
+    client = ControlClient(server.address, SECRET, 1, progress=lambda: (7, ["grad.w"]), speaks_for=[1])
+    client.register("test", negotiate=False)
+    deadline = time.monotonic() + 10
+    while server.status().ranks[1].cycles != 7 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    row = server.status().ranks[1]
+    assert (row.cycles, list(row.waiting)) == (7, ["grad.w"])
+    assert client._beats is not None  # the stream's outbox: beats are messages, not calls
+    client.close()
+    assert not client.abort_reason
+
+
+def test_a_rank_0_that_stops_answering_heartbeats_aborts_the_job(monkeypatch) -> None:
+    """The service accepts the heartbeat stream but never answers (as when rank 0 is stopped)."""
+    import unison.service.client as client_module
+
+    class Mute(pb_grpc.CoordinatorServicer):
+        def Register(self, request, context):
+            return pb.RegisterReply(size=2)
+
+        def Heartbeats(self, requests, context):
+            for _ in requests:
+                pass
+            return iter(())
+
+    from concurrent import futures
+
+    mute = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_CoordinatorServicer_to_server(Mute(), mute)
+    port = mute.add_insecure_port("127.0.0.1:0")
+    mute.start()
+    monkeypatch.setattr(client_module, "_CALL_DEADLINE_SECONDS", 1.5)
+    aborted = threading.Event()
+    client = ControlClient(f"127.0.0.1:{port}", SECRET, 1)
+    client.on_abort = lambda reason: aborted.set()
+    try:
+        client.register("test", negotiate=False)
+        assert aborted.wait(10)
+        assert "got no answer to its heartbeats from the coordinator service" in client.abort_reason
+        assert "rank 0 is stopped or unreachable" in client.abort_reason
+    finally:
+        client.close()
+        mute.stop(0)
+
+
 def test_version_mismatch_is_refused(server: CoordinatorServer) -> None:
     client = ControlClient(server.address, SECRET, 1)
     with pytest.raises(ConfigError, match="runs unison 9.9, rank 0 runs test"):

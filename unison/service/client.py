@@ -7,6 +7,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ class ControlClient:
         self.abort_reason = ""
         self.on_abort: Callable[[str], None] | None = None
         self._heartbeat = threading.Thread(target=self._beat, name=f"unison-heartbeat-{rank}", daemon=True)
+        self._beats: queue.SimpleQueue[pb.HeartbeatRequest | None] | None = None
 
     def __repr__(self) -> str:
         return f"<ControlClient rank={self.rank} -> {self.address}>"
@@ -111,23 +113,42 @@ class ControlClient:
         return reply
 
     def _beat(self) -> None:
-        while not self._closed.wait(_HEARTBEAT_SECONDS):
+        """Send a heartbeat every second on one stream, and watch that rank 0 answers them."""
+        outbox: queue.SimpleQueue[pb.HeartbeatRequest | None] = queue.SimpleQueue()
+        self._beats = outbox
+
+        def requests() -> Iterator[pb.HeartbeatRequest]:
+            while (item := outbox.get()) is not None:
+                yield item
+
+        replies = self._stub.Heartbeats(requests(), metadata=self._metadata)
+        answered = [time.monotonic()]
+        reader = threading.Thread(target=self._read_beats, args=(replies, answered),
+                                  name=f"unison-heartbeat-replies-{self.rank}", daemon=True)
+        reader.start()
+        while not self._closed.wait(_HEARTBEAT_SECONDS) and reader.is_alive():
+            silent = time.monotonic() - answered[0]
+            if silent > _CALL_DEADLINE_SECONDS:
+                self._aborted(f"rank {self.rank} got no answer to its heartbeats from the coordinator "
+                              f"service at {self.address} for {silent:.0f} s: rank 0 is stopped or "
+                              "unreachable")
+                break
             cycles, waiting = self.progress()
-            request = pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000])
-            try:
-                reply = self._stub.Heartbeat(request, metadata=self._metadata,
-                                             timeout=_CALL_DEADLINE_SECONDS)
-            except grpc.RpcError as exc:
-                if self._closed.is_set():
+            outbox.put(pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000]))
+        outbox.put(None)
+        replies.cancel()
+
+    def _read_beats(self, replies: Any, answered: list[float]) -> None:
+        try:
+            for reply in replies:
+                answered[0] = time.monotonic()
+                if reply.abort:
+                    self._aborted(reply.abort)
                     return
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._aborted(f"rank {self.rank} lost the coordinator service at {self.address} "
-                                  f"({exc.code().name}): rank 0 died or is unreachable")
-                    return
-                continue
-            if reply.abort:
-                self._aborted(reply.abort)
-                return
+        except grpc.RpcError as exc:
+            if not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
+                self._aborted(f"rank {self.rank} lost the coordinator service at {self.address} "
+                              f"({exc.code().name}): rank 0 died or is unreachable")
 
     def _aborted(self, reason: str) -> None:
         if not self.abort_reason:
@@ -150,6 +171,8 @@ class ControlClient:
             return
         self._closed.set()
         self._outbox.put(None)
+        if self._beats is not None:
+            self._beats.put(None)
         if self._replies is not None:
             try:
                 for _ in self._replies:  # drain until the server ends the stream

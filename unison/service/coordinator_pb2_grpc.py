@@ -49,6 +49,11 @@ class CoordinatorStub:
                 request_serializer=unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=unison_dot_service_dot_coordinator__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Heartbeats = channel.stream_stream(
+                '/unison.v1.Coordinator/Heartbeats',
+                request_serializer=unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=unison_dot_service_dot_coordinator__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/unison.v1.Coordinator/Status',
                 request_serializer=unison_dot_service_dot_coordinator__pb2.StatusRequest.SerializeToString,
@@ -80,7 +85,15 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Liveness and progress, every second; the reply says whether the job is being aborted.
+        """Liveness and progress; the reply says whether the job is being aborted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeats(self, request_iterator, context):
+        """The same, as one stream per rank for the job's lifetime with a message every second: a message
+        on an open stream costs rank 0 about a third of what a call does.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +128,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
+                    request_deserializer=unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=unison_dot_service_dot_coordinator__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Heartbeats': grpc.stream_stream_rpc_method_handler(
+                    servicer.Heartbeats,
                     request_deserializer=unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=unison_dot_service_dot_coordinator__pb2.HeartbeatReply.SerializeToString,
             ),
@@ -208,6 +226,33 @@ class Coordinator:
             request,
             target,
             '/unison.v1.Coordinator/Heartbeat',
+            unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            unison_dot_service_dot_coordinator__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/unison.v1.Coordinator/Heartbeats',
             unison_dot_service_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             unison_dot_service_dot_coordinator__pb2.HeartbeatReply.FromString,
             options,

@@ -148,14 +148,14 @@ class _Servicer(pb_grpc.CoordinatorServicer):
                 srv.lock.notify_all()
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        return self.server.heard(self.server.rank_of(context), request)
+
+    def Heartbeats(self, requests: Iterator[pb.HeartbeatRequest],
+                   context: grpc.ServicerContext) -> Iterator[pb.HeartbeatReply]:
         srv = self.server
         rank = srv.rank_of(context)
-        with srv.lock:
-            state = srv.ranks[rank]
-            state.last_seen = time.monotonic()
-            state.cycles = request.cycles
-            state.waiting = tuple(request.waiting)
-        return pb.HeartbeatReply(abort=srv.rendezvous.aborted)
+        for request in requests:
+            yield srv.heard(rank, request)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         return self.server.status()
@@ -188,7 +188,9 @@ class CoordinatorServer:
         self._speaker: dict[int, int] = {}  # rank -> the rank whose stream speaks for it
         self._auth = _Authenticate(secret)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2 * size + 8, thread_name_prefix="unison-service"),
+            # each rank holds a thread with its heartbeat stream and, unless its host leader speaks
+            # for it, one with its negotiation stream; the rest serve calls
+            futures.ThreadPoolExecutor(max_workers=3 * size + 8, thread_name_prefix="unison-service"),
             interceptors=[self._auth], options=_SERVER_OPTIONS,
             maximum_concurrent_rpcs=4 * size + 16,
         )
@@ -259,6 +261,15 @@ class CoordinatorServer:
         if len(parts) != len(ranks):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(parts)} payloads for {len(ranks)} ranks")
         return parts
+
+    def heard(self, rank: int, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        """Record a heartbeat of `rank`; the reply carries the abort reason, if any."""
+        with self.lock:
+            state = self.ranks[rank]
+            state.last_seen = time.monotonic()
+            state.cycles = request.cycles
+            state.waiting = tuple(request.waiting)
+        return pb.HeartbeatReply(abort=self.rendezvous.aborted)
 
     def abort(self, reason: str) -> None:
         """Abort the job: every waiting and future exchange answers with `reason`."""
