@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["SETTINGS_TABLE", "Setting", "Settings", "load_settings"]
+__all__ = ["SETTINGS_TABLE", "Setting", "Settings", "load_settings", "split_service_addr"]
 
 MiB = 1024 * 1024
 
@@ -234,18 +234,29 @@ def load_settings(
                 break
     settings = Settings(**values)
     if settings.service_addr:
-        host, _, port = settings.service_addr.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(
-                "UNISON_SERVICE_ADDR must be host:port with a port from 0 to 65535 (0: any free port), "
-                f"for example 10.0.0.5:29500. Got UNISON_SERVICE_ADDR={settings.service_addr!r}."
-            )
+        split_service_addr(settings.service_addr)
     if settings.stall_shutdown_seconds and settings.stall_shutdown_seconds < settings.stall_check_seconds:
         raise ConfigError(
             "UNISON_STALL_SHUTDOWN_TIME_SECONDS must be 0 or at least UNISON_STALL_CHECK_TIME_SECONDS. "
             f"Got {settings.stall_shutdown_seconds} < {settings.stall_check_seconds}."
         )
     return settings
+
+
+def split_service_addr(address: str) -> tuple[str, int]:
+    """``host:port`` as (host, port); raises ConfigError naming UNISON_SERVICE_ADDR otherwise.
+
+    Example:
+        >>> split_service_addr("10.0.0.5:29500")
+        ('10.0.0.5', 29500)
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            "UNISON_SERVICE_ADDR must be host:port with a port from 0 to 65535 (0: any free port), "
+            f"for example 10.0.0.5:29500. Got UNISON_SERVICE_ADDR={address!r}."
+        )
+    return host, int(port)
 
 
 def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from ..config import split_service_addr
 from ..errors import ConfigError
 from . import coordinator_pb2 as pb
 from . import coordinator_pb2_grpc as pb_grpc
@@ -195,9 +196,7 @@ class CoordinatorServer:
             maximum_concurrent_rpcs=4 * size + 16,
         )
         pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), self._server)
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"UNISON_SERVICE_ADDR must be host:port. Got {address!r}.")
+        host, _ = split_service_addr(address)
         if host in ("0.0.0.0", "::", "[::]"):
             log.warning("the coordinator service listens on every interface (%s) as "
                         "UNISON_SERVICE_ADDR asks; calls still need the job secret.", address)
