@@ -93,7 +93,7 @@ class CoordinatorServicer:
 
     def Heartbeats(self, request_iterator, context):
         """The same, as one stream per rank for the job's lifetime with a message every second: a message
-        on an open stream costs rank 0 about a third of what a call does.
+        on an open stream costs rank 0 less CPU than a call (about 0.7x, measured at 256 ranks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
