@@ -92,6 +92,11 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("hierarchical_allreduce", "UNISON_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE",
             "bool", False, "Allreduce in three steps when ranks span several hosts: reduce within each "
             "host, allreduce across hosts among one rank per host, broadcast within each host."),
+    Setting("cpu_overlap", "UNISON_CPU_OVERLAP", None, "bool", False,
+            "PyTorch DistributedOptimizer: start reducing a CPU gradient as soon as backward() produces "
+            "it, as Horovod does. Off (the default): they are reduced together when step() or "
+            "synchronize() is called, which is faster when the ranks' computation keeps every core busy, "
+            "as it does in CPU training."),
     Setting("mpi_threads_disable", "UNISON_MPI_THREADS_DISABLE", "HOROVOD_MPI_THREADS_DISABLE",
             "bool", False, "Ask MPI for MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE."),
 )
@@ -129,6 +134,7 @@ class Settings:
     disable_group_fusion: bool = False
     mpi_threads_disable: bool = False
     hierarchical_allreduce: bool = False
+    cpu_overlap: bool = False
 
 
 # Settings every rank must share: each rank plans fusion, chunks MPI calls and keeps its response

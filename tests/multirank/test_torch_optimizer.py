@@ -92,6 +92,41 @@ def test_matches_one_process_on_the_global_batch(name, passes) -> None:
     assert_same_everywhere_and_close(got, want, atol=1e-5)
 
 
+def test_cpu_gradients_are_submitted_at_step_in_one_batch_unless_cpu_overlap() -> None:
+    from unison._runtime import job as current_job
+
+    engine = current_job().engine
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    x = torch.full((1, 3), float(hvd.rank() + 1))
+    model(x).sum().backward()
+    local = [p.grad.clone() for p in model.parameters()]
+    assert opt.statistics()["allreduces"] == 0, "a CPU gradient was submitted during backward()"
+    before = engine.statistics()["responses"]
+    opt.step()
+    assert opt.statistics()["allreduces"] == 4
+    assert engine.statistics()["responses"] - before == 1, "the four small gradients were not fused in one cycle"
+    gathered = [hvd.allgather(g.unsqueeze(0)) for g in local]
+    for p, g in zip(model.parameters(), gathered):
+        torch.testing.assert_close(p.grad, g.mean(0))
+
+    other = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    overlapping = hvd.DistributedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                                           named_parameters=other.named_parameters(), cpu_overlap=True)
+    other(x).sum().backward()
+    assert overlapping.statistics()["allreduces"] == 4  # submitted from the hooks
+    overlapping.step()
+
+
+def test_cpu_overlap_matches_one_process_on_the_global_batch() -> None:
+    want = train_reference(OPTIMIZERS["adam"])
+    got, opt = train_distributed(OPTIMIZERS["adam"], passes=2, cpu_overlap=True)
+    assert opt.statistics()["allreduces"] == 4 * STEPS
+    assert_same_everywhere_and_close(got, want, atol=1e-5)
+
+
 def test_without_averaging_the_result_differs() -> None:
     # Guards the equivalence test itself: Sum instead of Average must not match.
     want = train_reference(OPTIMIZERS["sgd_momentum"])

@@ -7,10 +7,11 @@ responses in the agreed order, and completes the handles. See `unison.coordinato
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,7 @@ class Engine:
         self._lock = threading.Lock()
         self._event = threading.Event()
         self._queue: list[list[Entry]] = []
+        self._held: dict[int, list[list[Entry]]] = {}  # thread id -> groups submitted inside batch()
         self._in_flight: set[str] = set()  # names submitted and not yet completed (this rank)
         self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
@@ -196,8 +198,36 @@ class Engine:
                         "Use a different name for each tensor in flight."
                     )
             self._in_flight.update(names)
+            held = self._held.get(threading.get_ident())
+            if held is not None:
+                held.append(group)
+                return
             self._queue.append(group)
         self._event.set()
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold what this thread submits inside the block and queue it all at once when the block ends.
+
+        One cycle then sees every submission, so they are negotiated together and the small ones are
+        fused, instead of a cycle starting on the first while the thread is still submitting the rest.
+        Blocks may nest; the outermost one releases. If the engine stops meanwhile, the held entries
+        fail like queued ones.
+        """
+        me = threading.get_ident()
+        with self._lock:
+            nested = me in self._held
+            if not nested:
+                self._held[me] = []
+        try:
+            yield
+        finally:
+            if not nested:
+                with self._lock:
+                    groups = self._held.pop(me, [])
+                    self._queue.extend(groups)
+                if groups:
+                    self._event.set()
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Ask every rank to stop, wait for this rank's thread, and fail what is still pending."""
@@ -533,7 +563,9 @@ class Engine:
             if first:
                 self._stop_error = error
             queued = [e for group in self._queue for e in group]
+            queued += [e for groups in self._held.values() for group in groups for e in group]
             self._queue = []
+            self._held = {thread: [] for thread in self._held}
             self._in_flight.clear()
         waiting = list(self._pending.values()) + queued
         for entry in waiting:

@@ -297,3 +297,42 @@ def test_cycle_time_spaces_cycles() -> None:
             np.testing.assert_array_equal(result, [2, 2])
     finally:
         job.close()
+
+
+def test_batch_holds_submissions_until_it_ends_then_one_cycle_runs_them_fused(job2: Job) -> None:
+    values = [np.full(3, float(i + 1), np.float32) for i in range(4)]
+
+    def rank_fn(rank: int, engine: Engine) -> list[object]:
+        entries = [allreduce_entry(f"b{i}", rank, v.copy()) for i, v in enumerate(values)]
+        with engine.batch():
+            for entry in entries[:2]:
+                engine.enqueue([entry])
+            with engine.batch():  # nested: only the outermost block releases
+                for entry in entries[2:]:
+                    engine.enqueue([entry])
+            with engine._lock:
+                assert engine._queue == [], "a held submission reached the engine early"
+            assert not any(e.handle.done() for e in entries)
+        return [wait(e) for e in entries]
+
+    results = job2.run_ranks(rank_fn)
+    for per_rank in results:
+        for got, v in zip(per_rank, values):  # type: ignore[call-overload]
+            np.testing.assert_array_equal(got, 2 * v)
+    for executed in job2.executed:
+        # all four negotiated in one cycle and fused into one response
+        assert [names for names in executed if names[0] == "allreduce"] == [("allreduce", "b0", "b1", "b2", "b3")]
+
+
+def test_a_stop_fails_the_submissions_a_batch_holds(job2: Job) -> None:
+    engine = job2.engines[0]
+    entry = allreduce_entry("held", 0, np.ones(1, np.float32))
+    with engine.batch():
+        engine.enqueue([entry])
+        job2.engines[1].shutdown(timeout=TIMEOUT)
+        engine._stopped.wait(TIMEOUT)
+        with pytest.raises(ShutdownError):
+            wait(entry)
+        with pytest.raises(ShutdownError):
+            engine.enqueue([allreduce_entry("late", 0, np.ones(1, np.float32))])
+    assert engine._queue == [] and engine._held == {}

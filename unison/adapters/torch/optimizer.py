@@ -3,11 +3,14 @@
 The wrapper is the user's optimizer instance itself under a dynamic subclass of its class (same class
 name, same ``param_groups`` and ``state`` objects; nothing is rebuilt). Each parameter gets a
 ``register_post_accumulate_grad_hook`` (a tensor hook, so it also fires under ``torch.compile``) that
-counts backward passes and, at the last one of the window, submits the gradient for an in-place
-allreduce and returns at once; the engine batches whatever is queued each cycle. ``step()`` waits for
-every handle. A parameter whose hook never fired on this rank is handled by ``missing_grads``:
-``"zero"`` (default) allreduces zeros so the other ranks never hang; ``"error"`` does the same, then
-raises an error naming the parameters.
+counts backward passes. At the last one of the window, a GPU gradient is submitted for an in-place
+allreduce at once; the engine batches whatever is queued each cycle. A CPU gradient is held until
+``step()``/``synchronize()`` and submitted there with the others, in one batch (``cpu_overlap`` /
+``UNISON_CPU_OVERLAP`` submits it at once instead): on a CPU, reducing while backward() runs takes
+cores from the computation, and one rank's blocking MPI calls wait for a peer whose engine thread is
+descheduled behind that peer's computation. ``step()`` waits for every handle. A parameter whose hook
+never fired on this rank is handled by ``missing_grads``: ``"zero"`` (default) allreduces zeros so the
+other ranks never hang; ``"error"`` does the same, then raises an error naming the parameters.
 
 `compression` decides what travels: a cast (none, fp16, bf16) is allreduced; a sparsifier (top-K,
 threshold; `unison.compression`) sends (index, value) pairs by allgather and keeps the unsent rest as
@@ -50,7 +53,7 @@ class _DistributedOptimizer:
     def _unison_setup(self, named_parameters: Any, compression: Any,
                       backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
                       groups: list[list[torch.Tensor]], sparse_as_dense: bool, process_set: ProcessSet,
-                      missing_grads: str) -> None:
+                      missing_grads: str, cpu_overlap: bool | None) -> None:
         self._compression = compression
         self._unison_exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
         if self._unison_exchange is not Exchange.ALLREDUCE:
@@ -86,10 +89,12 @@ class _DistributedOptimizer:
         self._unison_group_handles: dict[int, tuple[int, list[torch.Tensor], list[Any]]] = {}
         self._should_synchronize = True
         self._synchronized = False
+        current = job()
+        self._unison_cpu_overlap = current.settings.cpu_overlap if cpu_overlap is None else bool(cpu_overlap)
+        self._unison_deferred: list[torch.Tensor] = []  # CPU parameters whose gradient waits for step()
         self._unison_stats = {"steps": 0, "allreduces": 0, "grouped_allreduces": 0, "missing_filled": 0,
                               "partial_windows": 0, "wait_seconds": 0.0, "dense_bytes": 0,
                               "payload_bytes": 0}
-        current = job()
         set_members = current.engine.process_sets.get(process_set.process_set_id or 0, ())
         self._unison_enabled = current.size > 1 and current.rank in set_members
         self._unison_hooks = []
@@ -128,7 +133,10 @@ class _DistributedOptimizer:
         self._unison_countdown[p] = count - 1
         if count == 1:
             self._synchronized = False
-            self._unison_launch(p)
+            if p.device.type == "cpu" and not self._unison_cpu_overlap:
+                self._unison_deferred.append(p)
+            else:
+                self._unison_launch(p)
 
     def _unison_launch(self, p: torch.Tensor) -> None:
         if p.grad is None:
@@ -256,16 +264,20 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         missing, partial = [], []
-        for p in self._unison_params:
-            count = self._unison_countdown[p]
-            if count == 0:
-                continue
-            if count == self.backward_passes_per_step:
-                missing.append(p)
-            else:
-                partial.append((p, count))
-            self._unison_countdown[p] = 0
-            self._unison_launch(p)
+        deferred, self._unison_deferred = self._unison_deferred, []
+        with job().engine.batch():  # one cycle negotiates and fuses them all
+            for p in deferred:
+                self._unison_launch(p)
+            for p in self._unison_params:
+                count = self._unison_countdown[p]
+                if count == 0:
+                    continue
+                if count == self.backward_passes_per_step:
+                    missing.append(p)
+                else:
+                    partial.append((p, count))
+                self._unison_countdown[p] = 0
+                self._unison_launch(p)
         if partial:
             self._unison_stats["partial_windows"] += 1
             first, count = partial[0]
@@ -344,8 +356,8 @@ class _DistributedOptimizer:
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear gradients; refuses while reductions into them are in flight."""
-        if self._unison_handles or self._unison_group_handles:
+        """Clear gradients; refuses while reductions into them are in flight or due."""
+        if self._unison_handles or self._unison_group_handles or self._unison_deferred:
             raise GradientCountError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition: the "
@@ -362,12 +374,14 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = passes
         for p in self._unison_countdown:
             self._unison_countdown[p] = passes
+        self._unison_deferred = []
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load the wrapped optimizer's state and reset the accumulation window."""
         super().load_state_dict(state_dict)  # type: ignore[misc]
         for p in self._unison_countdown:
             self._unison_countdown[p] = self.backward_passes_per_step
+        self._unison_deferred = []
         self._synchronized = False
 
 
@@ -454,7 +468,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
                          sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
-                         *, missing_grads: str = "zero") -> _Wrapped:
+                         *, missing_grads: str = "zero", cpu_overlap: bool | None = None) -> _Wrapped:
     """Wrap `optimizer` so that ``step()`` uses gradients averaged across the ranks.
 
     Returns the same optimizer state under a dynamic subclass of its class (same class name).
@@ -473,6 +487,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         sparse_as_dense: reduce sparse gradients as dense tensors instead of by allgather.
         process_set: the ranks that average their gradients.
         missing_grads: ``"zero"`` or ``"error"`` for parameters without a gradient at step().
+        cpu_overlap: reduce each CPU gradient as soon as backward() produces it (True), or all of
+            them together at step()/synchronize() (False). None (default): ``UNISON_CPU_OVERLAP``
+            (off). Gradients on other devices are always submitted as soon as they are ready.
 
     Example:
         >>> opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # doctest: +SKIP
@@ -498,5 +515,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     wrapped._unison_setup(named_parameters, compression, backward_passes_per_step, resolved,
                           float(gradient_predivide_factor),
                           _groups(optimizer.param_groups, num_groups, groups), sparse_as_dense,
-                          process_set, missing_grads)
+                          process_set, missing_grads, cpu_overlap)
     return wrapped
