@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--sizes-mib", default="1,16")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--train", action="store_true", help="also run benchmarks/train_torch.py")
-    parser.add_argument("--train-args", default="--rounds 2 --steps 5")
+    parser.add_argument("--train-args", default="--steps 10")
     parser.add_argument("--compression", action="store_true",
                         help="also run benchmarks/compression.py (every scheme's step time) at each rate")
     parser.add_argument("--compression-args", default="--rounds 2 --steps 3 --no-digits")

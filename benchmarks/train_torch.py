@@ -1,19 +1,24 @@
-"""Synthetic training throughput: unison.torch vs torch DDP (gloo) vs no communication, 2 ranks.
+"""Synthetic training throughput: unison.torch vs torch DDP (gloo) vs plain MPI vs no communication, 2 ranks.
 
-Run: mpiexec -n 2 python benchmarks/train_torch.py [--rounds 5] [--steps 20] [--quick] [--output PATH]
+Run: mpiexec -n 2 python benchmarks/train_torch.py [--steps 60] [--quick] [--output PATH]
 
-Each rank uses one thread. Runs alternate (unison, DDP, none, sync, mpi, unison, ...) so that machine noise
-hits every mode alike; the table shows medians of samples/s over the rounds (global: both ranks'
-samples) and each mode's share of the no-communication ceiling (``none``: the ranks never wait for
-each other). ``sync`` is the same training without communication but with a barrier after every step:
-the ceiling of any synchronous data-parallel method on this machine, since a step then lasts as long as
-the slower rank's, and a step's compute time varies from step to step on a shared machine. ``mpi`` is
-the floor for a reduction made with the same MPI: after ``backward()``, each gradient is reduced in
-place with mpi4py, in the chunks unison uses, with no negotiation and no overlap; what separates it
-from the ceiling is the CPU time MPICH itself needs to move and add the bytes. The load
-average and the share of CPU time stolen by the hypervisor (`machine.py`) are printed; on a shared
-machine, compare numbers only within one run. Rank 0 also writes everything it prints, with the samples
-of every round, to ``benchmarks/results/train_torch.json``.
+Each rank uses one thread. Every mode has its own copy of the model, and the modes take turns step by
+step (unison, DDP, none, mpi, then the same rotated by one, ...), each step starting after a barrier:
+the noise of a shared machine, which moves the speed of a whole run by 10% or more within a minute,
+then hits every mode alike. A step's time is the slower rank's; the table shows each mode's median
+step as samples/s (global: both ranks' samples) and as a share of ``none``.
+
+* ``none``: the same step without communication: the ceiling of any synchronous data-parallel method
+  (each step lasts as long as the slower rank's computation).
+* ``mpi``: after ``backward()``, each gradient is averaged in place with blocking mpi4py calls, in the
+  chunks unison uses; no negotiation, no overlap. What separates it from ``none`` is the CPU time
+  MPICH itself needs to move and add the bytes: a floor for any method built on the same MPI.
+* ``unison``: ``hvd.DistributedOptimizer`` with its defaults; ``ddp``: torch's
+  ``DistributedDataParallel`` over gloo.
+
+The load average and the share of CPU time stolen by the hypervisor (`machine.py`) are printed; on a
+shared machine, compare numbers only within one run. Rank 0 also writes everything it prints, with
+the time of every step, to ``benchmarks/results/train_torch.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,7 +70,7 @@ CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32: unison's default UNISON_CHUNK_BYTE
 
 
 def reduce_with_mpi(model: torch.nn.Module) -> None:
-    """The ``mpi`` floor: average every gradient in place with blocking mpi4py calls, chunk by chunk."""
+    """The ``mpi`` mode: average every gradient in place with blocking mpi4py calls, chunk by chunk."""
     size = MPI.COMM_WORLD.Get_size()
     for p in model.parameters():
         grad = p.grad
@@ -75,8 +81,11 @@ def reduce_with_mpi(model: torch.nn.Module) -> None:
         grad.div_(size)
 
 
-def run(mode: str, name: str, batch: int, steps: int) -> float:
-    """Train `steps` steps in `mode`; return global samples per second (timed after 2 warm-up steps)."""
+MODES = ("unison", "ddp", "none", "mpi")
+
+
+def make_step(mode: str, name: str, batch: int) -> Callable[[], None]:
+    """One training step of `name` in `mode`, on a model of its own (same seed in every mode)."""
     torch.manual_seed(0)
     model = MODELS[name][0]()
     x, y = MODELS[name][1](batch)
@@ -86,78 +95,86 @@ def run(mode: str, name: str, batch: int, steps: int) -> float:
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     elif mode == "ddp":
         forward = torch.nn.parallel.DistributedDataParallel(model)
-    for step in range(steps + 2):
-        if mode == "sync":
-            MPI.COMM_WORLD.Barrier()
-        if step == 2:
-            hvd.barrier()
-            start = time.perf_counter()
+
+    def step() -> None:
         opt.zero_grad()
         loss_of(name, forward(x), y).backward()
         if mode == "mpi":
             reduce_with_mpi(model)
         opt.step()
-    hvd.barrier()
-    return hvd.size() * batch * steps / (time.perf_counter() - start)
+
+    return step
+
+
+def measure(name: str, batch: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per step of every mode, taking turns step by step; on rank 0, the slower rank's time."""
+    runners = {mode: make_step(mode, name, batch) for mode in MODES}
+    world = MPI.COMM_WORLD
+    mine: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for index in range(warmup + steps):
+        turn = index % len(MODES)
+        for mode in MODES[turn:] + MODES[:turn]:
+            world.Barrier()
+            start = time.perf_counter()
+            runners[mode]()
+            if index >= warmup:
+                mine[mode].append(time.perf_counter() - start)
+    everyone = world.gather(mine)
+    if everyone is None:
+        return {}
+    return {mode: [max(per_rank) for per_rank in zip(*(times[mode] for times in everyone))] for mode in MODES}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; 1 with --quick)")
-    parser.add_argument("--steps", type=int, help="timed steps per run (default 20; 3 with --quick)")
+    parser.add_argument("--steps", type=int, help="timed steps per mode (default 60; 3 with --quick)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--models", default="mlp,convnet")
-    parser.add_argument("--quick", action="store_true", help="one round of a few steps (smoke run)")
+    parser.add_argument("--quick", action="store_true", help="a few steps (smoke run)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "train_torch.json"))
     args = parser.parse_args()
-    rounds = args.rounds or (1 if args.quick else 5)
-    steps = args.steps or (3 if args.quick else 20)
+    steps = args.steps or (3 if args.quick else 60)
+    warmup = 1 if args.quick else 3
     torch.set_num_threads(1)
     hvd.init()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=hvd.rank(), world_size=hvd.size())
     load_before, cpu_before = os.getloadavg(), cpu_times()
-    modes = ["unison", "ddp", "none", "sync", "mpi"]
     names = args.models.split(",")
-    results: dict[tuple[str, str], list[float]] = {}
+    step_seconds: dict[str, dict[str, list[float]]] = {}
     params: dict[str, int] = {}
     for name in names:
         params[name] = sum(p.numel() for p in MODELS[name][0]().parameters())
         if hvd.rank() == 0:
             print(f"{name}: {params[name] / 1e6:.2f} M parameters, batch {args.batch_size} per rank", flush=True)
-        for _ in range(rounds):
-            for mode in modes:
-                results.setdefault((name, mode), []).append(run(mode, name, args.batch_size, steps))
+        step_seconds[name] = measure(name, args.batch_size, steps, warmup)
     load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:
-        print(f"\n{hvd.size()} ranks, 1 thread each, {rounds} alternating rounds of {steps} steps;"
+        samples = hvd.size() * args.batch_size
+        print(f"\n{hvd.size()} ranks, 1 thread each, {steps} steps per mode taking turns step by step;"
               f" load average before {load_before[0]:.2f}/{load_before[1]:.2f}, after "
               f"{load_after[0]:.2f}/{load_after[1]:.2f} (1/5 min); CPU steal {percent(steal)}")
-        print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'sync':>10} {'mpi':>10} {'unison/none':>12}"
-              f" {'ddp/none':>9} {'mpi/none':>9} {'unison/sync':>12} {'ddp/sync':>9} {'unison/ddp':>11}"
-              f" {'unison/mpi':>11}")
+        print(f"{'model':<8} {'unison':>10} {'ddp':>10} {'none':>10} {'mpi':>10} {'unison/none':>12}"
+              f" {'ddp/none':>9} {'mpi/none':>9} {'unison/ddp':>11} {'unison/mpi':>11}")
         models = {}
         for name in names:
-            med = {m: statistics.median(results[(name, m)]) for m in modes}
-            print(f"{name:<8} {med['unison']:>10.1f} {med['ddp']:>10.1f} {med['none']:>10.1f} "
-                  f"{med['sync']:>10.1f} {med['mpi']:>10.1f} {med['unison'] / med['none']:>12.0%} "
-                  f"{med['ddp'] / med['none']:>9.0%} {med['mpi'] / med['none']:>9.0%} "
-                  f"{med['unison'] / med['sync']:>12.0%} {med['ddp'] / med['sync']:>9.0%} "
-                  f"{med['unison'] / med['ddp']:>10.2f}x {med['unison'] / med['mpi']:>10.2f}x")
+            med = {m: samples / statistics.median(step_seconds[name][m]) for m in MODES}
+            print(f"{name:<8} {med['unison']:>10.1f} {med['ddp']:>10.1f} {med['none']:>10.1f} {med['mpi']:>10.1f}"
+                  f" {med['unison'] / med['none']:>12.0%} {med['ddp'] / med['none']:>9.0%}"
+                  f" {med['mpi'] / med['none']:>9.0%} {med['unison'] / med['ddp']:>10.2f}x"
+                  f" {med['unison'] / med['mpi']:>10.2f}x")
             models[name] = {"parameters": params[name],
-                            "samples_per_second": {m: results[(name, m)] for m in modes},
+                            "step_seconds": step_seconds[name],
                             "median_samples_per_second": med,
-                            "share_of_ceiling": {m: med[m] / med["none"] for m in ("unison", "ddp", "sync", "mpi")},
-                            "share_of_sync_ceiling": {m: med[m] / med["sync"] for m in ("unison", "ddp")},
+                            "share_of_ceiling": {m: med[m] / med["none"] for m in ("unison", "ddp", "mpi")},
                             "unison_over_ddp": med["unison"] / med["ddp"],
                             "unison_over_mpi": med["unison"] / med["mpi"]}
-        print("(samples/s, medians over rounds, global across ranks)")
+        print("(samples/s from the median step, global across ranks)")
         write_json(Path(args.output), {
-            "ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps,
-            "batch_size": args.batch_size, "load_before": load_before, "load_after": load_after,
-            "steal_share": steal,
-            "models": models})
+            "ranks": hvd.size(), "threads_per_rank": 1, "alternation": "step", "steps": steps,
+            "warmup_steps": warmup, "batch_size": args.batch_size, "load_before": load_before,
+            "load_after": load_after, "steal_share": steal, "models": models})
     dist.destroy_process_group()
     hvd.shutdown()
 
