@@ -1,20 +1,22 @@
-"""Throughput of TF training on 2 ranks with unison against the same processes without communication.
+"""Throughput of TF training on 2 ranks with unison against plain MPI and against no communication.
 
-Run: ``.venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/train_tensorflow.py [--rounds 5 --steps 10]
-[--quick] [--output PATH]``
+Run: ``.venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/train_tensorflow.py [--steps 40] [--quick]
+[--output PATH]``
 
 The model is the communication-heavy MLP of the torch benchmark (1024-2048-2048-2048-512, about
-11.5 M parameters, batch 32, one thread per rank). Rounds alternate between three measurements, so
-that load changes on a shared machine hit all of them alike; medians are reported:
+11.5 M parameters, batch 32, one thread per rank). The measurements take turns step by step, each
+step starting after a barrier, so that the noise of a shared machine hits all of them alike; a step's
+time is the slower rank's, and medians are reported:
 
-* ``nocomm``: the same tf.function step with a plain tape (the ceiling);
-* ``sync``: ``nocomm`` plus an MPI barrier after every step: the ceiling of any synchronous method,
-  since a step then lasts as long as the slower rank's;
+* ``nocomm``: the same tf.function step with a plain tape (the ceiling of any synchronous method);
 * ``unison``: the step with ``hvd.DistributedGradientTape`` (one grouped allreduce per step);
+* ``mpi``: a tf.function computes the gradients, NumPy copies of them are averaged in place with
+  blocking mpi4py calls in 4 MiB chunks, and a second tf.function applies them: what a hand-written
+  loop over the same MPI gets;
 * ``raw``: unison's NumPy-level grouped allreduce of the same bytes, outside TensorFlow.
 
-The adapter's overhead per step is ``unison - sync - raw``: what the TF bridge adds beyond computing
-in lockstep and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
+The adapter's overhead per step is ``unison - nocomm - raw``: what the TF bridge adds beyond the
+computation and beyond reducing the same bytes. Rank 0 also writes everything it prints, with the
 load average before and after and the share of CPU time stolen by the hypervisor (`machine.py`), to
 ``benchmarks/results/train_tensorflow.json``.
 """
@@ -55,16 +57,19 @@ def make_model() -> keras.Model:
     return keras.Sequential(layers)
 
 
+CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32: unison's default UNISON_CHUNK_BYTES
+MODES = ("unison", "nocomm", "mpi", "raw")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; 1 with --quick)")
-    parser.add_argument("--steps", type=int, help="timed steps per run (default 10; 2 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="one round of a few steps (smoke run)")
+    parser.add_argument("--steps", type=int, help="timed steps per mode (default 40; 3 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a few steps (smoke run)")
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "train_tensorflow.json"))
     args = parser.parse_args()
-    rounds = args.rounds or (1 if args.quick else 5)
-    steps_per_run = args.steps or (2 if args.quick else 10)
+    steps = args.steps or (3 if args.quick else 40)
     hvd.init()
+    world = MPI.COMM_WORLD
     load_before, cpu_before = os.getloadavg(), cpu_times()
     model = make_model()
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -88,53 +93,66 @@ def main() -> None:
     def local_step() -> None:
         step(False)
 
-    steps = {"unison": distributed_step, "nocomm": local_step}
+    @tf.function
+    def gradients() -> list[tf.Tensor]:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        return tape.gradient(loss, model.trainable_variables)
+
+    @tf.function
+    def apply(grads: list[tf.Tensor]) -> None:
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+
+    def mpi_step() -> None:
+        arrays = [np.array(g) for g in gradients()]
+        for array in arrays:
+            flat = array.reshape(-1)
+            for first in range(0, flat.size, CHUNK_ELEMENTS):
+                world.Allreduce(MPI.IN_PLACE, flat[first : first + CHUNK_ELEMENTS])
+            array /= world.Get_size()
+        apply([tf.constant(a) for a in arrays])
+
     buffers = [np.zeros(v.shape, np.float32) for v in model.trainable_variables]
 
     def raw() -> None:
         unison.grouped_allreduce(buffers, name="raw_bench")
 
-    def synced() -> None:
-        local_step()
-        MPI.COMM_WORLD.Barrier()
-
-    runners = {"unison": steps["unison"], "nocomm": steps["nocomm"], "sync": synced, "raw": raw}
+    runners = {"unison": distributed_step, "nocomm": local_step, "mpi": mpi_step, "raw": raw}
     for run in runners.values():  # trace and warm the response cache
         run()
         run()
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            unison.barrier()
+    mine: dict[str, list[float]] = {name: [] for name in MODES}
+    for index in range(steps):
+        turn = index % len(MODES)
+        for name in MODES[turn:] + MODES[:turn]:
+            world.Barrier()
             start = time.perf_counter()
-            for _ in range(steps_per_run):
-                run()
+            runners[name]()
             if name != "raw":
-                float(model.trainable_variables[0][0, 0])  # wait for the last step
-            times[name].append((time.perf_counter() - start) / steps_per_run)
+                float(model.trainable_variables[0][0, 0])  # wait for the step's last update
+            mine[name].append(time.perf_counter() - start)
+    everyone = world.gather(mine)
     load, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
-    if hvd.rank() == 0:
+    if everyone is not None:
+        times = {name: [max(per_rank) for per_rank in zip(*(t[name] for t in everyone))] for name in MODES}
         med = {name: statistics.median(values) for name, values in times.items()}
         print(f"model: {params / 1e6:.2f} M params, batch {BATCH}, {hvd.size()} ranks, "
-              f"{rounds} rounds x {steps_per_run} steps")
-        for name in runners:
-            print(f"{name:>7}: median {med[name] * 1e3:8.1f} ms/step  "
-                  f"(rounds: {', '.join(f'{t * 1e3:.1f}' for t in times[name])})")
-        print(f"throughput vs no-communication ceiling: {med['nocomm'] / med['unison']:.1%}; "
-              f"vs synchronous ceiling: {med['sync'] / med['unison']:.1%} "
-              f"(sync is {med['nocomm'] / med['sync']:.0%} of no-comm)")
-        print(f"adapter overhead per step beyond lockstep compute + raw allreduce: "
-              f"{(med['unison'] - med['sync'] - med['raw']) * 1e3:.1f} ms")
+              f"{steps} steps per mode taking turns step by step (the slower rank's time)")
+        for name in MODES:
+            print(f"{name:>7}: median {med[name] * 1e3:8.1f} ms/step")
+        print(f"throughput vs no-communication ceiling: unison {med['nocomm'] / med['unison']:.1%}, "
+              f"plain mpi4py {med['nocomm'] / med['mpi']:.1%}")
+        print(f"adapter overhead per step beyond the computation + raw allreduce: "
+              f"{(med['unison'] - med['nocomm'] - med['raw']) * 1e3:.1f} ms")
         print(f"load average (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
               f"CPU steal {percent(steal)}")
-        results = {"ranks": hvd.size(), "threads_per_rank": 1, "rounds": rounds, "steps": steps_per_run,
+        results = {"ranks": hvd.size(), "threads_per_rank": 1, "alternation": "step", "steps": steps,
                    "batch_size": BATCH, "parameters": params, "load_before": load_before, "load_after": load,
                    "steal_share": steal,
                    "seconds_per_step": times, "median_seconds_per_step": med,
                    "share_of_ceiling": med["nocomm"] / med["unison"],
-                   "share_of_sync_ceiling": med["sync"] / med["unison"],
-                   "sync_share_of_ceiling": med["nocomm"] / med["sync"],
-                   "adapter_overhead_seconds": med["unison"] - med["sync"] - med["raw"]}
+                   "mpi_share_of_ceiling": med["nocomm"] / med["mpi"],
+                   "adapter_overhead_seconds": med["unison"] - med["nocomm"] - med["raw"]}
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
