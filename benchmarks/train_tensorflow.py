@@ -27,7 +27,7 @@ import argparse
 import json
 import os
 import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -40,7 +40,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import keras  # noqa: E402
 from machine import cpu_times, percent, steal_share  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from turns import average_in_place, take_turns  # noqa: E402
 
 import unison  # noqa: E402
 import unison.tensorflow as hvd  # noqa: E402
@@ -57,10 +57,6 @@ def make_model() -> keras.Model:
     return keras.Sequential(layers)
 
 
-CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32: unison's default UNISON_CHUNK_BYTES
-MODES = ("unison", "nocomm", "mpi", "raw")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="timed steps per mode (default 40; 3 with --quick)")
@@ -69,7 +65,6 @@ def main() -> None:
     args = parser.parse_args()
     steps = args.steps or (3 if args.quick else 40)
     hvd.init()
-    world = MPI.COMM_WORLD
     load_before, cpu_before = os.getloadavg(), cpu_times()
     model = make_model()
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -106,10 +101,7 @@ def main() -> None:
     def mpi_step() -> None:
         arrays = [np.array(g) for g in gradients()]
         for array in arrays:
-            flat = array.reshape(-1)
-            for first in range(0, flat.size, CHUNK_ELEMENTS):
-                world.Allreduce(MPI.IN_PLACE, flat[first : first + CHUNK_ELEMENTS])
-            array /= world.Get_size()
+            average_in_place(array)
         apply([tf.constant(a) for a in arrays])
 
     buffers = [np.zeros(v.shape, np.float32) for v in model.trainable_variables]
@@ -117,28 +109,24 @@ def main() -> None:
     def raw() -> None:
         unison.grouped_allreduce(buffers, name="raw_bench")
 
-    runners = {"unison": distributed_step, "nocomm": local_step, "mpi": mpi_step, "raw": raw}
+    def updated(run: Callable[[], object]) -> Callable[[], None]:
+        def timed() -> None:
+            run()
+            float(model.trainable_variables[0][0, 0])  # wait for the step's last update
+        return timed
+
+    runners = {"unison": updated(distributed_step), "nocomm": updated(local_step), "mpi": updated(mpi_step),
+               "raw": raw}
     for run in runners.values():  # trace and warm the response cache
         run()
         run()
-    mine: dict[str, list[float]] = {name: [] for name in MODES}
-    for index in range(steps):
-        turn = index % len(MODES)
-        for name in MODES[turn:] + MODES[:turn]:
-            world.Barrier()
-            start = time.perf_counter()
-            runners[name]()
-            if name != "raw":
-                float(model.trainable_variables[0][0, 0])  # wait for the step's last update
-            mine[name].append(time.perf_counter() - start)
-    everyone = world.gather(mine)
+    times = take_turns(runners, steps)
     load, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
-    if everyone is not None:
-        times = {name: [max(per_rank) for per_rank in zip(*(t[name] for t in everyone))] for name in MODES}
+    if times is not None:
         med = {name: statistics.median(values) for name, values in times.items()}
         print(f"model: {params / 1e6:.2f} M params, batch {BATCH}, {hvd.size()} ranks, "
               f"{steps} steps per mode taking turns step by step (the slower rank's time)")
-        for name in MODES:
+        for name in times:
             print(f"{name:>7}: median {med[name] * 1e3:8.1f} ms/step")
         print(f"throughput vs no-communication ceiling: unison {med['nocomm'] / med['unison']:.1%}, "
               f"plain mpi4py {med['nocomm'] / med['mpi']:.1%}")

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from machine import cpu_times, percent, steal_share
-from mpi4py import MPI
+from turns import average_in_place, take_turns
 
 import unison.torch as hvd
 
@@ -66,19 +65,11 @@ def loss_of(name: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, target) if name == "mlp" else F.cross_entropy(out, target)
 
 
-CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32: unison's default UNISON_CHUNK_BYTES
-
-
 def reduce_with_mpi(model: torch.nn.Module) -> None:
     """The ``mpi`` mode: average every gradient in place with blocking mpi4py calls, chunk by chunk."""
-    size = MPI.COMM_WORLD.Get_size()
     for p in model.parameters():
-        grad = p.grad
-        assert grad is not None
-        flat = grad.numpy().reshape(-1)
-        for start in range(0, flat.size, CHUNK_ELEMENTS):
-            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, flat[start : start + CHUNK_ELEMENTS])
-        grad.div_(size)
+        assert p.grad is not None
+        average_in_place(p.grad.numpy())
 
 
 MODES = ("unison", "ddp", "none", "mpi")
@@ -108,21 +99,7 @@ def make_step(mode: str, name: str, batch: int) -> Callable[[], None]:
 
 def measure(name: str, batch: int, steps: int, warmup: int) -> dict[str, list[float]]:
     """Seconds per step of every mode, taking turns step by step; on rank 0, the slower rank's time."""
-    runners = {mode: make_step(mode, name, batch) for mode in MODES}
-    world = MPI.COMM_WORLD
-    mine: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for index in range(warmup + steps):
-        turn = index % len(MODES)
-        for mode in MODES[turn:] + MODES[:turn]:
-            world.Barrier()
-            start = time.perf_counter()
-            runners[mode]()
-            if index >= warmup:
-                mine[mode].append(time.perf_counter() - start)
-    everyone = world.gather(mine)
-    if everyone is None:
-        return {}
-    return {mode: [max(per_rank) for per_rank in zip(*(times[mode] for times in everyone))] for mode in MODES}
+    return take_turns({mode: make_step(mode, name, batch) for mode in MODES}, steps, warmup) or {}
 
 
 def main() -> None:
