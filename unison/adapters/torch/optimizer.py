@@ -295,8 +295,7 @@ class _DistributedOptimizer:
             self._unison_wait()
         finally:
             self._unison_stats["wait_seconds"] += time.perf_counter() - started
-            for p in self._unison_params:
-                self._unison_countdown[p] = self.backward_passes_per_step
+            self._unison_new_window()
         self._synchronized = True
         if missing and self._unison_missing == "error":
             names = sorted(str(self._parameter_names.get(p)) for p in missing)
@@ -363,25 +362,26 @@ class _DistributedOptimizer:
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition: the "
                 "gradients are being reduced in place. Call step() (or synchronize()) first."
             )
-        for p in self._unison_countdown:
-            self._unison_countdown[p] = self.backward_passes_per_step
+        self._unison_new_window()
         self._unison_group_ready = {}
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
+
+    def _unison_new_window(self) -> None:
+        """Start a new accumulation window: every parameter awaits its passes again, none is due."""
+        for p in self._unison_countdown:
+            self._unison_countdown[p] = self.backward_passes_per_step
+        self._unison_deferred = []
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes are accumulated before each reduction."""
         _check_passes(passes)
         self.backward_passes_per_step = passes
-        for p in self._unison_countdown:
-            self._unison_countdown[p] = passes
-        self._unison_deferred = []
+        self._unison_new_window()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load the wrapped optimizer's state and reset the accumulation window."""
         super().load_state_dict(state_dict)  # type: ignore[misc]
-        for p in self._unison_countdown:
-            self._unison_countdown[p] = self.backward_passes_per_step
-        self._unison_deferred = []
+        self._unison_new_window()
         self._synchronized = False
 
 
