@@ -138,6 +138,7 @@ class Engine:
         self._abort_reason = ""  # this rank is failing: send the reason to the coordinator
         self._abort_sent = False
         self._stopped = threading.Event()
+        self._disowned = False  # a forked child's copy: never talks to peers
         # Called once, from the thread that stopped the engine, with the error that stopped it and
         # whether a pending handle was failed with it (a framework thread was waiting on the job).
         self.on_stop: Callable[[BaseException, bool], None] | None = None
@@ -232,7 +233,7 @@ class Engine:
     def shutdown(self, timeout: float = 30.0) -> None:
         """Ask every rank to stop, wait for this rank's thread, and fail what is still pending."""
         with self._lock:
-            if self._state == "created":
+            if self._state == "created" or self._disowned:
                 self._state = "stopped"
                 return
             self._shutdown_requested = True
@@ -264,6 +265,23 @@ class Engine:
             return False
         self._stopped.wait(timeout)
         return isinstance(self._stop_error, AbortedError)
+
+    def disown(self, error: BaseException) -> None:
+        """Make this engine refuse all work in this process without a word to any peer.
+
+        For a process forked after `init()`: the child shares the parent's memory, but not its engine
+        thread or its place in the job. Every later call raises `error`; `shutdown()` does nothing.
+        """
+        with self._lock:
+            self._state = "stopped"
+            self._stop_error = error
+            self._queue = []
+            self._held = {}
+            self._in_flight.clear()
+        self._pending.clear()
+        self._unsent = []
+        self.on_stop = None
+        self._disowned = True
 
     def _stopped_error(self) -> BaseException:
         if self._stop_error is not None:
