@@ -105,9 +105,17 @@ def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
     Horovod numbers unnamed ops with its handle counter, which every call advances; then a rank that
     made one extra *named* call (a zero-filled missing gradient, uneven data before join) can never
     match its later unnamed ops again. Counting only unnamed calls, per process set, avoids that.
+
+    The count pairs the n-th unnamed call of one rank with the n-th of every other, which is only
+    right when each rank makes its unnamed calls in one program order: from one thread. Calls from a
+    second thread would interleave differently on each rank and pair one thread's tensor with the
+    other's, so they are refused (`UnnamedThreadError`). A number is used up even when the call then
+    fails on this rank, so a rank that skipped a collective is caught by the coordinator as out of
+    step (`unnamed_position`) instead of silently pairing its next call with the skipped one.
     """
     if name is not None:
         return f"{kind}.{name}"
+    current.check_unnamed_thread(kind)
     return f"{kind}.noname.{current.next_name_index(('noname', set_id))}"
 
 

@@ -31,7 +31,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
     # Not type(obj).__name__ (Horovod's default): non-root ranks usually pass None, so the names
     # would differ across ranks and the broadcast would never match. Call order is the same everywhere.
     set_id = process_set.process_set_id or 0
-    name = name or f"broadcast_object.{set_id}.{current.next_name_index(set_id)}"
+    if name is None:
+        current.check_unnamed_thread("broadcast_object")
+        name = f"broadcast_object.{set_id}.{current.next_name_index(set_id)}"
     if current.rank == root_rank:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         length = np.array([payload.size], dtype=np.int64)
@@ -52,7 +54,9 @@ def allgather_object(obj: Any, name: str | None = None,
     """Return the list of every set member's `obj`, in set-rank order (pickled; trusted peers only)."""
     current = job()
     set_id = process_set.process_set_id or 0
-    name = name or f"allgather_object.{set_id}.{current.next_name_index(set_id)}"
+    if name is None:
+        current.check_unnamed_thread("allgather_object")
+        name = f"allgather_object.{set_id}.{current.next_name_index(set_id)}"
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sz",
                       process_set=process_set)

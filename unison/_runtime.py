@@ -15,7 +15,13 @@ from typing import Any
 from . import _failure
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .coordinator.engine import Engine
-from .errors import ConfigError, InvalidArgumentError, NotInitializedError, UnisonNotImplementedError
+from .errors import (
+    ConfigError,
+    InvalidArgumentError,
+    NotInitializedError,
+    UnisonNotImplementedError,
+    UnnamedThreadError,
+)
 from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
@@ -45,12 +51,39 @@ class Job:
     process_sets: dict[int, ProcessSet]
     handle_counter: int = 0
     names_counters: dict[Hashable, int] = dataclasses.field(default_factory=dict)
+    # the one thread that may submit unnamed collectives: the thread that called init()
+    unnamed_thread: threading.Thread = dataclasses.field(default_factory=threading.current_thread)
+    _names_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def next_name_index(self, key: Hashable) -> int:
         """A call counter per key (e.g. a process set id): default names that match when the members
         of a set make the same calls in the same order."""
-        self.names_counters[key] = self.names_counters.get(key, 0) + 1
-        return self.names_counters[key]
+        with self._names_lock:
+            self.names_counters[key] = self.names_counters.get(key, 0) + 1
+            return self.names_counters[key]
+
+    def check_unnamed_thread(self, kind: str) -> None:
+        """Refuse an unnamed collective from any thread but the one that called `init()` (see
+        `_collectives._op_name`); the main thread takes over once that thread has ended.
+
+        The owner must be the same thread on every rank: "the first thread to submit" would be a race
+        decided differently on each rank, which is exactly the mix-up this rule prevents.
+        """
+        me = threading.current_thread()
+        owner = self.unnamed_thread
+        if owner is me:
+            return
+        if not owner.is_alive():
+            owner = self.unnamed_thread = threading.main_thread()
+            if owner is me:
+                return
+        raise UnnamedThreadError(
+            f"Unnamed collectives must come from the thread that called init() ({owner.name!r}); {kind} "
+            f"was called without a name from thread {me.name!r}. Unnamed calls are paired across "
+            "ranks by their order, which differs between ranks when several threads make them, so one "
+            f"thread would receive another's tensors. Pass name=... to the {kind} calls made from "
+            "other threads (the same name on every rank)."
+        )
 
 
 _job: Job | None = None

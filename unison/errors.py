@@ -4,7 +4,8 @@
     ├── NotInitializedError          (ValueError)      an API call before init() or after shutdown()
     ├── InvalidArgumentError         (ValueError)      a bad argument caught before anything is sent
     │   ├── UnsupportedDtypeError                      a dtype the operation cannot carry
-    │   └── DuplicateNameError                         a name already in flight on this rank
+    │   ├── DuplicateNameError                         a name already in flight on this rank
+    │   └── UnnamedThreadError                         an unnamed collective from a second thread
     ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
     ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
     ├── UnisonNotImplementedError    (NotImplementedError)
@@ -36,6 +37,7 @@ __all__ = [
     "StallError",
     "UnisonError",
     "UnisonNotImplementedError",
+    "UnnamedThreadError",
     "UnsupportedDtypeError",
 ]
 
@@ -61,6 +63,11 @@ class UnsupportedDtypeError(InvalidArgumentError):
 
 class DuplicateNameError(InvalidArgumentError):
     """A collective was submitted under a name that is still in flight on this rank."""
+
+
+class UnnamedThreadError(InvalidArgumentError):
+    """An unnamed collective was submitted from a second thread; its pairing across ranks would be
+    a race, so it needs a name."""
 
 
 class ConfigError(UnisonError, ValueError):

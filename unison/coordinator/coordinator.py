@@ -15,6 +15,7 @@ from typing import Any
 from ..backends.base import split_counts
 from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
+from .names import kind_conflict, split_name, unnamed_drift, unnamed_index
 
 __all__ = ["Coordinator", "reducescatter_rows"]
 
@@ -76,6 +77,9 @@ class _Pending:
     ready: bool = False
     # the distinct Request objects in `requests` (usually one): agreement is checked on these alone
     distinct: list[Request] = dataclasses.field(default_factory=list)
+    # (process set, user name) and the unnamed call number: the keys of the cross-name checks
+    family: tuple[int, str] = (0, "")
+    unnamed: int | None = None
 
 
 class Coordinator:
@@ -107,6 +111,9 @@ class Coordinator:
         self._expected_cache: dict[int, frozenset[int]] = {}
         self._world = frozenset(range(size))
         self._groups: dict[str, set[str]] = {}
+        # pending names by (process set, user name), and pending unnamed names by process set
+        self._families: dict[tuple[int, str], set[str]] = {}
+        self._unnamed: dict[int, set[str]] = {}
         self._stats = {"cycles": 0, "requests": 0, "responses": 0, "errors": 0}
 
     def __repr__(self) -> str:
@@ -220,7 +227,7 @@ class Coordinator:
         """Record `request` as sent by each of `ranks`."""
         entry = self._table.get(request.name)
         if entry is None:
-            entry = self._table[request.name] = _Pending({}, now)
+            entry = self._table[request.name] = self._new_entry(request, now)
         if entry.requests and not entry.requests.keys().isdisjoint(ranks):
             again = sorted(entry.requests.keys() & set(ranks))
             who = f"Rank {again[0]}" if len(again) == 1 else f"Ranks {again}"
@@ -237,12 +244,69 @@ class Coordinator:
             entry.distinct.append(request)
         if self._is_ready(entry):
             self._mark_ready(request.name, entry, out)
+        elif len(self._families.get(entry.family, ())) > 1 or (
+            entry.unnamed is not None and len(self._unnamed[entry.family[0]]) > 1
+        ):
+            self._check_across_names(entry, out)
+
+    def _new_entry(self, request: Request, now: float) -> _Pending:
+        _, rest = split_name(request.name)
+        family = (request.process_set_id, rest)
+        entry = _Pending({}, now, family=family, unnamed=unnamed_index(rest))
+        if rest:  # names made by unison are '<kind>.<name>'; others (tests, tools) have no family
+            self._families.setdefault(family, set()).add(request.name)
+        if entry.unnamed is not None:
+            self._unnamed.setdefault(request.process_set_id, set()).add(request.name)
+        return entry
+
+    def _remove(self, name: str) -> _Pending:
+        """Take `name` out of the table and out of the cross-name indexes."""
+        entry = self._table.pop(name)
+        family = self._families.get(entry.family)
+        if family is not None:
+            family.discard(name)
+            if not family:
+                del self._families[entry.family]
+        if entry.unnamed is not None:
+            unnamed = self._unnamed.get(entry.family[0])
+            if unnamed is not None:
+                unnamed.discard(name)
+                if not unnamed:
+                    del self._unnamed[entry.family[0]]
+        return entry
+
+    def _check_across_names(self, entry: _Pending, out: list[Response]) -> None:
+        """Fail, at once, pending collectives that can never run: one user name asked for under two
+        kinds, or unnamed calls whose ranks are out of step (see `unison.coordinator.names`)."""
+        set_id, rest = entry.family
+        names = sorted(self._families.get(entry.family, ()))
+        problem = ""
+        if len(names) > 1:
+            first = next(iter(entry.requests.values()))
+            submitted = {split_name(n)[0]: frozenset(self._table[n].requests) for n in names}
+            problem = kind_conflict(rest, submitted, self._expected(first))
+        if not problem and entry.unnamed is not None:
+            names = sorted(self._unnamed.get(set_id, ()))
+            pending = []
+            for name in names:
+                other = self._table[name]
+                assert other.unnamed is not None
+                pending.append((other.unnamed, split_name(name)[0], frozenset(other.requests)))
+            problem = unnamed_drift(pending, set_id)
+        if not problem:
+            return
+        for name in names:
+            failed = self._remove(name)
+            first = next(iter(failed.requests.values()))
+            if first.group in self._groups:
+                self._groups[first.group].discard(name)
+            out.append(self._error((name,), problem))
 
     def _mark_ready(self, name: str, entry: _Pending, out: list[Response]) -> None:
         entry.ready = True
         first = next(iter(entry.requests.values()))
         if not first.group:
-            del self._table[name]
+            self._remove(name)
             out.append(self._respond(name, entry))
             return
         members = self._groups.setdefault(first.group, set())
@@ -252,7 +316,7 @@ class Coordinator:
         # The whole group is ready: respond for all its members together, in name order.
         del self._groups[first.group]
         for member in sorted(members, key=_group_index):
-            out.append(self._respond(member, self._table.pop(member)))
+            out.append(self._respond(member, self._remove(member)))
 
     def _error(self, names: tuple[str, ...], message: str) -> Response:
         self._stats["errors"] += 1

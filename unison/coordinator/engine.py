@@ -73,6 +73,11 @@ def _bits(mask: int) -> list[int]:
 _WORD = (1 << 64) - 1
 
 
+def _user_name(name: str) -> str:
+    """The user's part of a tensor name ``<kind>.<name>`` (the whole name when it has no kind)."""
+    return name.partition(".")[2] or name
+
+
 def _split_words(mask: int, words: int) -> list[int]:
     """A non-negative int as `words` little-endian 64-bit words."""
     return [(mask >> (64 * i)) & _WORD for i in range(words)]
@@ -119,7 +124,11 @@ class Engine:
         self._event = threading.Event()
         self._queue: list[list[Entry]] = []
         self._held: dict[int, list[list[Entry]]] = {}  # thread id -> groups submitted inside batch()
-        self._in_flight: set[str] = set()  # names submitted and not yet completed (this rank)
+        # user name -> full name, for what this rank submitted and has not completed: one user name
+        # is in flight under one kind at a time (Horovod's rule), so a rank that asks for an allreduce
+        # and a peer that asks for a broadcast under one name can be told apart from ranks that
+        # merely submit in different orders (see unison.coordinator.names).
+        self._in_flight: dict[str, str] = {}
         self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
         self._shutdown_requested = False
@@ -191,14 +200,22 @@ class Engine:
             if self._state != "running":
                 raise self._stopped_error()
             names = [entry.request.name for entry in group]
-            for entry, name in zip(group, names):
-                if name in self._in_flight or (len(group) > 1 and names.count(name) > 1):
+            users = [_user_name(name) for name in names]
+            for entry, name, user in zip(group, names, users):
+                other = self._in_flight.get(user)
+                if other == name or (len(group) > 1 and names.count(name) > 1):
                     raise DuplicateNameError(
                         f"Requested to {entry.request.kind.value} a tensor named '{name}' while "
                         "another tensor with that name is still being processed on this rank. "
                         "Use a different name for each tensor in flight."
                     )
-            self._in_flight.update(names)
+                if other is not None:
+                    raise DuplicateNameError(
+                        f"Requested to {entry.request.kind.value} a tensor named '{user}' while "
+                        f"'{other}' is still being processed on this rank: one name is used by one "
+                        "collective at a time. Use a different name for each tensor in flight."
+                    )
+            self._in_flight.update(zip(users, names))
             held = self._held.get(threading.get_ident())
             if held is not None:
                 held.append(group)
@@ -492,7 +509,7 @@ class Engine:
         entry = self._pending.pop(name, None)
         if entry is not None:
             with self._lock:
-                self._in_flight.discard(name)
+                self._in_flight.pop(_user_name(name), None)
         return entry
 
     def _execute(self, response: Response) -> bool:

@@ -136,6 +136,15 @@ def test_duplicate_name_in_flight_raises_at_once(job2: Job) -> None:
     job2.engines[1].enqueue([allreduce_entry("dup", 1, value)])
 
 
+def test_one_name_under_two_kinds_in_flight_raises_at_once(job2: Job) -> None:
+    value = np.ones(2, np.float32)
+    job2.engines[0].enqueue([allreduce_entry("allreduce.w", 0, value)])
+    request = Request("broadcast.w", CollectiveKind.BROADCAST, 0, DType.FLOAT32, (2,), root_rank=0)
+    with pytest.raises(DuplicateNameError, match="named 'w' while 'allreduce.w' is still being processed"):
+        job2.engines[0].enqueue([Entry(request, value, np.empty_like(value), Handle("broadcast.w"))])
+    job2.engines[1].enqueue([allreduce_entry("allreduce.w", 1, value)])
+
+
 def test_mismatch_fails_on_every_rank_and_the_job_continues(job2: Job) -> None:
     def work(rank: int, engine: Engine) -> object:
         bad = allreduce_entry("m", rank, np.ones(2 + rank, np.float32))
