@@ -35,6 +35,7 @@ from .messages import (
     Request,
     Response,
     ResponseKind,
+    WireError,
     decode_request_lists,
     decode_responses,
     encode_requests,
@@ -471,14 +472,7 @@ class Engine:
             data: bytes | None = None
             if self.coordinator is not None:
                 assert gathered is not None
-                lists = decode_request_lists(gathered)
-                if self._news:
-                    responses = [Response(ResponseKind.STALL, (), message=self._news)]
-                    self._news = ""
-                else:
-                    responses = self.coordinator.handle(lists, now)
-                self._timeline_negotiation(lists, responses)
-                data = encode_responses(responses)
+                data = encode_responses(self._negotiate(gathered, now))
             fresh = decode_responses(self.backend.broadcast_bytes(data))
         else:
             self._stats["fast_cycles"] += 1
@@ -502,6 +496,32 @@ class Engine:
                 self.cache.put(response)
         if invalid or cacheable:
             self._revalidate()
+
+    def _negotiate(self, gathered: list[bytes], now: float) -> list[Response]:
+        """Rank 0: decide this cycle's responses from every rank's payload.
+
+        Whatever goes wrong here (a payload rank 0 cannot read, a fault in the coordinator) becomes an
+        abort response carrying the cause, so every rank stops with the reason instead of waiting
+        for a rank 0 whose engine has died.
+        """
+        assert self.coordinator is not None
+        try:
+            lists = decode_request_lists(gathered)
+            if self._news:
+                responses = [Response(ResponseKind.STALL, (), message=self._news)]
+                self._news = ""
+            else:
+                responses = self.coordinator.handle(lists, now)
+            self._timeline_negotiation(lists, responses)
+        except WireError as exc:
+            log.error("%s", exc)
+            return self.coordinator.abort(f"unison stopped the job: {exc}")
+        except Exception as exc:  # noqa: BLE001 - reaches every rank as the abort's reason
+            log.exception("the coordinator failed")
+            return self.coordinator.abort(
+                f"unison stopped the job: its coordinator on rank 0 failed: {type(exc).__name__}: {exc}"
+            )
+        return responses
 
     # -- execution ----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ __all__ = [
     "Request",
     "Response",
     "ResponseKind",
+    "WireError",
     "decode_request_lists",
     "decode_requests",
     "decode_responses",
@@ -175,10 +176,19 @@ def decode_requests(data: bytes, rank: int) -> list[Request]:
     return out
 
 
+class WireError(ValueError):
+    """A peer's negotiation payload could not be read; names the rank that sent it."""
+
+
 def decode_request_lists(parts: Sequence[bytes]) -> list[list[Request]]:
     """Parse every rank's payload (index = rank). Identical payloads, the common case, are parsed
     once and the ranks that sent them get the same list object, whose requests carry the first such
-    rank: the coordinator takes each rank from the list's position, never from `Request.rank`."""
+    rank: the coordinator takes each rank from the list's position, never from `Request.rank`.
+
+    Raises:
+        WireError: a payload is not a request list made by `encode_requests` (a peer of another
+            version, corrupted memory, or a hostile sender); the message names the rank.
+    """
     parsed: dict[bytes, list[Request]] = {}
     out: list[list[Request]] = []
     for rank, data in enumerate(parts):
@@ -187,9 +197,42 @@ def decode_request_lists(parts: Sequence[bytes]) -> list[list[Request]]:
             continue
         requests = parsed.get(data)
         if requests is None:
-            requests = parsed[data] = decode_requests(data, rank)
+            try:
+                requests = parsed[data] = _checked(decode_requests(data, rank))
+            except Exception as exc:  # noqa: BLE001 - any parse failure is the sender's, reported as such
+                shown = bytes(data[:60])
+                raise WireError(
+                    f"rank {rank} sent a negotiation message that rank 0 cannot read "
+                    f"({type(exc).__name__}: {exc}; {len(data)} bytes starting {shown!r}). Every rank "
+                    "must run the same unison version; anything else writing to the job's control "
+                    "channel is a fault."
+                ) from exc
         out.append(requests)
     return out
+
+
+_TEXT_FIELDS = ("name", "device", "group", "reason")
+_INT_TUPLE_FIELDS = ("shape", "splits", "ranks")
+
+
+def _checked(requests: list[Request]) -> list[Request]:
+    """Check the field types a decoded payload could get wrong (JSON carries any type)."""
+    for request in requests:
+        for field in _TEXT_FIELDS:
+            if not isinstance(getattr(request, field), str):
+                raise TypeError(f"field {field!r} of {request.name!r} is not a string")
+        for field in _INT_TUPLE_FIELDS:
+            value = getattr(request, field)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise TypeError(f"field {field!r} of {request.name!r} is not a list of integers")
+        for field in ("root_rank", "process_set_id", "group_size"):
+            value = getattr(request, field)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"field {field!r} of {request.name!r} is not an integer")
+        for field in ("prescale", "postscale"):
+            if not isinstance(getattr(request, field), (int, float)):
+                raise TypeError(f"field {field!r} of {request.name!r} is not a number")
+    return requests
 
 
 def encode_responses(responses: Sequence[Response]) -> bytes:
