@@ -7,15 +7,18 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..config import load_settings
 from ..errors import ConfigError, LaunchError
+from ._environment import env_pairs, hide_values
 from ._jobs import register, show_status
+from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
+from ._program import check_program
+from ._reaper import JobDirectory
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["main", "parser"]
@@ -47,8 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="stop the job (exit status 124) after this many seconds")
     p.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
-                   help="pass an environment variable to every rank (the whole environment is "
-                   "passed on this host; use this for remote hosts); repeatable")
+                   help="pass an environment variable to every rank, through mpiexec's environment "
+                   "(never its command line); for secrets give NAME only, with the value exported; "
+                   "repeatable")
     p.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, as one string")
     p.add_argument("--launcher-exec", default="", metavar="SCRIPT",
                    help="program mpiexec runs instead of ssh to start processes on other hosts "
@@ -67,18 +71,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _env_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
-    pairs = []
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not name:
-            raise LaunchError(f"-x needs NAME or NAME=VALUE. Got {item!r}.")
-        if not sep:
-            if name not in os.environ:
-                raise LaunchError(f"-x {name}: {name} is not set in unisonrun's environment.")
-            value = os.environ[name]
-        pairs.append((name, value))
-    return pairs
+_HOST_OPTIONS = frozenset({"-hosts", "-host", "-H", "--host", "-f", "-hostfile", "--hostfile", "-machinefile",
+                           "--machinefile", "-machine", "-launcher", "-launcher-exec", "-bootstrap"})
+
+
+def _local_only(hosts: str, hostfile: str, launcher_exec: str, extra: Sequence[str]) -> bool:
+    """True when every rank runs on this host (then each runs under a keeper with this Python)."""
+    return not (hosts or hostfile or launcher_exec) and not any(
+        arg.split("=", 1)[0] in _HOST_OPTIONS for arg in extra)
 
 
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
@@ -90,6 +90,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         raise LaunchError(f"-np must be at least 1. Got -np {np}.")
     if not program:
         raise LaunchError("No program given: unisonrun -np N python train.py")
+    check_program(np, program)
     try:  # a bad UNISON_*/HOROVOD_* value fails here once, not on every rank after the start
         load_settings({**os.environ, **(extra_env or {}), **dict(env_pairs)})
     except ConfigError as exc:
@@ -97,9 +98,13 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     found = find_mpiexec(mpiexec)
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="unisonrun-") as directory:
+    extra = shlex.split(mpi_args)
+    keepers = _local_only(hosts, hostfile, launcher_exec, extra)
+    with JobDirectory("unisonrun-") as job:
+        directory = str(job.path)
         env = dict(os.environ)
         env.update(extra_env or {})
+        env.update(env_pairs)  # values travel in mpiexec's environment, never on its command line
         env[LAUNCHER_DIR_VARIABLE] = directory
         tails = None
         if tag_output and found.vendor != "openmpi":
@@ -107,13 +112,16 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
             # output to files and tag whole lines while copying them out.
             output_dir = output_dir or directory
             tails = (np, output_dir)
-        cmd = found.command(np, program, hosts=hosts, hostfile=hostfile, tag_output=tag_output,
-                            output_dir=output_dir, env=env_pairs, extra=shlex.split(mpi_args),
+        cmd = found.command(np, keeper_command(list(program)) if keepers else program, hosts=hosts,
+                            hostfile=hostfile, tag_output=tag_output, output_dir=output_dir,
+                            env_names=[name for name, _ in env_pairs], extra=extra,
                             launcher_exec=launcher_exec, iface=iface)
         record = register(directory, program, np)
+        job.remove_too(record)
         try:
-            outcome = supervise(cmd, Path(directory), env, timeout=timeout,
-                                stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails)
+            outcome = supervise(cmd, job.path, env, timeout=timeout,
+                                stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails,
+                                announce=True, keepers=keepers)
         finally:
             if record is not None:
                 record.unlink(missing_ok=True)
@@ -136,8 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = list(args.command)
         if command and command[0] == "--":
             command = command[1:]
+        hide_values(args.env)
         return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
-                      output_dir=args.output_filename, env_pairs=_env_pairs(args.env),
+                      output_dir=args.output_filename, env_pairs=env_pairs(args.env, os.environ),
                       mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout,
                       launcher_exec=args.launcher_exec, iface=args.iface)
     except LaunchError as exc:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import LaunchError
+from ._environment import name_flags
 
 __all__ = ["MpiExec", "find_mpiexec", "library_vendor", "mpiexec_vendor"]
 
@@ -70,9 +71,13 @@ class MpiExec:
     version: str
 
     def command(self, np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "",
-                tag_output: bool = False, output_dir: str = "", env: Sequence[tuple[str, str]] = (),
+                tag_output: bool = False, output_dir: str = "", env_names: Sequence[str] = (),
                 extra: Sequence[str] = (), launcher_exec: str = "", iface: str = "") -> list[str]:
         """The full mpiexec command line for `program` on `np` processes.
+
+        `env_names` are variables to pass to every rank from mpiexec's environment: the caller puts
+        their values there (`_environment`); the command line, readable by every user, names them at
+        most.
 
         `launcher_exec` replaces ssh for starting processes on other hosts. `iface` names the network
         interface between hosts; with MPICH it also selects the TCP netmod (``ofi`` with the ``tcp``
@@ -102,12 +107,13 @@ class MpiExec:
             if openmpi:
                 cmd += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
             else:
+                # Fixed, public values: they may stand on the command line.
                 network = [("MPIR_CVAR_CH4_NETMOD", "ofi"), ("FI_PROVIDER", "tcp"), ("FI_TCP_IFACE", iface)]
                 cmd += ["-iface", iface]
-                env = [*network, *env]
-        for name, value in env:
-            cmd += ["-x", f"{name}={value}"] if openmpi else ["-genv", name, value]
-        return cmd + list(extra) + list(program)
+                for name, value in network:
+                    cmd += ["-genv", name, value]
+        flags, extra = name_flags(self.vendor, list(env_names), extra)
+        return cmd + flags + extra + list(program)
 
 
 def _version_of(path: str) -> str:

@@ -6,14 +6,14 @@ import json
 import os
 import pickle
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..errors import AbortedError, LaunchError, ShutdownError
+from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
+from ._reaper import JobDirectory
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["run"]
@@ -77,17 +77,18 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
                 f"unison.run needs an importable function; {getattr(fn, '__qualname__', fn)!r} was defined "
                 "interactively. Put it in a module (or a script file) and import it."
             )
-    with tempfile.TemporaryDirectory(prefix="unison-run-") as directory:
-        job = Path(directory)
+    with JobDirectory("unison-run-") as job_directory:
+        job = job_directory.path
+        directory = str(job)
         (job / "meta.json").write_text(json.dumps({"main_path": main_path, "sys_path": list(sys.path)}))
         with open(job / "job.pkl", "wb") as f:
             pickle.dump({"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {})}, f)
         run_env = dict(os.environ)
         run_env.update(env or {})
         run_env[LAUNCHER_DIR_VARIABLE] = directory
-        program = [sys.executable, "-m", "unison.launcher._bootstrap", directory]
+        program = keeper_command([sys.executable, "-m", "unison.launcher._bootstrap", directory])
         cmd = found.command(np, program, extra=shlex.split(mpi_args))
-        outcome = supervise(cmd, job, run_env, timeout=timeout)
+        outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[Any] = []
         errors: dict[int, dict[str, Any]] = {}
         for rank in range(np):
@@ -99,6 +100,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
             _raise_first(errors, np)
         if outcome.interrupted:
             raise KeyboardInterrupt
+        if outcome.timed_out:
+            raise LaunchError(f"unison.run: the job ran past timeout={timeout:g} s; stopped every rank.")
         status = exit_status(outcome)
         for rank in range(np):
             result_file = job / f"result-{rank}.pkl"

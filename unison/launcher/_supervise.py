@@ -3,10 +3,15 @@
 Every rank started under the launcher writes marker files into the job's directory (see
 `unison._failure`): ``started-R`` (host and pid, at ``init()``), ``failed-R`` (the abort reason, from
 the exception hook) and ``finished-R`` (at an orderly ``shutdown()``). The supervisor polls them with
-mpiexec: a rank on this host whose pid is gone without ``finished-R`` died (signal, ``os._exit``); a
+mpiexec: a rank on this host whose process ended without ``finished-R`` died (signal, ``os._exit``); a
 ``failed-R`` means an uncaught exception. After either, the job gets `GRACE_SECONDS` to end by itself
 (the abort normally ends it in under a second), then everything is killed. mpiexec starts each rank in
 its own session, so killing mpiexec's process group is not enough: the registered pids are killed too.
+
+Whom to name is decided by `blame` from plain data. When one rank dies, mpiexec kills the others
+within milliseconds; `DeathWatch` gets the order of death from the kernel, so the rank that died first
+(the cause) is named, not the lowest rank. Once the launcher itself stops the job (``--timeout``,
+Ctrl-C), the ranks it stops are not failures.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
+from ._blame import blame, read_markers
+from ._deaths import DeathWatch
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 
 GRACE_SECONDS = RANK_GRACE_SECONDS + 2.0  # ranks hard-exit 5 s after an abort; kill at 7 s
 INTERRUPT_GRACE_SECONDS = 3.0
+KEEPER_WAIT_SECONDS = 1.0  # a death seen before its keeper's ended-R marker waits this long for it
 _POLL_SECONDS = 0.01
 
 
@@ -38,19 +46,33 @@ class JobOutcome:
     failures: dict[int, str]  # rank -> why (first failure first)
     interrupted: bool = False
     timed_out: bool = False
+    timeout: float | None = None
+    announced: bool = False  # the timeout line was printed when it fired
     killed: list[int] = dataclasses.field(default_factory=list)  # pids killed after the job
 
     def summary(self) -> str:
-        """One line per failed rank, or '' when the job succeeded."""
-        lines = [f"unisonrun: {why}" for why in self.failures.values()]
+        """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
+
+        Failures are only those that happened before the launcher began stopping the job: ranks it
+        stops itself (timeout, interrupt) are not failures.
+        """
+        lines = []
+        if self.timed_out and not self.announced:
+            lines.append(timeout_line(self.timeout, stopped=True))
+        lines += [f"unisonrun: {why}" for why in self.failures.values()]
         if self.interrupted:
             lines.append("unisonrun: interrupted; stopped every rank.")
-        if self.timed_out:
-            lines.append("unisonrun: the job ran past --timeout; stopped every rank.")
-        if not lines and self.returncode != 0:
+        if not lines and self.returncode != 0 and not self.timed_out:
             lines.append(f"unisonrun: the job failed with exit status {self.returncode}; see the ranks' "
                          "output above.")
         return "\n".join(lines)
+
+
+def timeout_line(timeout: float | None, stopped: bool) -> str:
+    """The line that says the job ran past --timeout (it comes first: it is why the ranks stopped)."""
+    limit = f"--timeout {timeout:g} s" if timeout is not None else "--timeout"
+    return (f"unisonrun: the job ran past {limit}; "
+            + ("stopped every rank (exit status 124)." if stopped else "stopping every rank (exit status 124)."))
 
 
 def _alive(pid: int) -> bool:
@@ -63,35 +85,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _markers(directory: Path) -> tuple[dict[int, tuple[str, int]], dict[int, str], set[int]]:
-    started: dict[int, tuple[str, int]] = {}
-    failed: dict[int, str] = {}
-    finished: set[int] = set()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return started, failed, finished
-    for name in names:
-        kind, _, rank_text = name.partition("-")
-        if not rank_text.isdigit():
-            continue
-        rank = int(rank_text)
-        if kind == "finished":
-            finished.add(rank)
-            continue
-        try:
-            text = (directory / name).read_text().strip()
-        except OSError:
-            continue
-        if kind == "started":
-            host, _, pid = text.partition(" ")
-            if pid.isdigit():
-                started[rank] = (host, int(pid))
-        elif kind == "failed":
-            failed[rank] = text
-    return started, failed, finished
-
-
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -101,11 +94,14 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               timeout: float | None = None, stdout: int | None = None,
-              tails: tuple[int, str] | None = None) -> JobOutcome:
+              tails: tuple[int, str] | None = None, announce: bool = False,
+              keepers: bool = False) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
     SIGINT and SIGTERM received meanwhile are forwarded to mpiexec; ranks still alive
-    `INTERRUPT_GRACE_SECONDS` later are killed.
+    `INTERRUPT_GRACE_SECONDS` later are killed. With `announce`, the timeout line is printed the
+    moment the timeout fires, before mpiexec's own messages about the ranks it stops. `keepers` says
+    the local ranks run under `_keeper`, whose ``ended-R`` markers say exactly which rank ended first.
     """
     host = socket.gethostname()
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=stdout)
@@ -121,41 +117,44 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
         except ValueError:  # not the main thread (unison.run from a thread): no forwarding
             pass
     tailer = _Tailer(*tails) if tails else None
+    watch = DeathWatch()
     start = time.monotonic()
     failures: dict[int, str] = {}
-    first_failure: float | None = None
     stop_at: float | None = None
+    stopping = False  # the launcher is stopping the job itself: what ends now is no failure
     forwarded = False
-    outcome = JobOutcome(0, failures)
+    outcome = JobOutcome(0, failures, timeout=timeout)
     started: dict[int, tuple[str, int]] = {}
+    watched: set[int] = set()
+    pending: list[tuple[float, list[int]]] = []  # deaths waiting for their keepers' markers
+    wait = KEEPER_WAIT_SECONDS if keepers else 0.0
+
+    def look(final: bool = False) -> None:
+        # Deaths first, then markers: a marker written before a death is then seen with it.
+        now = time.monotonic()
+        pending.extend((now, group) for group in watch.deaths())
+        markers = read_markers(directory)
+        started.update(markers.started)
+        due = [group for seen, group in pending if final or now - seen >= wait]
+        del pending[:len(due)]
+        if not stopping:
+            failures.update(blame(markers, due, failures, host))
+        for rank, (rank_host, pid) in sorted(started.items()):
+            if rank not in watched and rank_host == host:
+                watched.add(rank)
+                watch.watch(rank, pid)
+
     try:
         while True:
             rc = proc.poll()
             if tailer is not None:
                 tailer.pump()
-            started, failed, finished = _markers(directory)
+            look()
             now = time.monotonic()
-            for rank in sorted(failed):
-                if rank not in failures:
-                    failures[rank] = failed[rank]
-            vanished = [
-                rank for rank, (rank_host, pid) in sorted(started.items())
-                if rank_host == host and rank not in finished and rank not in failed and not _alive(pid)
-            ]
-            if vanished and not failures:
-                # Ranks seen gone in the same poll cannot be told apart: mpiexec may already have
-                # killed the others because of the first.
-                names = ", ".join(f"rank {r} ({started[r][0]}, pid {started[r][1]})" for r in vanished)
-                failures[vanished[0]] = (
-                    f"{names} ended without shutting unison down (killed by a signal, or os._exit) while "
-                    "the job was running" + ("; mpiexec may have killed all but the first of them."
-                                             if len(vanished) > 1 else ".")
-                )
-            if failures and first_failure is None:
-                first_failure = now
+            if failures and stop_at is None:
                 stop_at = now + GRACE_SECONDS
             if interrupted and not forwarded:
-                forwarded = True
+                forwarded = stopping = True
                 outcome.interrupted = True
                 try:
                     proc.send_signal(signal.SIGINT)
@@ -163,12 +162,16 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
                     pass
                 stop_at = min(stop_at or float("inf"), now + INTERRUPT_GRACE_SECONDS)
             if timeout is not None and now - start > timeout and stop_at is None:
-                outcome.timed_out = True
+                outcome.timed_out = stopping = True
+                if announce:
+                    print(timeout_line(timeout, stopped=False), file=sys.stderr, flush=True)
+                    outcome.announced = True
                 _kill_group(proc, signal.SIGTERM)
                 stop_at = now + INTERRUPT_GRACE_SECONDS
             if rc is not None:
                 break
             if stop_at is not None and now >= stop_at:
+                stopping = True
                 _kill_group(proc, signal.SIGKILL)
                 _kill_ranks(started, host, outcome)
                 proc.wait()
@@ -182,16 +185,12 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
         if proc.poll() is None:
             _kill_group(proc, signal.SIGKILL)
             proc.wait()
-    # Strays: ranks still alive after mpiexec itself ended (they run in sessions of their own).
-    started, failed, _ = _markers(directory)
-    for rank in sorted(failed):
-        failures.setdefault(rank, failed[rank])
+    # mpiexec has ended, and with it every rank it could reach: a last look names what the previous
+    # poll missed. Then strays: ranks still alive (they run in sessions of their own).
+    look(final=True)
+    watch.close()
     _kill_ranks(started, host, outcome)
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
-    if failures:
-        # Uncaught exceptions first: they are the cause; vanished ranks may be their consequence.
-        ordered = sorted(failures.items(), key=lambda item: (item[0] not in failed, item[0]))
-        outcome.failures = dict(ordered)
     return outcome
 
 

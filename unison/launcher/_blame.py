@@ -1,0 +1,136 @@
+"""Decide whom to name when a job fails, from the ranks' marker files and the order in which they ended.
+
+Markers in the launcher's directory, one file per rank and event: ``started-R`` (host and pid, written
+by ``init()``), ``failed-R`` (the abort reason, from the exception hook), ``finished-R`` (an orderly
+``shutdown()``), all from `unison._failure`; and ``ended-R`` (pid and exit code, negative for a
+signal), written by the rank's keeper (`_keeper`) as soon as the rank ended and before mpiexec learns
+of it. `blame` is pure: the supervisor feeds it what it saw since its last look.
+
+The rule: the first thing that went wrong is the cause and is named; ranks that end after it are its
+consequence (mpiexec or the abort stops them) and are not. Uncaught exceptions (``failed-R``) are
+always named. Markers are ordered by the time they were written, which for ``ended-R`` is before
+mpiexec can stop any other rank; deaths seen only through `DeathWatch` (ranks without a keeper) come
+after the markers of the same look.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["Markers", "blame", "read_markers"]
+
+
+@dataclasses.dataclass
+class Markers:
+    """The marker files of one job directory at one moment."""
+
+    started: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)  # rank -> (host, pid)
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> reason
+    finished: set[int] = dataclasses.field(default_factory=set)
+    ended: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # rank -> (pid, exit code)
+    written_ns: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)  # (kind, rank) -> mtime
+
+
+def read_markers(directory: Path) -> Markers:
+    """Read the markers in `directory` (an empty set if it is gone)."""
+    markers = Markers()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return markers
+    for entry in entries:
+        kind, _, rank_text = entry.name.partition("-")
+        if not rank_text.isdigit() or kind not in ("started", "failed", "finished", "ended"):
+            continue
+        rank = int(rank_text)
+        try:
+            markers.written_ns[(kind, rank)] = entry.stat().st_mtime_ns
+            text = "" if kind == "finished" else Path(entry.path).read_text().strip()
+        except OSError:
+            continue
+        if kind == "finished":
+            markers.finished.add(rank)
+        elif kind == "failed":
+            markers.failed[rank] = text
+        elif kind == "started":
+            host, _, pid = text.partition(" ")
+            if pid.isdigit():
+                markers.started[rank] = (host, int(pid))
+        else:
+            pid, _, code = text.partition(" ")
+            if pid.isdigit() and code.lstrip("-").isdigit():
+                markers.ended[rank] = (int(pid), int(code))
+    return markers
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by signal {-code} ({name})"
+    return f"exited with status {code}"
+
+
+def _ended(rank: int, code: int, pid: int, markers: Markers, host: str) -> str | None:
+    """Why `rank`, which ended with `code`, failed; None if its end was no failure."""
+    if rank in markers.finished:
+        return None
+    if rank in markers.failed:
+        return markers.failed[rank]
+    where = f"rank {rank} ({markers.started.get(rank, (host, pid))[0]}, pid {pid})"
+    if rank in markers.started:
+        return f"{where} ended without shutting unison down ({_how(code)}) while the job was running."
+    if code != 0:
+        return f"{where} {_how(code)} before unison.init()."
+    return None  # a program that never started unison and exited 0
+
+
+def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int, str],
+          host: str) -> dict[int, str]:
+    """Decide which ranks to name as failed, from what was seen since the last look; returns new entries.
+
+    `markers` are all the marker files so far; `deaths` are groups of ranks of this `host` seen dead by
+    `DeathWatch` since the last look, first death first (several in one group: order unknown); `known`
+    holds the failures already named, first first.
+
+    Example:
+        >>> seen = Markers(started={0: ("h", 10), 1: ("h", 11)}, ended={0: (10, -9), 1: (11, -9)},
+        ...                written_ns={("ended", 0): 2, ("ended", 1): 1})
+        >>> blame(seen, [[0], [1]], {}, "h")
+        {1: 'rank 1 (h, pid 11) ended without shutting unison down (killed by signal 9 (SIGKILL)) while the job was running.'}
+    """
+    new: dict[int, str] = {}
+
+    def first() -> bool:
+        return not known and not new
+
+    events = [(written, kind, rank) for (kind, rank), written in markers.written_ns.items()
+              if kind in ("failed", "ended") and rank not in known]
+    for _, kind, rank in sorted(events):
+        if rank in new:
+            continue
+        if kind == "failed":
+            new[rank] = markers.failed[rank]
+        elif first():
+            pid, code = markers.ended[rank]
+            why = _ended(rank, code, pid, markers, host)
+            if why is not None:
+                new[rank] = why
+    for group in deaths:
+        vanished = [r for r in sorted(group) if r not in markers.finished and r not in markers.failed
+                    and r not in markers.ended and r not in known and r not in new]
+        if vanished and first():
+            names = ", ".join(f"rank {r} ({markers.started[r][0]}, pid {markers.started[r][1]})"
+                              for r in vanished)
+            new[vanished[0]] = (
+                f"{names} ended without shutting unison down (killed by a signal, or os._exit) while "
+                "the job was running" + ("; their order is unknown: mpiexec may have killed all but one "
+                                         "of them." if len(vanished) > 1 else ".")
+            )
+    return new

@@ -1,0 +1,99 @@
+"""The parent of each rank on unisonrun's host: record how the rank ended before mpiexec can react to it.
+
+When a rank dies, mpiexec (Hydra's proxy) kills the other ranks at once. Which died first cannot be
+read back afterwards: the kernel may even finish the second death before the first (the proxy reacts
+to the first rank's closed pipes, a moment before that rank is reported dead). So mpiexec starts this
+small program in place of each local rank; it runs the rank as its child, waits for it, and writes
+``ended-R`` (the rank's pid and exit code, negative for a signal) into the launcher's directory
+*before* it exits itself. mpiexec sees the exit only then, so the marker of the rank that died first
+is always on disk before any other rank is stopped because of it.
+
+The keeper holds the rank's inherited descriptors (output, PMI) open while it waits, ignores the
+signals mpiexec forwards to the whole process group (the rank gets them too), and exits with the
+rank's status (re-raising the same signal). The rank dies with its keeper (``PR_SET_PDEATHSIG``).
+
+Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library, so it starts in a
+few tens of milliseconds. Without a rank number or launcher directory it simply becomes the program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import sys
+
+__all__ = ["command", "main"]
+
+_PR_SET_PDEATHSIG = 1
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+_LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
+# mpiexec signals each rank's whole process group: the rank receives these itself.
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+            signal.SIGALRM)
+
+
+def command(program: list[str]) -> list[str]:
+    """The command line that runs `program` under a keeper with this Python."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), *program]
+
+
+def _record(directory: str, rank: str, pid: int, code: int) -> None:
+    tmp = os.path.join(directory, f".ended-{rank}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(f"{pid} {code}\n")
+        os.replace(tmp, os.path.join(directory, f"ended-{rank}"))
+    except OSError:
+        pass  # the launcher and its directory are gone: nobody is left to tell
+
+
+def _become_rank(program: list[str], keeper: int) -> None:
+    """In the forked child: die with the keeper, restore default signals, then exec the program."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the rank outlives a killed keeper, as it would without one
+    if os.getppid() != keeper:
+        os._exit(1)  # the keeper died before prctl took effect
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; exec would keep that
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(program[0], program)
+    except OSError as exc:
+        sys.stderr.write(f"unisonrun: cannot run {program[0]!r}: {exc.strerror}\n")
+        sys.stderr.flush()
+    os._exit(127)  # the shell's status for a command it could not run
+
+
+def main(program: list[str]) -> int:
+    """Run `program` as this rank's child; record and return (or re-raise) how it ended."""
+    rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), "")
+    directory = os.environ.get(_LAUNCHER_DIR_VARIABLE, "")
+    if not program:
+        sys.stderr.write("usage: _keeper.py PROGRAM [ARGS...]\n")
+        return 2
+    if not rank or not directory or not os.path.isdir(directory):
+        os.execvp(program[0], program)
+    keeper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _become_rank(program, keeper)
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    _record(directory, rank, pid, code)
+    if code < 0:
+        # Exit the way the rank did, so mpiexec reports the same signal; no core file of our own.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(keeper, -code)
+        return 128 - code  # a signal whose default is not to terminate
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
