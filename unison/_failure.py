@@ -1,4 +1,4 @@
-"""Failure propagation: turn one rank's uncaught exception into a job-wide abort that names it.
+"""Failure propagation: turn one rank's failure into a job-wide stop that names it, and bound every exit.
 
 `install` (called by `init()`) chains `sys.excepthook` and `threading.excepthook`. On an uncaught
 exception the hook prints the traceback as before, then asks the engine to abort the job: the reason
@@ -8,67 +8,115 @@ every rank with `AbortedError(reason)`, so ``finally:`` blocks run. If the engin
 through within 2 s (the coordinator or a peer is unreachable), the hook falls back to
 ``MPI_Abort``, which ends the job without the message reaching the other ranks.
 
-A rank that learns of an abort and is not waiting on a collective has its main thread interrupted
-(``KeyboardInterrupt``, so ``finally:`` blocks still run); any rank still alive `GRACE_SECONDS` after
-the abort exits with status 1. Under ``unisonrun`` the hooks also leave marker files (started,
-failed, finished) in the launcher's directory, which is how the launcher names a rank that died.
+The job is *broken* on this rank once its engine stopped with `AbortedError`, `StallError` or an
+internal failure, or once `job_broken` was called: a peer may be frozen, dead or stuck, and MPI may
+hold a control operation that will never complete. From then on the process ends within a bound:
+
+* a main thread that is not waiting on unison is interrupted (``KeyboardInterrupt``, so ``finally:``
+  blocks still run);
+* a process still alive `GRACE_SECONDS` after the break exits with status 1 (a timer thread), and
+  SIGALRM, when its action is the default one, ends it `ALARM_SECONDS` after the break even where
+  that timer cannot run (C code holding the GIL, a hang inside ``MPI_Finalize``);
+* at exit it waits, until `GRACE_SECONDS` after the break, for every rank of the job to reach its
+  exit too (an ``MPI_Ibarrier`` polled), then lets MPI finalize; when some rank does not come, it
+  calls ``MPI_Abort``, which makes the MPI launcher end every rank.
+
+A process forked after `init()` is not a rank. An after-fork hook disowns its copy of the engine
+(every collective raises `fork_error`) and ends its exit with ``os._exit`` and the status it would
+have had, so the child never writes a marker, never sends a message to the peers and never enters
+``MPI_Finalize`` on its parent's behalf.
+
+Under ``unisonrun`` the hooks also leave marker files (started, failed, finished) in the launcher's
+directory, which is how the launcher names a rank that died.
 """
 
 from __future__ import annotations
 
 import _thread
+import atexit
+import builtins
+import gc
+import io
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from .errors import AbortedError, HorovodInternalError, ShutdownError
+from .errors import AbortedError, HorovodInternalError, ShutdownError, StallError
 
-__all__ = ["GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe", "install", "mark_finished",
-           "uninstall"]
+__all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
+           "fork_error", "install", "is_forked_child", "job_broken", "mark_finished", "uninstall"]
 
 log = logging.getLogger("unison")
 
 ABORT_TIMEOUT_SECONDS = 2.0
-GRACE_SECONDS = 5.0  # after an abort, a rank still alive this long exits with status 1
+GRACE_SECONDS = 5.0  # after a break, a rank still alive this long exits with status 1
+ALARM_SECONDS = 8  # after a break, SIGALRM ends a process that nothing else could end
+FINALIZE_SECONDS = 3  # at exit after every rank arrived, MPI_Finalize gets this long (SIGALRM)
+MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this long for its peers
 LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
 _FRAMES = 3
 _MAX_REASON_CHARS = 600
+_POLL_SECONDS = 0.005
+# Frames that are not the user's: unison itself, and the frameworks' internals (found under
+# site-packages); TensorFlow's autograph runs user functions from generated files.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAMEWORKS = frozenset({"tensorflow", "keras", "tf_keras", "torch"})
+_INSTALL_DIRS = frozenset({"site-packages", "dist-packages"})
+_AUTOGRAPH_PREFIX = "__autograph_generated_file"
+_USER_CODE_HEADER = "in user code:"  # TensorFlow's rewritten message for errors inside tf.function
+_USER_CODE_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
 
 
 class _State:
     engine: Any = None
+    engine_thread: threading.Thread | None = None
     rank = 0
     size = 1
-    mpi: Any = None
+    mpi: Any = None  # the mpi4py MPI module once unison initialized MPI in this process
+    comm: Any = None  # the job's communicator: where the exit agreement runs
     host = ""
     launcher_dir: Path | None = None
     previous_excepthook: Any = None
     previous_threading_excepthook: Any = None
     aborted_reason = ""  # set once this rank has started aborting the job
     trailer_printed = False
+    broken_reason = ""  # set once the job is broken on this rank
+    broken_at = 0.0  # time.monotonic() of the break
+    grace_timer: threading.Timer | None = None
+    fork_hook_registered = False
+    forked = False  # this process was forked from a rank after init()
+    child_status: int | None = None  # forked child: the exit status it asked for
+    child_interrupted = False  # forked child: ended by an uncaught KeyboardInterrupt
 
 
 _state = _State()
 
 
 def describe(exc: BaseException, rank: int, host: str, pid: int) -> str:
-    """Render the one-line abort reason: who failed, with what, where.
+    """Render the one-line abort reason: who failed, with what, where (the user's innermost frames).
+
+    Frames inside unison and inside the frameworks' internals (TensorFlow, Keras, torch, autograph's
+    generated files) are left out; when nothing else is left, the innermost frame is shown. For an
+    error TensorFlow rewrote as "in user code: ...", the message and the user's frames come from it.
 
     Example:
         >>> describe(ValueError("bad"), 1, "gpu07", 42)
         'rank 1 (gpu07, pid 42) failed: ValueError: bad'
     """
-    text = str(exc).strip().splitlines()
-    message = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)[-_FRAMES:] if exc.__traceback__ else []
-    where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
+    message, inner = _message(exc)
+    frames = [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    frames += inner  # outermost first, like a traceback
+    shown = ([f for f in frames if not _internal(f[0])] or frames[-1:])[-_FRAMES:]
+    where = " <- ".join(f"{os.path.basename(file)}:{line} in {name}" for file, line, name in reversed(shown))
     reason = f"rank {rank} ({host}, pid {pid}) failed: {message}"
     if where:
         reason += f" at {where}"
@@ -77,13 +125,42 @@ def describe(exc: BaseException, rank: int, host: str, pid: int) -> str:
     return reason
 
 
+def _message(exc: BaseException) -> tuple[str, list[tuple[str, int, str]]]:
+    """The exception's type and first line, and the frames its message lists (TensorFlow's rewrite)."""
+    name = type(exc).__name__
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    if not lines:
+        return name, []
+    if lines[0] != _USER_CODE_HEADER:
+        return f"{name}: {lines[0]}", []
+    frames = []
+    for line in lines:
+        match = _USER_CODE_FRAME.match(line)
+        if match:
+            frames.append((match["file"], int(match["line"]), match["name"]))
+    last = next(line for line in reversed(lines) if line)
+    message = last if last == name or last.startswith(f"{name}:") else f"{name}: {last}"
+    return message, frames
+
+
+def _internal(filename: str) -> bool:
+    """Whether a frame's file belongs to unison or to a framework's internals, not to the user."""
+    if os.path.basename(filename).startswith(_AUTOGRAPH_PREFIX):
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR):
+        return True
+    parts = path.split(os.sep)
+    return any(part in _INSTALL_DIRS and parts[i + 1] in _FRAMEWORKS for i, part in enumerate(parts[:-1]))
+
+
 def _launcher_dir(raw: str) -> Path | None:
     return Path(raw) if raw and os.path.isdir(raw) else None
 
 
 def _write_marker(name: str, text: str) -> None:
     directory = _state.launcher_dir
-    if directory is None:
+    if directory is None or _state.forked:
         return
     try:
         tmp = directory / f".{name}.tmp"
@@ -93,13 +170,19 @@ def _write_marker(name: str, text: str) -> None:
         pass
 
 
-def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "") -> None:
+def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None) -> None:
     """Chain the exception hooks and attach the abort plumbing to a freshly started engine.
 
-    `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts.
+    `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts. `comm` is the
+    job's communicator (mpi4py), where the exit agreement of a broken job runs; without it,
+    ``COMM_WORLD`` when the job spans it, else a broken job's exit skips MPI finalization.
     """
     _state.engine = engine
+    _state.engine_thread = getattr(engine, "_thread", None)
     _state.rank, _state.size, _state.mpi = rank, size, mpi
+    if comm is None and mpi is not None and mpi.COMM_WORLD.Get_size() == size:
+        comm = mpi.COMM_WORLD
+    _state.comm = comm
     _state.host = socket.gethostname()
     _state.aborted_reason = ""
     _state.trailer_printed = False
@@ -110,6 +193,9 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "")
         sys.excepthook = _excepthook
         _state.previous_threading_excepthook = threading.excepthook
         threading.excepthook = _threading_excepthook
+    if not _state.fork_hook_registered:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _state.fork_hook_registered = True
     _write_marker(f"started-{rank}", f"{_state.host} {os.getpid()}\n")
 
 
@@ -126,9 +212,74 @@ def uninstall() -> None:
 
 
 def mark_finished() -> None:
-    """Tell the launcher this rank shut unison down in order (so its exit is not a failure)."""
-    if _state.engine is not None and not _state.aborted_reason:
+    """Tell the launcher this rank shut unison down in order (so its exit is not a failure).
+
+    A rank of a broken job says so only at exit, once every rank got there (`_finish_broken_job`).
+    """
+    if _state.engine is not None and not _state.aborted_reason and not _state.broken_reason:
         _write_marker(f"finished-{_state.rank}", "\n")
+
+
+def is_forked_child() -> bool:
+    """Whether this process was forked from a rank after `init()` (it is not a rank itself)."""
+    return _state.forked
+
+
+def fork_error() -> HorovodInternalError:
+    """The error every unison call that needs the job raises in a process forked after `init()`."""
+    return HorovodInternalError(
+        f"unison cannot be used in a process forked after init(): this process (pid {os.getpid()}) is a "
+        f"copy of rank {_state.rank}, not a rank of the job, and its collectives would never be answered. "
+        f"Run collectives in rank {_state.rank}'s own process and pass the results to the child (for "
+        "example through a multiprocessing queue or pipe)."
+    )
+
+
+def job_broken(reason: str, comm: Any = None) -> None:
+    """Record that the job is broken on this rank, and bound how long this process may still live.
+
+    Call it where a lost peer is detected (frozen, dead, stuck) or a collective step cannot complete;
+    the engine's stop with `AbortedError`/`StallError` calls it already. From any thread; only the
+    first call counts. Afterwards the process exits with status 1 after `GRACE_SECONDS` if still
+    running, SIGALRM ends it after `ALARM_SECONDS`, and at exit it waits for every rank to reach exit
+    until `GRACE_SECONDS` after the break, or ends the job with ``MPI_Abort``.
+
+    Args:
+        reason: what broke, naming the rank(s); printed if the exit agreement fails.
+        comm: the job's communicator, when `install` has not run yet (a peer lost inside ``init()``).
+    """
+    if _state.forked or _state.broken_reason:
+        return
+    _state.broken_reason = reason or "the job is broken"
+    _state.broken_at = time.monotonic()
+    if comm is not None and _state.comm is None:
+        _state.comm = comm
+    if comm is not None and _state.mpi is None:
+        from mpi4py import MPI  # only reached with an mpi4py communicator in hand
+
+        _state.mpi = MPI
+    timer = threading.Timer(GRACE_SECONDS, _exit_after_grace, args=(_state.broken_reason,))
+    timer.daemon = True
+    timer.start()
+    _state.grace_timer = timer
+    _arm_alarm(ALARM_SECONDS)
+
+
+def _breaks_job(error: BaseException) -> bool:
+    # ShutdownError is an orderly end (a peer shut down); an exact HorovodInternalError is the engine
+    # thread failing, after which the peers wait for this rank's cycles in vain.
+    return isinstance(error, (AbortedError, StallError)) or type(error) is HorovodInternalError
+
+
+def _arm_alarm(seconds: int) -> None:
+    """Make SIGALRM end the process within `seconds`, unless the application uses SIGALRM itself."""
+    try:
+        if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
+            return
+        left = signal.alarm(0)
+        signal.alarm(min(left, seconds) if left else seconds)
+    except (ValueError, OSError):  # no alarm on this platform
+        pass
 
 
 def abort_job(exc: BaseException) -> None:
@@ -162,6 +313,14 @@ def _stderr(line: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
 
 
 def _trailer(exc: BaseException) -> None:
@@ -198,17 +357,20 @@ def _threading_excepthook(args: Any) -> None:
 
 
 def _on_engine_stop(error: BaseException, waiting: bool) -> None:
-    """Engine hook: after an abort, make sure this process ends within the grace period."""
-    if not isinstance(error, AbortedError):
+    """Engine hook: once the job is broken, make sure this process ends within the bound."""
+    if not _breaks_job(error):
         return
-    failing_here = bool(_state.aborted_reason)
-    if not waiting and not failing_here:
+    if not waiting and not _state.aborted_reason:
         # The main thread is not blocked on unison, so it would not notice: interrupt it (Python
-        # code gets KeyboardInterrupt and unwinds through its finally: blocks).
+        # code gets KeyboardInterrupt and unwinds through its finally: blocks). A rank stuck in its
+        # own code past a stall is stopped this way too.
         _interrupt_main()
-    timer = threading.Timer(GRACE_SECONDS, _exit_after_grace, args=(str(error),))
-    timer.daemon = True
-    timer.start()
+    if isinstance(error, StallError) and _state.rank == 0:
+        # rank 0 found the stall; the launcher reports this line, which names the stuck ranks.
+        details = "; ".join(line.strip() for line in str(error).splitlines()[1:])
+        _write_marker("failed-0", f"the job stalled (found by rank 0, {_state.host}, pid {os.getpid()}): "
+                                  f"{details}\n")
+    job_broken(str(error))
 
 
 def _interrupt_main() -> None:
@@ -224,8 +386,130 @@ def _interrupt_main() -> None:
 def _exit_after_grace(reason: str) -> None:
     _stderr(f"unison: rank {_state.rank} still running {GRACE_SECONDS:.0f} s after the job was aborted "
             f"({reason}); exiting with status 1.")
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
+    _flush_stdio()
     os._exit(1)
+
+
+# -- exit ------------------------------------------------------------------------------------------
+
+
+def _at_exit() -> None:
+    """Last Python exit handler (registered at import, so it runs after `shutdown()`'s): end a forked
+    child without touching the job, and bound the end of a broken job."""
+    if _state.forked:
+        _end_child()
+    if _state.broken_reason:
+        _finish_broken_job()
+
+
+def _finish_broken_job() -> None:
+    """Agree with every rank that all reached exit before MPI finalizes, or end the job with MPI_Abort."""
+    timer = _state.grace_timer
+    if timer is not None:
+        timer.cancel()  # the agreement below has its own deadline, the same one
+    _flush_stdio()
+    deadline = max(_state.broken_at + GRACE_SECONDS, time.monotonic() + MIN_AGREEMENT_SECONDS)
+    comm, mpi = _state.comm, _state.mpi
+    engine_busy = _state.engine_thread is not None and _state.engine_thread.is_alive()
+    usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
+    if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
+        if not _state.aborted_reason:
+            _write_marker(f"finished-{_state.rank}", "\n")
+        _arm_alarm(FINALIZE_SECONDS)
+        return
+    line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({_state.broken_reason}) "
+            f"and not every rank reached its exit within {GRACE_SECONDS:.0f} s (a rank is frozen, dead or "
+            "stuck); ending every rank with MPI_Abort.")
+    if not _state.aborted_reason:
+        _write_marker(f"failed-{_state.rank}", line + "\n")
+    _stderr("unison: " + line)
+    if usable:
+        try:
+            comm.Abort(1)
+        except Exception:  # noqa: BLE001 - os._exit below still ends this process
+            pass
+    os._exit(1)
+
+
+def _everyone_arrives(comm: Any, deadline: float) -> bool:
+    """Nonblocking barrier over `comm`, polled until `deadline`: True once every rank entered it."""
+    try:
+        request = comm.Ibarrier()
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_SECONDS)
+    except Exception:  # noqa: BLE001 - MPI is unusable here: treat as not arrived
+        return False
+    return True
+
+
+# -- processes forked after init() -----------------------------------------------------------------
+
+
+def _after_fork_in_child() -> None:
+    if _state.mpi is None and _state.engine is None:
+        return  # unison has not run in this process: nothing of the job to protect
+    _state.forked = True
+    _state.launcher_dir = None
+    _state.grace_timer = None  # timer threads do not survive fork; alarms are not inherited
+    engine, _state.engine = _state.engine, None
+    if engine is not None:
+        engine.disown(fork_error())
+    if _state.mpi is None:
+        return  # no MPI (a single process): the child's normal exit is harmless
+    # The child must not reach MPI_Finalize (mpi4py calls it after the exit handlers; it would act for
+    # the parent's rank and hang): `_at_exit` ends it with os._exit and the status recorded here.
+    original_exit = sys.exit
+
+    def child_exit(status: Any = None) -> None:
+        _state.child_status = _exit_status(status)
+        original_exit(status)
+
+    sys.exit = child_exit  # type: ignore[assignment]
+    for name in ("exit", "quit"):
+        quitter = getattr(builtins, name, None)
+        if quitter is not None:
+            setattr(builtins, name, _recording(quitter))
+    previous_hook = sys.excepthook
+
+    def child_excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        _state.child_status = 1
+        _state.child_interrupted = issubclass(exc_type, KeyboardInterrupt)
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = child_excepthook
+
+
+def _recording(quitter: Any) -> Any:
+    def call(status: Any = None) -> None:
+        _state.child_status = _exit_status(status)
+        quitter(status)
+
+    return call
+
+
+def _exit_status(status: object) -> int:
+    # As the interpreter does: None is 0, an int is itself, anything else is printed and 1.
+    if status is None:
+        return 0
+    return status & 0xFF if isinstance(status, int) else 1
+
+
+def _end_child() -> None:
+    """End a forked child now, skipping MPI finalization, with the status it would have had."""
+    for obj in gc.get_objects():  # what the interpreter's own teardown would have flushed
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):
+                pass
+    _flush_stdio()
+    if _state.child_interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(_state.child_status or 0)
+
+
+atexit.register(_at_exit)
