@@ -19,6 +19,7 @@ from .errors import (
     ConfigError,
     InvalidArgumentError,
     NotInitializedError,
+    StartupError,
     UnisonNotImplementedError,
     UnnamedThreadError,
 )
@@ -192,11 +193,18 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             process_sets = None
         elif isinstance(process_sets, str):
             raise ConfigError(f"process_sets must be a list of ProcessSet or 'dynamic'. Got {process_sets!r}.")
-        settings = load_settings(**overrides)
+        # A rank that fails on its own (a bad setting, a file it cannot write) must not leave the
+        # others blocked in the collective steps below: its error travels in the start-up check.
+        problem: BaseException | None = None
+        try:
+            settings = load_settings(**overrides)
+        except ConfigError as exc:
+            problem, settings = exc, Settings()
         logging.getLogger("unison").setLevel(
             {"trace": 5, "fatal": logging.CRITICAL}.get(settings.log_level, settings.log_level.upper())
         )
         mpi = None
+        timeline = None
         if importlib.util.find_spec("mpi4py") is not None and (
             comm is not None or _launcher_size() > 1 or mpi_built()
         ):
@@ -206,9 +214,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 import mpi4py
 
                 mpi4py.rc.thread_level = "serialized"
-            mpi = import_mpi()
-            the_comm = _resolve_comm(mpi, comm)
+            from ._startup import guard_mpi_start
+
             launched = _launcher_size()
+            with guard_mpi_start(settings.start_timeout_seconds, launched):
+                mpi = import_mpi()
+            the_comm = _resolve_comm(mpi, comm)
             if comm is None and launched > 1 and the_comm.Get_size() == 1:
                 raise ConfigError(
                     f"The launcher started {launched} processes, but MPI sees each as a job of size 1: "
@@ -216,6 +227,14 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                     f"({mpi.Get_library_version().splitlines()[0].strip()}). Launch with the mpiexec "
                     "of that library (with the mpich wheel: the mpiexec in the same environment's bin/)."
                 )
+            if problem is None:
+                try:
+                    _check_process_sets(process_sets, the_comm.Get_size())
+                    timeline = _open_timeline(settings, the_comm.Get_rank())
+                except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised here
+                    problem = exc
+            _start(the_comm, mpi, settings, problem, timeline)
+            _configure_logging(settings, the_comm.Get_rank(), the_comm.Get_size())
             topology = _topology(mpi, the_comm)
             _check_settings_agree(the_comm, settings)
             if settings.controller == "grpc":
@@ -223,14 +242,20 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
                 backend: Any = grpc_backend(the_comm, settings, local_size=topology[1])
             else:
-                backend = MpiBackend(the_comm, settings.chunk_bytes, settings.hierarchical_allreduce)
+                backend = MpiBackend(the_comm, settings.chunk_bytes, settings.hierarchical_allreduce,
+                                     settings.peer_timeout_seconds)
         else:
+            if problem is not None:
+                raise problem
             if comm is not None or _launcher_size() > 1:
                 from .backends.mpi import import_mpi
 
                 import_mpi()  # raises MissingDependencyError naming the extra
             from .backends.loopback import LoopbackBackend
 
+            _check_process_sets(process_sets, 1)
+            timeline = _open_timeline(settings, 0)
+            _configure_logging(settings, 0, 1)
             backend = LoopbackBackend()
             topology = (0, 1, 0, 1, True)
         rank, size = backend.rank, backend.size
@@ -250,12 +275,6 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             registered[set_id] = tuple(ranks)
             ps._register(set_id, ranks, rank)
             sets[set_id] = ps
-        timeline = None
-        if rank == 0 and settings.timeline and settings.timeline.upper() != "DYNAMIC":
-            from .coordinator.timeline import Timeline
-
-            timeline = Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
-        _configure_logging(settings, rank, size)
         engine = Engine(backend, settings, registered, timeline)
         if settings.controller == "grpc" and mpi is not None:
             from .service.setup import watch_engine
@@ -268,6 +287,55 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             atexit.register(shutdown)
             _atexit_registered = True
         log.debug("rank %d/%d initialized with %s", rank, size, backend)
+
+
+def _check_process_sets(process_sets: Sequence[ProcessSet] | None, size: int) -> None:
+    """The local checks of init()'s process_sets (the communicator-based ones are resolved later)."""
+    for index, ps in enumerate(process_sets or []):
+        if not isinstance(ps, ProcessSet):
+            raise InvalidArgumentError(
+                f"process_sets must contain ProcessSet objects. Got {type(ps).__name__} at index {index}."
+            )
+        if ps.mpi_comm is None and ps.ranks is not None:
+            bad = [r for r in ps.ranks if not 0 <= r < size]
+            if bad or not ps.ranks:
+                raise InvalidArgumentError(f"A process set needs ranks in range(size={size}). Got {ps.ranks}.")
+
+
+def _open_timeline(settings: Settings, rank: int) -> Any:
+    """Rank 0's timeline, opened now so that a path it cannot write fails init() on every rank."""
+    if rank != 0 or not settings.timeline or settings.timeline.upper() == "DYNAMIC":
+        return None
+    from .coordinator.timeline import Timeline
+
+    return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+
+
+def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | None, timeline: Any) -> None:
+    """The bounded start-up check (`unison._startup`): every rank arrived and set up, or all raise.
+
+    A rank whose own set-up failed raises its own error; the others raise `StartupError` naming it.
+    When a rank never arrived, the job is broken: this process must not wait for it at exit either.
+    """
+    from ._startup import check_start
+
+    text = ""
+    if problem is not None:
+        text = f"{type(problem).__name__}: {problem}"
+    try:
+        check_start(comm, mpi, text, settings.start_timeout_seconds)
+    except StartupError as exc:
+        if timeline is not None:
+            timeline.close()
+        if exc.missing_ranks:
+            _failure.job_broken(str(exc), comm)
+        if problem is not None:
+            raise problem from None
+        raise
+    if problem is not None:  # a job of one process: nobody else to tell
+        if timeline is not None:
+            timeline.close()
+        raise problem
 
 
 class _RankHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -80,6 +80,13 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "rank). Set to 0 for one stream per rank."),
     Setting("heartbeat_timeout_seconds", "UNISON_HEARTBEAT_TIMEOUT_SECONDS", None, "float", 10.0,
             "grpc controller: a rank silent this long is declared dead and the job is aborted."),
+    Setting("peer_timeout_seconds", "UNISON_PEER_TIMEOUT_SECONDS", None, "float", 10.0,
+            "mpi controller: a control exchange still waiting after this long sends a liveness probe "
+            "to every rank; ranks that do not answer it within as long again (frozen, dead, "
+            "unreachable) are named and the job is aborted. 0 waits forever."),
+    Setting("start_timeout_seconds", "UNISON_START_TIMEOUT_SECONDS", None, "float", 60.0,
+            "How long init() waits for every rank to arrive and to finish its local set-up; the ranks "
+            "that did not are named and init() raises on the others. 0 waits forever."),
     Setting("launcher_dir", "UNISON_LAUNCHER_DIR", None, "str", "",
             "Set by unisonrun for the ranks it starts: a private directory where each rank records "
             "that it started, failed or finished, so the launcher can name a rank that died."),
@@ -128,6 +135,8 @@ class Settings:
     secret_file: str = ""
     service_host_aggregation: bool = True
     heartbeat_timeout_seconds: float = 10.0
+    peer_timeout_seconds: float = 10.0
+    start_timeout_seconds: float = 60.0
     launcher_dir: str = ""
     cpu_operations: str = "mpi"
     dynamic_process_sets: bool = False

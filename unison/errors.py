@@ -11,6 +11,7 @@
     ├── UnisonNotImplementedError    (NotImplementedError)
     ├── GradientCountError           (AssertionError)  gradients produced or cleared at the wrong moment
     ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
+    ├── StartupError                 (RuntimeError)    init() failed: a rank did not arrive or could not set up
     └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
         ├── MismatchError                              ranks disagreed on a collective's attributes
         ├── MissingGradientError                       parameters produced no gradient on some rank
@@ -35,6 +36,7 @@ __all__ = [
     "NotInitializedError",
     "ShutdownError",
     "StallError",
+    "StartupError",
     "UnisonError",
     "UnisonNotImplementedError",
     "UnnamedThreadError",
@@ -84,6 +86,18 @@ class UnisonNotImplementedError(UnisonError, NotImplementedError):
 
 class LaunchError(UnisonError, RuntimeError):
     """A job started by `unisonrun` or `unison.run` could not start, or ended without a result."""
+
+
+class StartupError(UnisonError, RuntimeError):
+    """`init()` failed on some rank: it did not arrive in time, or its local set-up raised.
+
+    Attributes:
+        missing_ranks: the ranks that did not arrive in time (empty when all arrived).
+    """
+
+    def __init__(self, message: str, missing_ranks: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing_ranks = missing_ranks
 
 
 class GradientCountError(UnisonError, AssertionError):

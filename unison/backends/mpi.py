@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import AbortedError, MissingDependencyError
 from ..ops import ReduceOp
+from ._liveness import Liveness
 from .base import Abandoned, split_counts
 
 __all__ = ["MpiBackend", "import_mpi"]
@@ -50,7 +51,8 @@ class MpiBackend:
 
     name = "mpi"
 
-    def __init__(self, comm: Any, chunk_bytes: int, hierarchical: bool = False) -> None:
+    def __init__(self, comm: Any, chunk_bytes: int, hierarchical: bool = False,
+                 peer_timeout_seconds: float = 0.0) -> None:
         self._mpi = import_mpi()
         self._control = comm.Dup()
         self._comms: dict[int, Any] = {0: comm.Dup()}
@@ -72,6 +74,13 @@ class MpiBackend:
         self._cross: Any = None
         if hierarchical:
             self._split_hosts(comm)
+        # Collective like the Dups above: every rank decides the same from the same settings and the
+        # same thread level (MPI grants one level to the whole job).
+        self._peer_timeout = peer_timeout_seconds
+        self._liveness: Liveness | None = None
+        if (peer_timeout_seconds > 0 and self.size > 1
+                and self._mpi.Query_thread() == self._mpi.THREAD_MULTIPLE):
+            self._liveness = Liveness(comm, self._mpi)
 
     def _split_hosts(self, comm: Any) -> None:
         # Collective over `comm`: every rank makes the same decision from the same gathered sizes.
@@ -91,7 +100,10 @@ class MpiBackend:
         return f"<MpiBackend rank={self.rank} size={self.size}{mode} sets={sorted(self._comms)}>"
 
     def statistics(self) -> dict[str, float]:
-        return dict(self._stats)
+        out = dict(self._stats)
+        if self._liveness is not None:
+            out.update({f"liveness_{k}": float(v) for k, v in self._liveness.statistics().items()})
+        return out
 
     # -- control plane -----------------------------------------------------------------------------
 
@@ -106,6 +118,7 @@ class MpiBackend:
                 return
             os.sched_yield()
         delay = _FIRST_SLEEP_SECONDS
+        next_probe = start + self._peer_timeout if self._liveness is not None else float("inf")
         while not request.Test():
             if self._abandoned:
                 raise Abandoned()
@@ -113,7 +126,25 @@ class MpiBackend:
                 raise AbortedError(self._failure)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+            if time.perf_counter() >= next_probe:
+                self._check_peers(time.perf_counter() - start)
+                next_probe = time.perf_counter() + self._peer_timeout
         self._stats["wait_seconds"] += time.perf_counter() - start
+
+    def _check_peers(self, waited_seconds: float) -> None:
+        """A control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS`: abort if some peer is lost."""
+        assert self._liveness is not None
+        lost = self._liveness.probe(self._peer_timeout)
+        if not lost:
+            return  # every peer is alive, merely slow (e.g. busy in a long data-plane call)
+        who = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
+        raise AbortedError(
+            f"{who} stopped answering: rank {self.rank} waited {waited_seconds:.0f} s for {who} in a "
+            f"control exchange and {who} did not answer a liveness probe within "
+            f"{self._peer_timeout:g} s more. The process is frozen (stopped by a signal, a debugger), "
+            "dead without MPI noticing, or its host is unreachable. Stopping the job "
+            "(UNISON_PEER_TIMEOUT_SECONDS sets the wait)."
+        )
 
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
         self._stats["control_calls"] += 1
@@ -283,6 +314,8 @@ class MpiBackend:
             comm.Free()
 
     def close(self) -> None:
+        if self._liveness is not None:
+            self._liveness.close()
         for extra in (self._local, self._cross, self._host):
             if extra is not None:
                 try:

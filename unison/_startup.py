@@ -1,0 +1,179 @@
+"""The start-up check of `init()`: every rank arrives and reports its local set-up, each wait bounded.
+
+`init()` runs collective MPI steps (topology, settings agreement, communicators, process sets) that
+block, spinning a core, for as long as one rank is missing. So before any of them, every rank sends
+rank 0 a short report over point-to-point messages: "ready", or the error its local set-up raised
+(a bad setting, a timeline file it cannot write). Rank 0 answers every rank with the verdict. A rank
+that does not arrive within `UNISON_START_TIMEOUT_SECONDS` (it raised before `init()`, is stuck, or
+already left after an earlier shutdown) is named in the error the others raise; a rank whose set-up
+failed is named with its error. Waits poll nonblocking requests with sleeps, like the control plane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .errors import StartupError
+
+__all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict"]
+
+_TAG_REPORT = 7311
+_TAG_VERDICT = 7312
+REPORT_BYTES = 1024  # a rank's report, truncated to this
+_VERDICT_BYTES = 16384
+_POLL_SECONDS = 0.005
+_MAX_POLL_SECONDS = 0.05
+
+
+def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float) -> str:
+    """The start-up error text for every rank ('' when all arrived and reported ready). Pure.
+
+    Args:
+        reports: rank -> its local set-up error ('' for ready), for the ranks that arrived.
+        missing: ranks that did not arrive in time.
+        timeout_seconds: the bound they missed.
+
+    Example:
+        >>> verdict({0: "", 1: ""}, [2], 60.0)[:63]
+        'init() failed: rank 2 did not reach init() within 60 s (it rai'
+    """
+    problems = []
+    if missing:
+        who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
+        problems.append(
+            f"{who} did not reach init() within {timeout_seconds:g} s (it raised or exited before "
+            "init(), is stuck before it, or already left the job); check its output. "
+            "UNISON_START_TIMEOUT_SECONDS sets the wait"
+        )
+    for rank in sorted(reports):
+        if reports[rank]:
+            problems.append(f"rank {rank} could not start: {reports[rank].rstrip('.')}")
+    if not problems:
+        return ""
+    return "init() failed: " + "; ".join(problems) + "."
+
+
+def _wait_all(requests: dict[int, Any], deadline: float, statuses: dict[int, Any] | None = None) -> list[int]:
+    """Poll until every request completed or the deadline passed; return the ranks still waiting.
+
+    A completed request's status goes to ``statuses[rank]`` when given (a completed request has none
+    left to ask for afterwards).
+    """
+    delay = _POLL_SECONDS
+    while requests:
+        done = [r for r, req in requests.items() if (req.Test(statuses[r]) if statuses else req.Test())]
+        for rank in done:
+            del requests[rank]
+        if not requests or time.monotonic() >= deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_POLL_SECONDS)
+    return sorted(requests)
+
+
+def _text(buffer: np.ndarray, status: Any) -> str:
+    return bytes(buffer[: status.Get_count()]).decode("utf-8", "replace")
+
+
+def check_start(comm: Any, mpi: Any, problem: str, timeout_seconds: float) -> None:
+    """Collective over `comm`: raise `StartupError` on every rank that can be told, unless every rank
+    arrived within the bound and reported `problem == ''`.
+
+    A rank whose own `problem` is not empty raises too (the caller then re-raises its own error).
+    `timeout_seconds <= 0` waits forever.
+    """
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size == 1:
+        return
+    bound = timeout_seconds if timeout_seconds > 0 else float("inf")
+    report = np.frombuffer(problem.encode()[:REPORT_BYTES], dtype=np.uint8).copy()
+    if rank != 0:
+        sent = comm.Isend([report, mpi.BYTE], dest=0, tag=_TAG_REPORT)
+        answer = np.zeros(_VERDICT_BYTES, dtype=np.uint8)
+        status = mpi.Status()
+        request = comm.Irecv([answer, mpi.BYTE], source=0, tag=_TAG_VERDICT)
+        # Rank 0 answers once the last rank arrived or its own bound passed: allow for both.
+        if _wait_all({0: request}, time.monotonic() + 2 * bound + 5.0, {0: status}):
+            raise StartupError(verdict({}, [0], timeout_seconds), (0,))
+        sent.Wait()  # rank 0 received the report before it answered
+        told = json.loads(_text(answer, status))
+        if told["text"]:
+            raise StartupError(told["text"], tuple(told["missing"]))
+        return
+    buffers = {r: np.zeros(REPORT_BYTES, dtype=np.uint8) for r in range(1, size)}
+    statuses = {r: mpi.Status() for r in range(1, size)}
+    requests = {r: comm.Irecv([buffers[r], mpi.BYTE], source=r, tag=_TAG_REPORT) for r in range(1, size)}
+    pending = dict(requests)
+    missing = _wait_all(pending, time.monotonic() + bound, statuses)
+    reports = {0: problem}
+    for r in range(1, size):
+        if r not in missing:
+            reports[r] = _text(buffers[r], statuses[r])
+    text = verdict(reports, missing, timeout_seconds)
+    if len(text) > _VERDICT_BYTES // 2:
+        text = text[: _VERDICT_BYTES // 2 - 3] + "..."
+    message = json.dumps({"text": text, "missing": missing})
+    payload = np.frombuffer(message.encode(), dtype=np.uint8).copy()
+    sends = [comm.Isend([payload, mpi.BYTE], dest=r, tag=_TAG_VERDICT) for r in range(1, size) if r not in missing]
+    _wait_all(dict(enumerate(sends)), time.monotonic() + 5.0)
+    if text:
+        raise StartupError(text, tuple(missing))
+
+
+# The watchdog of MPI's own start-up: a separate process, since MPI_Init holds the GIL (no thread of
+# this process runs) while it waits for every process of the launch. It waits for its stdin to close
+# (this process is past MPI_Init) and otherwise, after the bound, explains and ends this process.
+_WATCHDOG = """
+import os, select, signal, sys
+parent, seconds, text = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+ready, _, _ = select.select([sys.stdin], [], [], seconds)
+if not ready:
+    sys.stderr.write(text + "\\n")
+    sys.stderr.flush()
+    try:
+        os.kill(parent, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+@contextlib.contextmanager
+def guard_mpi_start(timeout_seconds: float, launched: int) -> Iterator[None]:
+    """Bound MPI's start-up (``MPI_Init``), which waits, spinning, for every process of the launch.
+
+    When one of them raised or exited before `init()`, the others would wait forever; after
+    `timeout_seconds` a watchdog process prints why and kills this one, so the launcher ends the job.
+    Does nothing for a job of one process, once MPI is initialized, or with a bound of 0.
+    """
+    if launched < 2 or timeout_seconds <= 0 or "mpi4py.MPI" in sys.modules:
+        yield
+        return
+    rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
+    text = (f"unison: rank {rank} ({socket.gethostname()}, pid {os.getpid()}) waited {timeout_seconds:g} s "
+            f"in MPI's start-up for the other processes of the launch ({launched} in all); one of them "
+            "raised or exited before init(), or is stuck before it: check the output of the other ranks. "
+            "Stopping this process (UNISON_START_TIMEOUT_SECONDS sets the wait).")
+    try:
+        watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(timeout_seconds), text],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True,
+        )
+    except OSError:  # no watchdog: MPI's start-up is then as unbounded as it always was
+        yield
+        return
+    try:
+        yield
+    finally:
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()
+        watchdog.wait()

@@ -1,0 +1,98 @@
+"""Liveness probes over MPI: tell a frozen or dead rank from a slow one when a control exchange waits too long.
+
+A nonblocking collective that one rank never joins gives the others no hint of who is missing. So each
+rank keeps a small responder thread on a communicator of its own that answers probes; a rank whose
+control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS` probes every peer, and the peers that do not
+answer within the same time again are the ones lost. A live rank answers even while its engine is
+busy in a long data-plane call (mpi4py releases the GIL in MPI calls), so a slow peer is never taken
+for a lost one; a frozen process (SIGSTOP, a debugger), a dead one that MPI did not notice, or an
+unreachable host does not answer.
+
+Both sides poll nonblocking requests with sleeps (MPICH's blocking calls would spin a core), and both
+need MPI_THREAD_MULTIPLE, since the responder talks while the engine thread does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Liveness"]
+
+_PING_TAG = 7301
+_PONG_TAG = 7302
+_POLL_SECONDS = 0.05
+
+
+class Liveness:
+    """A responder thread on a duplicate of `comm`, and `probe()` to find the peers that do not answer.
+
+    Args:
+        comm: the job's communicator (duplicated here: collective over its ranks).
+        mpi: the mpi4py MPI module.
+    """
+
+    def __init__(self, comm: Any, mpi: Any) -> None:
+        self._mpi = mpi
+        self._comm = comm.Dup()
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self._closing = threading.Event()
+        self._probes = 0
+        self._answered = 0
+        self._thread = threading.Thread(target=self._respond, name=f"unison-liveness-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<Liveness rank={self.rank} size={self.size} probes={self._probes} answered={self._answered}>"
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: probes this rank sent, probes it answered."""
+        return {"probes": self._probes, "answered": self._answered}
+
+    def _respond(self) -> None:
+        ping = np.zeros(1, dtype=np.int64)
+        status = self._mpi.Status()
+        request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
+        replies: list[Any] = []
+        try:
+            while not self._closing.is_set():
+                if not request.Test(status):
+                    time.sleep(_POLL_SECONDS)
+                    continue
+                source = status.Get_source()
+                replies = [r for r in replies if not r.Test()]
+                replies.append(self._comm.Isend(ping.copy(), dest=source, tag=_PONG_TAG))
+                self._answered += 1
+                request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
+        except Exception:  # noqa: BLE001 - MPI is finalizing or the communicator is gone: stop answering
+            return
+        try:
+            request.Cancel()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def probe(self, window_seconds: float) -> list[int]:
+        """Ask every other rank for a sign of life; return those that gave none within the window."""
+        self._probes += 1
+        token = np.array([self._probes], dtype=np.int64)
+        sends = [self._comm.Isend(token, dest=r, tag=_PING_TAG) for r in range(self.size) if r != self.rank]
+        answers = {r: np.zeros(1, dtype=np.int64) for r in range(self.size) if r != self.rank}
+        waiting = {r: self._comm.Irecv(buf, source=r, tag=_PONG_TAG) for r, buf in answers.items()}
+        deadline = time.monotonic() + window_seconds
+        while waiting and time.monotonic() < deadline:
+            for r in [r for r, req in waiting.items() if req.Test()]:
+                del waiting[r]
+            if waiting:
+                time.sleep(_POLL_SECONDS)
+        del sends  # a send to a frozen rank may never complete; the job is being stopped then
+        return sorted(waiting)
+
+    def close(self) -> None:
+        """Stop answering (local)."""
+        self._closing.set()
+        self._thread.join(1.0)
