@@ -18,3 +18,13 @@ def fail_on_rank_1() -> None:
     if unison.rank() == 1:
         raise KeyError("missing key on rank 1")
     unison.allreduce(np.ones(2), name="never.completes")
+
+
+def sleep_in_a_loop() -> None:
+    import time
+
+    import unison
+
+    unison.init()
+    for _ in range(600):
+        time.sleep(0.1)

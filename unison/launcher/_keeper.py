@@ -30,8 +30,7 @@ _PR_SET_PDEATHSIG = 1
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
 # mpiexec signals each rank's whole process group: the rank receives these itself.
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-            signal.SIGALRM)
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def command(program: list[str]) -> list[str]:
