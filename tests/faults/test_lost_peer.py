@@ -1,0 +1,37 @@
+"""A rank that stops answering (frozen by SIGSTOP, or gone with os._exit) is named by the others, and the job ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ._jobs import MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun
+
+pytestmark = pytest.mark.timeout(90)
+PEER_TIMEOUT = 2.0
+ENV = {"UNISON_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT)}
+# detection (the wait, then the probe's window), the exit agreement's grace, and start-up under load
+BOUND = 2 * PEER_TIMEOUT + 5.0 + 10.0
+
+
+@pytest.mark.parametrize("launch", ["mpiexec", "unisonrun"])
+def test_frozen_rank_is_named_and_the_job_ends(tmp_path: Path, launch: str) -> None:
+    args = [PYTHON, SCENARIO, str(tmp_path), "frozen", "1"]
+    cmd = [MPIEXEC, "-n", "2", *args] if launch == "mpiexec" else unisonrun("-np", "2", *args)
+    done = run_job(cmd, env=ENV)
+    assert done.returncode != 0, done.output
+    assert (f"AbortedError: rank 1 stopped answering: rank 0 waited {PEER_TIMEOUT:.0f} s for rank 1 in a "
+            "control exchange and rank 1 did not answer a liveness probe") in done.output, done.output
+    assert done.seconds < BOUND, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_rank_gone_with_os_exit_under_plain_mpiexec_ends_the_job_at_once(tmp_path: Path) -> None:
+    """What plain mpiexec does, pinned: MPICH's mpiexec kills every other rank (SIGKILL) as soon as one
+    exits without finalizing MPI and returns that rank's status, 0 here; no rank can report it. Under
+    unisonrun it is named (tests/faults/test_failures.py); docs/launcher.md says so."""
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "exit0", "1"], env=ENV)
+    assert done.seconds < 10, done.seconds
+    assert not (tmp_path / "finally-0").exists()  # rank 0 was killed, not stopped by unison
+    assert_no_strays(tmp_path, 2)
