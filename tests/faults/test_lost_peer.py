@@ -35,3 +35,13 @@ def test_rank_gone_with_os_exit_under_plain_mpiexec_ends_the_job_at_once(tmp_pat
     assert done.seconds < 10, done.seconds
     assert not (tmp_path / "finally-0").exists()  # rank 0 was killed, not stopped by unison
     assert_no_strays(tmp_path, 2)
+
+
+def test_rank_frozen_inside_a_data_plane_call_is_named_and_the_job_ends(tmp_path: Path) -> None:
+    scenario = str(Path(__file__).resolve().parent / "_data_freeze_scenario.py")
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path)], env=ENV)
+    assert done.returncode != 0, done.output
+    assert ("unison: rank 1 stopped answering: rank 0 has been in a data-plane collective with rank 1"
+            in done.output), done.output
+    assert done.seconds < BOUND, done.seconds
+    assert_no_strays(tmp_path, 2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,7 +93,30 @@ class Liveness:
         del sends  # a send to a frozen rank may never complete; the job is being stopped then
         return sorted(waiting)
 
+    def watch_data_plane(self, busy_since: Callable[[], float], timeout_seconds: float,
+                         on_lost: Callable[[list[int], float], None]) -> None:
+        """Start a thread that probes the peers when one data-plane call has lasted `timeout_seconds`.
+
+        A data-plane call blocks in MPI with no deadline (negotiation showed every member ready), so a
+        peer frozen in the middle of one would hold this rank forever, its engine unable to look.
+        `busy_since()` is the monotonic start of the call in progress (0 when none); `on_lost(ranks,
+        seconds)` is called, from this thread, when some peers do not answer a probe.
+        """
+        def run() -> None:
+            checked = 0.0
+            while not self._closing.wait(min(1.0, timeout_seconds / 2)):
+                since = busy_since()
+                if not since or since == checked or time.monotonic() - since < timeout_seconds:
+                    continue
+                checked = since  # one probe per stuck call: a slow but live peer is not probed again
+                lost = self.probe(timeout_seconds)
+                if lost and busy_since() == since:
+                    on_lost(lost, time.monotonic() - since)
+                    return
+
+        threading.Thread(target=run, name=f"unison-data-watch-{self.rank}", daemon=True).start()
+
     def close(self) -> None:
-        """Stop answering (local)."""
+        """Stop answering and watching (local)."""
         self._closing.set()
         self._thread.join(1.0)

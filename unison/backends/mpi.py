@@ -15,7 +15,10 @@ of every process. It applies to the global process set of a job that spans sever
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +31,8 @@ from ._liveness import Liveness
 from .base import Abandoned, split_counts
 
 __all__ = ["MpiBackend", "import_mpi"]
+
+log = logging.getLogger(__name__)
 
 _SPIN_SECONDS = 100e-6
 _FIRST_SLEEP_SECONDS = 50e-6
@@ -44,6 +49,19 @@ def import_mpi() -> Any:
             "`pip install 'unison[mpi]'` (brings mpi4py and the mpich wheel with mpiexec)."
         ) from exc
     return MPI
+
+
+def _data_plane(method: Callable[..., None]) -> Callable[..., None]:
+    """Record when a data-plane call starts and ends, for the liveness watch (`Liveness`)."""
+    @functools.wraps(method)
+    def call(self: MpiBackend, *args: Any, **kwargs: Any) -> None:
+        self._data_since = time.monotonic()
+        try:
+            method(self, *args, **kwargs)
+        finally:
+            self._data_since = 0.0
+
+    return call
 
 
 class MpiBackend:
@@ -77,10 +95,13 @@ class MpiBackend:
         # Collective like the Dups above: every rank decides the same from the same settings and the
         # same thread level (MPI grants one level to the whole job).
         self._peer_timeout = peer_timeout_seconds
+        self._data_since = 0.0  # monotonic start of the data-plane call in progress, 0 when none
         self._liveness: Liveness | None = None
         if (peer_timeout_seconds > 0 and self.size > 1
                 and self._mpi.Query_thread() == self._mpi.THREAD_MULTIPLE):
             self._liveness = Liveness(comm, self._mpi)
+            self._liveness.watch_data_plane(lambda: self._data_since, peer_timeout_seconds,
+                                            self._lost_in_data_plane)
 
     def _split_hosts(self, comm: Any) -> None:
         # Collective over `comm`: every rank makes the same decision from the same gathered sizes.
@@ -130,6 +151,23 @@ class MpiBackend:
                 self._check_peers(time.perf_counter() - start)
                 next_probe = time.perf_counter() + self._peer_timeout
         self._stats["wait_seconds"] += time.perf_counter() - start
+
+    def _lost_in_data_plane(self, lost: list[int], waited_seconds: float) -> None:
+        """A peer stopped answering while this rank's engine is blocked in a data-plane call, which no
+        Python code can interrupt: say who, then end the job with MPI_Abort (from the watch thread)."""
+        who = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
+        message = (
+            f"unison: {who} stopped answering: rank {self.rank} has been in a data-plane collective "
+            f"with {who} for {waited_seconds:.0f} s and {who} did not answer a liveness probe within "
+            f"{self._peer_timeout:g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
+            "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
+        )
+        log.error("%s", message)
+        try:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        finally:
+            self._mpi.COMM_WORLD.Abort(1)
 
     def _check_peers(self, waited_seconds: float) -> None:
         """A control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS`: abort if some peer is lost."""
@@ -216,6 +254,7 @@ class MpiBackend:
             return max(buf.size, 1)
         return max(self.chunk_bytes // max(buf.itemsize, 1), 1)
 
+    @_data_plane
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
         comm = self._comms[process_set_id]
@@ -234,6 +273,7 @@ class MpiBackend:
             self._stats["data_calls"] += 1
         self._stats["data_bytes"] += buf.nbytes
 
+    @_data_plane
     def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
                           process_set_id: int) -> None:
         comm = self._comms[process_set_id]
@@ -262,6 +302,7 @@ class MpiBackend:
         local.Bcast(chunk, root=0)
         self._stats["hierarchical_calls"] += 1
 
+    @_data_plane
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                    process_set_id: int) -> None:
         comm = self._comms[process_set_id]
@@ -271,6 +312,7 @@ class MpiBackend:
         self._stats["data_calls"] += 1
         self._stats["data_bytes"] += recv.nbytes
 
+    @_data_plane
     def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
         comm = self._comms[process_set_id]
         step = self._chunk_elements(buf)
@@ -279,6 +321,7 @@ class MpiBackend:
             self._stats["data_calls"] += 1
         self._stats["data_bytes"] += buf.nbytes
 
+    @_data_plane
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
                   recv_counts: Sequence[int], process_set_id: int) -> None:
         comm = self._comms[process_set_id]
@@ -291,6 +334,7 @@ class MpiBackend:
         self._stats["data_calls"] += 1
         self._stats["data_bytes"] += send.nbytes
 
+    @_data_plane
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
                       op: ReduceOp, process_set_id: int) -> None:
         comm = self._comms[process_set_id]
