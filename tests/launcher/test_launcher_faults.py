@@ -88,6 +88,39 @@ def test_x_values_reach_the_ranks_but_no_command_line(tmp_path: Path) -> None:
         assert (tmp_path / f"seen-{rank}").read_text() == f"{given} {exported}"
 
 
+FAKE_SSH = """#!/bin/sh
+# Start Hydra's proxy for a "remote" host with an empty environment, as ssh to another machine would.
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+shift
+exec env -i PATH=/usr/bin:/bin sh -c "$*"
+"""
+
+
+def test_x_values_reach_ranks_on_other_hosts_without_a_command_line(tmp_path: Path) -> None:
+    value = f"remote-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "job.py"
+    script.write_text(SEES_VALUES.replace("import os, sys, time, unison\nunison.init()", "import os, sys, time")
+                      .replace("unison.rank()", "os.environ['PMI_RANK']").replace("unison.shutdown()", ""))
+    ssh = tmp_path / "fake_ssh.sh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    proc = subprocess.Popen(unisonrun("-np", "2", "-H", "elsewhere1:1,elsewhere2:1", "--launcher-exec", str(ssh),
+                                      "-x", "UNISON_TEST_EXPORTED", PYTHON, str(script), str(tmp_path)),
+                            env={**os.environ, "UNISON_TEST_EXPORTED": value}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: len(list(tmp_path.glob("seen-*"))) == 2, 60, "both ranks starting", proc)
+        lines = _command_lines()
+        assert len([line for line in lines.values() if b"hydra_pmi_proxy" in line]) >= 2, lines
+        leaks = {pid: line for pid, line in lines.items() if value.encode() in line}
+        assert not leaks, f"value visible in command lines: {leaks}"
+    finally:
+        (tmp_path / "go").write_text("")
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert sorted((tmp_path / f"seen-{rank}").read_text() for rank in (0, 1)) == [f" {value}"] * 2
+
+
 @pytest.mark.parametrize("controller", ["mpi", "grpc"])
 def test_killing_unisonrun_stops_every_rank_and_removes_the_job_directory(tmp_path: Path, controller: str) -> None:
     runtime = tmp_path / "run"
