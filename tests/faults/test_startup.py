@@ -29,22 +29,19 @@ def test_rank_raising_before_init(tmp_path: Path) -> None:
     assert_no_strays(tmp_path, 2)
 
 
-def test_setting_that_fails_on_one_rank_only(tmp_path: Path) -> None:
-    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "setting"], env=ENV)
+@pytest.mark.parametrize(
+    ("mode", "failing", "error"),
+    [
+        ("setting", 1, "ConfigError: UNISON_CYCLE_TIME must be"),  # a setting only rank 1 cannot parse
+        ("timeline", 0, "ConfigError: The timeline file"),  # only rank 0 opens the timeline
+    ],
+)
+def test_local_set_up_that_fails_on_one_rank_only(tmp_path: Path, mode: str, failing: int, error: str) -> None:
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), mode], env=ENV)
     assert done.returncode != 0, done.output
-    assert _caught(tmp_path, 1).startswith("ConfigError: UNISON_CYCLE_TIME must be")
-    assert _caught(tmp_path, 0).startswith(
-        "StartupError: init() failed: rank 1 could not start: ConfigError: UNISON_CYCLE_TIME must be")
-    assert done.seconds < 10, done.seconds
-    assert_no_strays(tmp_path, 2)
-
-
-def test_timeline_that_rank_0_cannot_write(tmp_path: Path) -> None:
-    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "timeline"], env=ENV)
-    assert done.returncode != 0, done.output
-    assert _caught(tmp_path, 0).startswith("ConfigError: The timeline file")
-    assert _caught(tmp_path, 1).startswith(
-        "StartupError: init() failed: rank 0 could not start: ConfigError: The timeline file")
+    assert _caught(tmp_path, failing).startswith(error)
+    assert _caught(tmp_path, 1 - failing).startswith(
+        f"StartupError: init() failed: rank {failing} could not start: {error}")
     assert done.seconds < 10, done.seconds
     assert_no_strays(tmp_path, 2)
 

@@ -16,10 +16,10 @@ import errno
 import os
 import select
 
-__all__ = ["DeathWatch"]
+__all__ = ["DeathWatch", "alive"]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """True while `pid` runs (zombies count as dead: they have exited, only their status is unread)."""
     try:
         os.kill(pid, 0)
@@ -86,7 +86,7 @@ class DeathWatch:
                 groups.append([self._by_fd.pop(fd)])
                 self._epoll.unregister(fd)
                 os.close(fd)
-        dead = [key for key, pid in self._polled.items() if not _alive(pid)]
+        dead = [key for key, pid in self._polled.items() if not alive(pid)]
         if dead:
             for key in dead:
                 del self._polled[key]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchError
-from ._supervise import _alive
+from ._deaths import alive
 
 __all__ = ["SERVICE_FILE", "register", "registry_dir", "running_jobs", "show_status", "write_service_file"]
 
@@ -65,7 +65,7 @@ def running_jobs() -> list[dict[str, Any]]:
             job = json.loads(record.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(job.get("pid", 0))) and os.path.isdir(job.get("dir", "")):
+        if alive(int(job.get("pid", 0))) and os.path.isdir(job.get("dir", "")):
             jobs.append(job)
         else:
             record.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ._blame import blame, read_markers
-from ._deaths import DeathWatch
+from ._deaths import DeathWatch, alive
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 
@@ -73,16 +73,6 @@ def timeout_line(timeout: float | None, stopped: bool) -> str:
     limit = f"--timeout {timeout:g} s" if timeout is not None else "--timeout"
     return (f"unisonrun: the job ran past {limit}; "
             + ("stopped every rank (exit status 124)." if stopped else "stopping every rank (exit status 124)."))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -224,7 +214,7 @@ class _Tailer:
 
 def _kill_ranks(started: Mapping[int, tuple[str, int]], host: str, outcome: JobOutcome) -> None:
     for _rank, (rank_host, pid) in sorted(started.items()):
-        if rank_host == host and _alive(pid):
+        if rank_host == host and alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
                 outcome.killed.append(pid)
