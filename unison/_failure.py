@@ -252,12 +252,13 @@ def job_broken(reason: str, comm: Any = None) -> None:
         return
     _state.broken_reason = reason or "the job is broken"
     _state.broken_at = time.monotonic()
-    if comm is not None and _state.comm is None:
-        _state.comm = comm
-    if comm is not None and _state.mpi is None:
-        from mpi4py import MPI  # only reached with an mpi4py communicator in hand
+    if comm is not None:  # broken before install(), inside init(): this is the job
+        _state.comm, _state.rank, _state.size = comm, comm.Get_rank(), comm.Get_size()
+        _state.host = _state.host or socket.gethostname()
+        if _state.mpi is None:
+            from mpi4py import MPI  # only reached with an mpi4py communicator in hand
 
-        _state.mpi = MPI
+            _state.mpi = MPI
     timer = threading.Timer(GRACE_SECONDS, _exit_after_grace, args=(_state.broken_reason,))
     timer.daemon = True
     timer.start()
@@ -384,7 +385,7 @@ def _interrupt_main() -> None:
 
 
 def _exit_after_grace(reason: str) -> None:
-    _stderr(f"unison: rank {_state.rank} still running {GRACE_SECONDS:.0f} s after the job was aborted "
+    _stderr(f"unison: rank {_state.rank} still running {GRACE_SECONDS:.0f} s after the job stopped "
             f"({reason}); exiting with status 1.")
     _flush_stdio()
     os._exit(1)
@@ -397,7 +398,9 @@ def _at_exit() -> None:
     """Last Python exit handler (registered at import, so it runs after `shutdown()`'s): end a forked
     child without touching the job, and bound the end of a broken job."""
     if _state.forked:
-        _end_child()
+        if _state.mpi is not None:
+            _end_child()
+        return
     if _state.broken_reason:
         _finish_broken_job()
 
@@ -417,7 +420,8 @@ def _finish_broken_job() -> None:
             _write_marker(f"finished-{_state.rank}", "\n")
         _arm_alarm(FINALIZE_SECONDS)
         return
-    line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({_state.broken_reason}) "
+    reason = " ".join(part.strip() for part in _state.broken_reason.splitlines())
+    line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({reason}) "
             f"and not every rank reached its exit within {GRACE_SECONDS:.0f} s (a rank is frozen, dead or "
             "stuck); ending every rank with MPI_Abort.")
     if not _state.aborted_reason:

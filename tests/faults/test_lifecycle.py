@@ -1,0 +1,143 @@
+"""A broken job ends within a bound, naming who broke it; a process forked after init() leaves the job alone.
+
+Bounds measured from the break: a stall is declared `STALL_SECONDS` (+ up to 1 s, the inspector's
+period) after the stuck rank stopped submitting; a rank of a broken job waits at most
+`GRACE_SECONDS` for every rank to reach its exit, then ends the job with MPI_Abort.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from unison._failure import ALARM_SECONDS, GRACE_SECONDS
+
+from ._jobs import BOUND_SECONDS, HERE, MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun
+
+pytestmark = pytest.mark.timeout(120)
+
+STALL_SECONDS = 2
+STALL_ENV = {"UNISON_STALL_CHECK_TIME_SECONDS": "1", "UNISON_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_SECONDS)}
+STARTUP_SECONDS = 4.0  # starting Python, numpy and MPI on a loaded 2-core machine, and 3 steps
+STALL_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + 1  # interrupted at once: ends with the stall
+BROKEN_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + GRACE_SECONDS + 2  # waits out the exit agreement
+FORK_SCENARIO = str(HERE / "_fork_scenario.py")
+TORCH_SCENARIO = str(HERE / "_torch_scenario.py")
+
+
+def launch(launcher: str, *args: str) -> list[str]:
+    if launcher == "unisonrun":
+        return unisonrun("-np", "2", PYTHON, *args)
+    return [MPIEXEC, "-n", "2", PYTHON, *args]
+
+
+# -- 1. a rank stuck in its own code while the others wait ------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_rank_stuck_in_its_own_code_ends_the_stalled_job_named(tmp_path: Path, launcher: str) -> None:
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck", "1"), env=STALL_ENV)
+    assert done.returncode != 0, done.output
+    assert "StallError: Stall:" in done.output and "rank 1 has not submitted: allreduce.grad.3" in done.output
+    if launcher == "unisonrun":
+        assert "unisonrun: the job stalled (found by rank 0" in done.output, done.output
+        assert "Stopping the job: rank(s) [1] stalled for more than 2 s" in done.output
+    # The stuck rank was interrupted (KeyboardInterrupt), so its finally: block ran too.
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
+    assert "MPI_Abort" not in done.output  # every rank reached its exit: no need to force it
+    assert done.seconds < STALL_BOUND, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_rank_that_cannot_be_interrupted_after_a_stall_is_ended_with_mpi_abort(tmp_path: Path,
+                                                                                  launcher: str) -> None:
+    # The stuck rank ignores SIGINT and then holds the GIL in C: no interrupt and no timer thread can
+    # end it. The waiting rank gives it GRACE_SECONDS to reach its exit, then calls MPI_Abort.
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck_in_c", "1"), env=STALL_ENV)
+    assert done.returncode != 0, done.output
+    assert "rank 1 has not submitted: allreduce.grad.3" in done.output
+    assert "not every rank reached its exit within 5 s" in done.output, done.output
+    assert not (tmp_path / "finally-1").exists()
+    assert done.seconds < BROKEN_BOUND, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+# -- 2. a bounded exit whatever the state of MPI ----------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_frozen_peer_given_up_on_ends_the_job_instead_of_hanging_in_finalize(tmp_path: Path,
+                                                                              launcher: str) -> None:
+    # Rank 1 stops itself (SIGSTOP) in the middle of the job; rank 0's engine, waiting in the status
+    # exchange, gives up after 2 s (as a detector of lost peers does), leaving that nonblocking
+    # exchange pending. Without a bounded exit rank 0 hung in MPI_Finalize and the job never ended.
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "frozen", "1"), env={"FAULT_GIVE_UP_SECONDS": "2"})
+    assert done.returncode != 0, done.output
+    assert "AbortedError: rank 1 stopped answering" in done.output, done.output
+    assert "not every rank reached its exit within 5 s" in done.output
+    assert (tmp_path / "finally-0").exists()
+    assert done.seconds < STARTUP_SECONDS + 2 + GRACE_SECONDS + 2, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_sigalrm_ends_a_process_of_a_broken_job_that_no_thread_can_end() -> None:
+    # After the break, C code holds the GIL: the grace timer (a thread) cannot run; SIGALRM can.
+    code = ("import ctypes; from unison import _failure; _failure.job_broken('rank 1 was lost'); "
+            "ctypes.PyDLL(None).sleep(60)")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=40)
+    seconds = time.monotonic() - start
+    assert proc.returncode == -14, (proc.returncode, proc.stderr)  # SIGALRM
+    assert ALARM_SECONDS - 0.5 < seconds < ALARM_SECONDS + 5, seconds
+
+
+def test_a_clean_abort_stays_quick_and_says_nothing_about_the_exit(tmp_path: Path) -> None:
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "raise", "1"])
+    assert done.returncode != 0
+    assert "AbortedError: rank 1 (" in done.output
+    assert "reached its exit" not in done.output and "MPI_Abort" not in done.output, done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+# -- 3. fork() after init() -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_process_forked_after_init_gets_a_clear_error_and_leaves_the_job_alone(tmp_path: Path,
+                                                                                launcher: str) -> None:
+    done = run_job(launch(launcher, FORK_SCENARIO, str(tmp_path)))
+    assert done.returncode == 0, done.output
+    for how in ("normal", "exit3", "raise"):
+        said = (tmp_path / f"child-{how}").read_text()
+        assert said.startswith("HorovodInternalError: unison cannot be used in a process forked after "
+                               "init(): this process (pid "), said
+        assert "is a copy of rank 0, not a rank of the job" in said
+    statuses = {how: int((tmp_path / f"status-{how}").read_text()) for how in ("normal", "exit3", "raise")}
+    assert statuses == {"normal": 0, "exit3": 3, "raise": 1}
+    assert "ValueError: the child failed" in done.output
+    # The children sent nothing to the job: both ranks reduce together afterwards.
+    assert [(tmp_path / f"after-{r}").read_text() for r in (0, 1)] == ["2.0 2.0", "2.0 2.0"]
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+# -- 4. the failure summary with torch --------------------------------------------------------------
+
+
+def test_a_torch_collective_failure_is_summarized_at_the_users_line(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    done = run_job(unisonrun("-np", "2", PYTHON, TORCH_SCENARIO, str(tmp_path)), deadline=90)
+    assert done.returncode != 0
+    line = next(n for n, text in enumerate(Path(TORCH_SCENARIO).read_text().splitlines(), 1)
+                if "the line the summary must show" in text)
+    summary = [text for text in done.output.splitlines() if text.startswith("unisonrun: rank 0 (")]
+    assert summary, done.output
+    assert "failed: MismatchError: Mismatched ALLREDUCE tensor shapes for 'allreduce.grad'" in summary[0]
+    assert summary[0].endswith(f" at _torch_scenario.py:{line} in <module>"), summary[0]
+    assert_no_strays(tmp_path, 2)
