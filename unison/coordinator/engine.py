@@ -29,6 +29,7 @@ from ..errors import (
 from ..ops import CollectiveKind
 from .cache import CacheState, ResponseCache
 from .coordinator import Coordinator
+from .cycle import Votes, bits, cached_waits, encode_status_row, needs_slow_path, read_votes, words_for
 from .executor import Entry, Executor
 from .fusion import FusionPolicy, plan_fusion
 from .messages import (
@@ -47,10 +48,6 @@ __all__ = ["Engine"]
 
 log = logging.getLogger(__name__)
 
-# Status-row flag bits (column 0 of the exchanged matrix).
-_FLAG_JOINED = 1
-_FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown): force the slow path
-_HEADER = 2  # flags, payload length
 _MAX_BACKOFF_SECONDS = 1e-3
 _STALL_PERIOD_SECONDS = 1.0
 _CACHEABLE = CollectiveKind.ALLREDUCE.value
@@ -61,37 +58,9 @@ _ADD_SET = CollectiveKind.ADD_PROCESS_SET.value
 _REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
 
 
-def _bits(mask: int) -> list[int]:
-    """Set bit positions of a non-negative int, ascending."""
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
-
-
-_WORD = (1 << 64) - 1
-
-
 def _user_name(name: str) -> str:
     """The user's part of a tensor name ``<kind>.<name>`` (the whole name when it has no kind)."""
     return name.partition(".")[2] or name
-
-
-def _split_words(mask: int, words: int) -> list[int]:
-    """A non-negative int as `words` little-endian 64-bit words."""
-    return [(mask >> (64 * i)) & _WORD for i in range(words)]
-
-
-def _join_words(words: list[int]) -> int:
-    """Inverse of `_split_words`."""
-    if len(words) == 1:
-        return words[0]
-    mask = 0
-    for i, word in enumerate(words):
-        mask |= word << (64 * i)
-    return mask
 
 
 class Engine:
@@ -428,7 +397,7 @@ class Engine:
         elif send_shutdown:
             requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank))
         payload = encode_requests(requests) if requests else b""
-        words = (self.cache.num_slots + 63) // 64
+        words = words_for(self.cache.num_slots)
         hits = 0
         if self._joined:
             hits = (1 << self.cache.num_slots) - 1
@@ -437,38 +406,24 @@ class Engine:
                 if entry.slot >= 0:
                     hits |= 1 << entry.slot
             hits |= self._foreign()
-        flags = (_FLAG_JOINED if self._joined else 0) | (_FLAG_NEWS if self._news else 0)
-        row = [flags, len(payload)]
-        if words:
-            row += _split_words(hits, words) + _split_words(self._invalid, words)
+        row = encode_status_row(joined=self._joined, news=bool(self._news), payload_bytes=len(payload),
+                                hits=hits, invalid=self._invalid, words=words)
         matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
 
         # 2. Fast path: slots every rank voted for run without asking the coordinator.
-        common = invalid = 0
-        votes: list[int] = []
-        if words:
-            votes = [_join_words(r[_HEADER : _HEADER + words]) for r in matrix]
-            common = votes[0]
-            real = 0  # joined ranks vote for every slot; a slot also needs one real submitter
-            for r, vote in enumerate(votes):
-                common &= vote
-                invalid |= _join_words(matrix[r][_HEADER + words :])
-                if not matrix[r][0] & _FLAG_JOINED:
-                    real |= vote
-            common &= real
-        cached: list[Response] = [self.cache.get(slot) for slot in _bits(common & ~invalid)]
+        votes = read_votes(matrix, words)
+        cached: list[Response] = [self.cache.get(slot) for slot in votes.runnable()]
         if cached:
             self._stats["cache_hits_executed"] += len(cached)
         if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
             self._last_stall_check = now
-            self._check_stall(now, matrix, votes, common)
+            self._check_stall(now, votes)
 
         # 3. Slow path, only when some rank has requests the cache could not answer.
         fresh: list[Response] = []
-        lengths = [r[1] for r in matrix]
-        if any(lengths) or any(r[0] & _FLAG_NEWS for r in matrix):
+        if needs_slow_path(matrix):
             self._stats["slow_cycles"] += 1
-            gathered = self.backend.gather_bytes(payload, lengths)
+            gathered = self.backend.gather_bytes(payload, [row[1] for row in matrix])
             data: bytes | None = None
             if self.coordinator is not None:
                 assert gathered is not None
@@ -488,13 +443,13 @@ class Engine:
 
         # 5. Update the cache identically everywhere. Only now: an erase or eviction must not send
         # back to negotiation a tensor that ran from the cache in this very cycle.
-        if invalid:
-            self.cache.erase(_bits(invalid))
+        if votes.invalid:
+            self.cache.erase(bits(votes.invalid))
         cacheable = [r for r in fresh if r.kind == _CACHEABLE and len(r.names) == 1]
         if self.settings.cache_capacity > 0:
             for response in cacheable:
                 self.cache.put(response)
-        if invalid or cacheable:
+        if votes.invalid or cacheable:
             self._revalidate()
 
     def _negotiate(self, gathered: list[bytes], now: float) -> list[Response]:
@@ -637,27 +592,18 @@ class Engine:
 
     # -- rank 0 only: stall inspection and timeline --------------------------------------------------
 
-    def _check_stall(self, now: float, matrix: list[list[int]], votes: list[int], common: int) -> None:
+    def _check_stall(self, now: float, votes: Votes) -> None:
         assert self.stall is not None and self.coordinator is not None
         pending = {
             name: (submitted, expected)
             for name, (submitted, expected, _) in self.coordinator.pending().items()
         }
-        joined = {r for r, row in enumerate(matrix) if row[0] & _FLAG_JOINED}
-        voted_any = 0
-        for r, vote in enumerate(votes):
-            if r not in joined:
-                voted_any |= vote
-        occupied = set(self.cache.slots())
-        for slot in _bits(voted_any & ~common):
-            if slot not in occupied:
-                continue
-            response = self.cache.peek(slot)
-            members = self.process_sets.get(response.process_set_id, ())
-            expected = frozenset(r for r in members if r not in joined)
-            submitted = frozenset(r for r in expected if votes[r] >> slot & 1)
-            if submitted and submitted != expected:
-                pending[response.names[0]] = (submitted, expected)
+        waits = cached_waits(
+            votes, self.cache.slots(),
+            lambda slot: self.process_sets.get(self.cache.peek(slot).process_set_id, ()),
+        )
+        for slot, (submitted, expected) in waits.items():
+            pending[self.cache.peek(slot).names[0]] = (submitted, expected)
         report = self.stall.observe(now, pending)
         if report is None:
             return

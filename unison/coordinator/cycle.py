@@ -1,0 +1,171 @@
+"""The per-cycle decisions of the engine, as pure functions over plain data: status rows and their votes.
+
+Every cycle each rank contributes one status row of unsigned 64-bit words, and every rank receives
+the whole matrix (one row per rank):
+
+    [flags, payload bytes, hit word 0 .. hit word W-1, invalid word 0 .. invalid word W-1]
+
+``flags`` holds `FLAG_JOINED` (the rank has joined: it votes for every cache slot) and `FLAG_NEWS`
+(rank 0 has a stall report to announce); ``payload bytes`` is the length of the rank's uncached
+request list; the hit words are the cache slots the rank's pending work is waiting in, and the
+invalid words the slots it found stale, each a little-endian bit mask over W 64-bit words.
+
+From the matrix alone, identical on every rank, each rank decides the same things: which cached
+responses run now (`read_votes`), whether the slow path runs (`needs_slow_path`), and which cached
+tensors some ranks are waiting in (`cached_waits`, for the stall inspector).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+
+__all__ = [
+    "FLAG_JOINED",
+    "FLAG_NEWS",
+    "Votes",
+    "bits",
+    "cached_waits",
+    "encode_status_row",
+    "needs_slow_path",
+    "read_votes",
+    "words_for",
+]
+
+FLAG_JOINED = 1
+FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown): force the slow path
+_HEADER = 2  # flags, payload length
+_WORD = (1 << 64) - 1
+
+
+def bits(mask: int) -> list[int]:
+    """Set bit positions of a non-negative int, ascending.
+
+    Example:
+        >>> bits(0b10110)
+        [1, 2, 4]
+    """
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def words_for(num_slots: int) -> int:
+    """64-bit words needed for a mask over `num_slots` cache slots."""
+    return (num_slots + 63) // 64
+
+
+def _split_words(mask: int, words: int) -> list[int]:
+    return [(mask >> (64 * i)) & _WORD for i in range(words)]
+
+
+def _join_words(words: Sequence[int]) -> int:
+    if len(words) == 1:
+        return int(words[0])
+    mask = 0
+    for i, word in enumerate(words):
+        mask |= int(word) << (64 * i)
+    return mask
+
+
+def encode_status_row(*, joined: bool, news: bool, payload_bytes: int, hits: int, invalid: int,
+                      words: int) -> list[int]:
+    """This rank's status row (see the module docstring).
+
+    Example:
+        >>> encode_status_row(joined=False, news=False, payload_bytes=80, hits=0b101, invalid=0, words=1)
+        [0, 80, 5, 0]
+    """
+    row = [(FLAG_JOINED if joined else 0) | (FLAG_NEWS if news else 0), payload_bytes]
+    if words:
+        row += _split_words(hits, words) + _split_words(invalid, words)
+    return row
+
+
+@dataclasses.dataclass(frozen=True)
+class Votes:
+    """What the status matrix says about the cache this cycle.
+
+    Attributes:
+        votes: each rank's hit mask (joined ranks vote for every slot).
+        joined: the ranks that have joined.
+        common: slots every rank voted for and at least one rank that has not joined really waits in.
+        invalid: slots some rank found stale (erased after this cycle's execution).
+    """
+
+    votes: tuple[int, ...]
+    joined: frozenset[int]
+    common: int
+    invalid: int
+
+    def runnable(self) -> list[int]:
+        """The cache slots whose responses run this cycle, ascending (the same on every rank)."""
+        return bits(self.common & ~self.invalid)
+
+
+def read_votes(matrix: Sequence[Sequence[int]], words: int) -> Votes:
+    """Decode the gathered matrix's votes (`words` as in `words_for` of the cache's slot count).
+
+    Example:
+        >>> v = read_votes([[0, 0, 0b011, 0], [1, 0, 0b111, 0b100]], words=1)
+        >>> v.common, v.invalid, sorted(v.joined), v.runnable()
+        (3, 4, [1], [0, 1])
+    """
+    joined = frozenset(r for r, row in enumerate(matrix) if int(row[0]) & FLAG_JOINED)
+    if not words:
+        return Votes((), joined, 0, 0)
+    votes = tuple(_join_words(row[_HEADER : _HEADER + words]) for row in matrix)
+    common = votes[0]
+    invalid = 0
+    real = 0  # joined ranks vote for every slot; a slot also needs one real submitter
+    for rank, vote in enumerate(votes):
+        common &= vote
+        invalid |= _join_words(matrix[rank][_HEADER + words :])
+        if rank not in joined:
+            real |= vote
+    return Votes(votes, joined, common & real, invalid)
+
+
+def needs_slow_path(matrix: Sequence[Sequence[int]]) -> bool:
+    """True when some rank has uncached requests or rank 0 has news: then the request lists are
+    gathered to rank 0 and its responses broadcast.
+
+    Example:
+        >>> needs_slow_path([[0, 0], [0, 0]]), needs_slow_path([[0, 0], [0, 48]]), needs_slow_path([[2, 0]])
+        (False, True, True)
+    """
+    return any(int(row[1]) for row in matrix) or any(int(row[0]) & FLAG_NEWS for row in matrix)
+
+
+def cached_waits(
+    votes: Votes,
+    occupied: Iterable[int],
+    members_of_slot: Callable[[int], Sequence[int]],
+) -> dict[int, tuple[frozenset[int], frozenset[int]]]:
+    """Cached slots some ranks wait in while other members do not: slot -> (waiting, expected).
+
+    The stall inspector's view of tensors that never reach the coordinator (they are answered from
+    the cache). Joined ranks are neither waiting nor expected.
+
+    Args:
+        votes: this cycle's votes.
+        occupied: the cache slots that hold a response.
+        members_of_slot: slot -> the global ranks of its response's process set.
+    """
+    voted_any = 0
+    for rank, vote in enumerate(votes.votes):
+        if rank not in votes.joined:
+            voted_any |= vote
+    present = set(occupied)
+    out = {}
+    for slot in bits(voted_any & ~votes.common):
+        if slot not in present:
+            continue
+        expected = frozenset(r for r in members_of_slot(slot) if r not in votes.joined)
+        waiting = frozenset(r for r in expected if votes.votes[r] >> slot & 1)
+        if waiting and waiting != expected:
+            out[slot] = (waiting, expected)
+    return out
