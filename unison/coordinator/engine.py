@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Abandoned
+from ..backends.base import Abandoned, Backend
 from ..config import Settings
 from ..errors import (
     AbortedError,
@@ -73,7 +73,7 @@ class Engine:
         timeline: a `Timeline` on rank 0, or None.
     """
 
-    def __init__(self, backend: Any, settings: Settings,
+    def __init__(self, backend: Backend, settings: Settings,
                  process_sets: dict[int, tuple[int, ...]] | None = None,
                  timeline: Any = None) -> None:
         self.backend = backend

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import Backend
 from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from ..ops import CollectiveKind, ReduceOp
 from .coordinator import reducescatter_rows
@@ -189,7 +190,7 @@ class Executor:
         activity: callback (name, activity or None) for the timeline; None when no timeline.
     """
 
-    def __init__(self, backend: Any, rank: int, process_sets: dict[int, tuple[int, ...]]) -> None:
+    def __init__(self, backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]]) -> None:
         self.backend = backend
         self.rank = rank
         self.process_sets = process_sets
