@@ -28,7 +28,7 @@ __all__ = ["ControlClient", "GrpcBackend"]
 log = logging.getLogger(__name__)
 
 _HEARTBEAT_SECONDS = 1.0
-_CALL_DEADLINE_SECONDS = 10.0
+_CLOSE_SECONDS = 5.0  # how long `close` lets the service end the negotiation stream before cancelling it
 
 
 class ControlClient:
@@ -39,13 +39,17 @@ class ControlClient:
         secret: the job secret.
         rank: this rank.
         progress: returns (cycles, names waiting) for heartbeats; may be replaced after construction.
+        speaks_for: the ranks this client negotiates for (a host leader's host), itself first.
+        answer_timeout_seconds: rank 0 leaving the heartbeats unanswered this long aborts this rank
+            (``UNISON_HEARTBEAT_TIMEOUT_SECONDS``, the bound rank 0 applies to the other ranks).
     """
 
     def __init__(self, address: str, secret: str, rank: int,
                  progress: Callable[[], tuple[int, Sequence[str]]] | None = None,
-                 speaks_for: Sequence[int] = ()) -> None:
+                 speaks_for: Sequence[int] = (), answer_timeout_seconds: float = 10.0) -> None:
         self.address = address
         self.rank = rank
+        self.answer_timeout_seconds = answer_timeout_seconds
         self.progress = progress or (lambda: (0, ()))
         self._metadata = ((TOKEN_KEY, secret), (RANK_KEY, str(rank)))
         # the ranks this client's exchanges carry (a host leader's host); only the leader negotiates
@@ -128,10 +132,15 @@ class ControlClient:
         reader.start()
         while not self._closed.wait(_HEARTBEAT_SECONDS) and reader.is_alive():
             silent = time.monotonic() - answered[0]
-            if silent > _CALL_DEADLINE_SECONDS:
+            if silent > self.answer_timeout_seconds:
                 self._aborted(f"rank {self.rank} got no answer to its heartbeats from the coordinator "
-                              f"service at {self.address} for {silent:.0f} s: rank 0 is stopped or "
-                              "unreachable")
+                              f"service at {self.address} for {silent:.0f} s "
+                              f"(UNISON_HEARTBEAT_TIMEOUT_SECONDS={self.answer_timeout_seconds:g}): rank 0 "
+                              "is stopped or unreachable")
+                # rank 0 will not answer the exchange this rank may be waiting in either: end it, so
+                # the engine fails its collectives with the reason instead of waiting forever
+                if self._replies is not None:
+                    self._replies.cancel()
                 break
             cycles, waiting = self.progress()
             outbox.put(pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000]))
@@ -166,7 +175,7 @@ class ControlClient:
             pass  # best effort: the caller is failing already
 
     def close(self) -> None:
-        """Close the stream and the channel."""
+        """Close the stream (the service ends it; cancelled after 5 s) and the channel."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -174,11 +183,27 @@ class ControlClient:
         if self._beats is not None:
             self._beats.put(None)
         if self._replies is not None:
+            cancel = threading.Timer(_CLOSE_SECONDS, self._replies.cancel)
+            cancel.daemon = True
+            cancel.start()
             try:
                 for _ in self._replies:  # drain until the server ends the stream
                     pass
             except grpc.RpcError:
                 pass  # the stream is going away either way
+            cancel.cancel()
+        self._channel.close()
+
+    def cancel(self) -> None:
+        """Cancel the stream and close the channel at once (peers stopped answering)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._outbox.put(None)
+        if self._beats is not None:
+            self._beats.put(None)
+        if self._replies is not None:
+            self._replies.cancel()
         self._channel.close()
 
 
@@ -199,6 +224,10 @@ class GrpcBackend:
         self.host_ranks = tuple(host_ranks)
         self.leader = not self.host_ranks or self.host_ranks[0] == self.rank
         self._answer: bytes | None = None  # rank 0's broadcast, received as the reply to our gather
+        # Why the engine failed, or "" (a normal end, or an abort every rank already knows); set by
+        # `setup.watch_engine`. On a failure, `close` tells the service before leaving it.
+        self.failure: Callable[[], str] = lambda: ""
+        self._abandoned = False
 
     def __repr__(self) -> str:
         host = f" host_ranks={list(self.host_ranks)}" if self.host_ranks else ""
@@ -279,12 +308,26 @@ class GrpcBackend:
         self.data.remove_process_set(process_set_id)
 
     def abandon(self) -> None:
-        self.control.close()
+        """Peers did not answer shutdown: cancel the stream (and, on rank 0, stop the service) at once."""
+        self._abandoned = True
+        self.control.cancel()
+        if self.server is not None:
+            self.server.stop(grace_seconds=0.0)
         self.data.abandon()
 
     def close(self) -> None:
+        """Leave the service after the engine's last cycle; rank 0 then waits for the other ranks'
+        streams (10 s at most) and stops it.
+
+        If the engine failed, the reason goes to the service first (an ``Abort`` call), so every rank
+        learns the cause instead of "rank 0 died or is unreachable" when rank 0's service goes away.
+        """
+        reason = self.failure()
+        if reason and not self._abandoned:
+            self.control.abort(reason)
         self.control.close()
         if self.server is not None:
-            self.server.wait_for_streams_closed(timeout=10.0)
+            if not self._abandoned:
+                self.server.wait_for_streams_closed(timeout=10.0)
             self.server.stop()
         self.data.close()

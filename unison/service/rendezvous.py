@@ -73,6 +73,7 @@ class Rendezvous:
         self._cond = threading.Condition()
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._abort = ""
+        self._closed = ""  # the service stopped: exchanges that are not complete end with this
         self._waiting: dict[int, str] = {}  # rank -> what it is blocked on (for status)
 
     def __repr__(self) -> str:
@@ -90,6 +91,14 @@ class Rendezvous:
                 self._abort = reason
             self._cond.notify_all()
 
+    def close(self, reason: str) -> None:
+        """Release every exchange still waiting for partners with `JobAborted(reason)`, and refuse new
+        ones; unlike `abort`, exchanges already complete still return their answer."""
+        with self._cond:
+            if not self._closed:
+                self._closed = reason
+            self._cond.notify_all()
+
     def blocked(self) -> dict[int, str]:
         """Ranks currently waiting in an exchange, and on what."""
         with self._cond:
@@ -105,8 +114,8 @@ class Rendezvous:
         self._waiting[rank] = what
         try:
             while not ready():
-                if self._abort:
-                    raise JobAborted(self._abort)
+                if self._abort or self._closed:
+                    raise JobAborted(self._abort or self._closed)
                 self._cond.wait(1.0)
         finally:
             self._waiting.pop(rank, None)

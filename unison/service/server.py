@@ -5,18 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Any
 
 import grpc
 
 from ..config import split_service_addr
 from ..errors import ConfigError
 from . import coordinator_pb2 as pb
-from . import coordinator_pb2_grpc as pb_grpc
+from .calls import Gate, method_handlers
 from .rendezvous import JobAborted, Rendezvous, unpack_parts
-from .security import TOKEN_KEY, token_matches
 
 __all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "CoordinatorServer", "RANKS_KEY", "RANK_KEY"]
 
@@ -47,34 +45,6 @@ _SERVER_OPTIONS = CHANNEL_OPTIONS + [
 ]
 
 
-class _Authenticate(grpc.ServerInterceptor):
-    """Refuses every call that does not carry the job secret, before any handler runs."""
-
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
-        self.refused = 0
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        metadata = dict(details.invocation_metadata or ())
-        if token_matches(metadata.get(TOKEN_KEY), self._secret):
-            return continuation(details)
-        self.refused += 1
-        handler = continuation(details)
-        if handler is None:
-            return None
-
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job secret")
-
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(deny)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(deny)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny)
-        return grpc.unary_unary_rpc_method_handler(deny)
-
-
 class _RankState:
     __slots__ = ("cycles", "host", "last_seen", "pid", "streams", "waiting")
 
@@ -87,7 +57,9 @@ class _RankState:
         self.streams = 0
 
 
-class _Servicer(pb_grpc.CoordinatorServicer):
+class _Servicer:
+    """The methods of the service; `calls.method_handlers` parses their requests."""
+
     def __init__(self, server: CoordinatorServer) -> None:
         self.server = server
 
@@ -187,15 +159,16 @@ class CoordinatorServer:
         self.lock = threading.Condition()
         self.ranks = [_RankState() for _ in range(size)]
         self._speaker: dict[int, int] = {}  # rank -> the rank whose stream speaks for it
-        self._auth = _Authenticate(secret)
+        # Each rank holds a worker with its heartbeat stream and, unless its host leader speaks for it,
+        # one with its negotiation stream; the rest serve short calls. The gate admits calls with the
+        # secret up to 3 x ranks + 8 at once and refuses every other call without taking a slot, so
+        # 8 workers are always left for those refusals (each takes microseconds).
+        self._gate = Gate(secret, limit=3 * size + 8)
         self._server = grpc.server(
-            # each rank holds a thread with its heartbeat stream and, unless its host leader speaks
-            # for it, one with its negotiation stream; the rest serve calls
-            futures.ThreadPoolExecutor(max_workers=3 * size + 8, thread_name_prefix="unison-service"),
-            interceptors=[self._auth], options=_SERVER_OPTIONS,
-            maximum_concurrent_rpcs=4 * size + 16,
+            futures.ThreadPoolExecutor(max_workers=3 * size + 16, thread_name_prefix="unison-service"),
+            interceptors=[self._gate], options=_SERVER_OPTIONS,
         )
-        pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), self._server)
+        self._server.add_generic_rpc_handlers((method_handlers(_Servicer(self)),))
         host, _ = split_service_addr(address)
         if host in ("0.0.0.0", "::", "[::]"):
             log.warning("the coordinator service listens on every interface (%s) as "
@@ -219,8 +192,9 @@ class CoordinatorServer:
         return f"<CoordinatorServer {self.address} size={self.size} {self.rendezvous!r}>"
 
     def statistics(self) -> dict[str, int]:
-        """Counters: exchanges served, calls refused for a missing or wrong secret."""
-        return {"exchanges": self.exchanges, "refused": self._auth.refused}
+        """Counters: exchanges served; calls being served, refused for a missing or wrong secret, and
+        refused because the limit of calls with the secret was reached."""
+        return {"exchanges": self.exchanges, **self._gate.statistics()}
 
     def rank_of(self, context: grpc.ServicerContext) -> int:
         metadata = dict(context.invocation_metadata())
@@ -318,6 +292,16 @@ class CoordinatorServer:
         return True
 
     def stop(self, grace_seconds: float = 2.0) -> None:
-        """Stop serving (in-flight calls get `grace_seconds`)."""
+        """Stop serving: in-flight calls get `grace_seconds`, then are cancelled.
+
+        An exchange still waiting for its partners ends with the reason instead of waiting forever (its
+        worker thread would keep the process from exiting); heartbeats are not told, since on a normal
+        shutdown the other ranks may still be closing their streams. Returns within
+        `grace_seconds` + 5 s even if gRPC does not finish every call (logged).
+        """
         self._stop.set()
-        self._server.stop(grace_seconds).wait()
+        self.rendezvous.close("the coordinator service on rank 0 stopped while this exchange waited "
+                              "for other ranks")
+        if not self._server.stop(grace_seconds).wait(grace_seconds + 5.0):
+            log.warning("the coordinator service did not finish its calls within %.0f s of stopping; "
+                        "leaving them.", grace_seconds + 5.0)

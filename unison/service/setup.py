@@ -10,9 +10,9 @@ from typing import Any
 
 from .._version import __version__
 from ..config import Settings
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import AbortedError, ConfigError, MissingDependencyError, ShutdownError
 
-__all__ = ["grpc_backend", "watch_engine"]
+__all__ = ["grpc_backend", "start_service", "watch_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     try:
         from .client import ControlClient, GrpcBackend
         from .security import load_secret, new_secret
-        from .server import CoordinatorServer
+        from .server import CoordinatorServer  # noqa: F401 - fail here, with the hint, if grpc is missing
     except ImportError as exc:
         raise MissingDependencyError(
             "UNISON_CONTROLLER=grpc needs grpcio and protobuf: `pip install 'unison[grpc]'`."
@@ -43,18 +43,8 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     outcome: tuple[str, str] = ("", "")
     if rank == 0:
         try:
-            address = settings.service_addr
-            if not address:
-                if local_size != size:
-                    raise ConfigError(
-                        "The ranks of this job span several hosts: set UNISON_SERVICE_ADDR=host:port to "
-                        "an address of rank 0's host that the other hosts can reach."
-                    )
-                address = "127.0.0.1:0"
-            server = CoordinatorServer(size, secret, address, __version__,
-                                       settings.heartbeat_timeout_seconds)
+            server = start_service(settings, size, local_size, secret)
             outcome = ("ok", server.address)
-            log.info("coordinator service listening on %s", server.address)
             if settings.launcher_dir:
                 from ..launcher._jobs import write_service_file
 
@@ -75,13 +65,33 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     host_ranks = data.split_host_group() if settings.service_host_aggregation else []
     if len(host_ranks) == 1:
         host_ranks = []  # alone on its host: nothing to aggregate
-    control = ControlClient(address, secret, rank, speaks_for=host_ranks)
+    control = ControlClient(address, secret, rank, speaks_for=host_ranks,
+                            answer_timeout_seconds=settings.heartbeat_timeout_seconds)
     control.register(__version__, negotiate=not host_ranks or host_ranks[0] == rank)
     return GrpcBackend(control, data, size, server, host_ranks)
 
 
+def start_service(settings: Settings, size: int, local_size: int, secret: str) -> Any:
+    """Start rank 0's service on ``UNISON_SERVICE_ADDR`` (a free port of 127.0.0.1 on a single host) and
+    log its address at INFO: ``coordinator service listening on 127.0.0.1:40123``."""
+    from .server import CoordinatorServer
+
+    address = settings.service_addr
+    if not address:
+        if local_size != size:
+            raise ConfigError(
+                "The ranks of this job span several hosts: set UNISON_SERVICE_ADDR=host:port to "
+                "an address of rank 0's host that the other hosts can reach."
+            )
+        address = "127.0.0.1:0"
+    server = CoordinatorServer(size, secret, address, __version__, settings.heartbeat_timeout_seconds)
+    log.info("coordinator service listening on %s", server.address)
+    return server
+
+
 def watch_engine(backend: Any, engine: Any) -> None:
-    """Feed heartbeats from the engine, and stop this process if an abort finds the engine stuck.
+    """Feed heartbeats from the engine, tell the service why the engine failed if it does, and stop
+    this process if an abort finds the engine stuck.
 
     An abort reaches a rank through its next exchange, which fails the pending collectives with
     `AbortedError`. A rank blocked inside an MPI data-plane call (waiting for a dead peer) never gets
@@ -106,5 +116,14 @@ def watch_engine(backend: Any, engine: Any) -> None:
         timer.daemon = True
         timer.start()
 
+    def failure() -> str:
+        # The engine stops with AbortedError when the job is aborted (every rank knows), with
+        # ShutdownError on a normal end; anything else is its own failure, which the others must learn.
+        error = getattr(engine, "_stop_error", None)
+        if error is None or isinstance(error, (AbortedError, ShutdownError)):
+            return ""
+        return str(error)
+
     backend.control.progress = progress
     backend.control.on_abort = on_abort
+    backend.failure = failure
