@@ -424,8 +424,9 @@ def _finish_broken_job() -> None:
     line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({reason}) "
             f"and not every rank reached its exit within {GRACE_SECONDS:.0f} s (a rank is frozen, dead or "
             "stuck); ending every rank with MPI_Abort.")
-    if not _state.aborted_reason:
-        _write_marker(f"failed-{_state.rank}", line + "\n")
+    marker = _state.launcher_dir / f"failed-{_state.rank}" if _state.launcher_dir is not None else None
+    if marker is not None and not marker.exists():  # the first failure this rank reported is the cause
+        _write_marker(marker.name, line + "\n")
     _stderr("unison: " + line)
     if usable:
         try:
