@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 STALL_SECONDS = 2
 STALL_ENV = {"UNISON_STALL_CHECK_TIME_SECONDS": "1", "UNISON_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_SECONDS)}
-STARTUP_SECONDS = 4.0  # starting Python, numpy and MPI on a loaded 2-core machine, and 3 steps
+STARTUP_SECONDS = 6.0  # starting Python, numpy and MPI on a loaded 2-core machine, and 3 steps
 STALL_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + 1  # interrupted at once: ends with the stall
 BROKEN_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + GRACE_SECONDS + 2  # waits out the exit agreement
 FORK_SCENARIO = str(HERE / "_fork_scenario.py")
