@@ -1,4 +1,5 @@
-"""Real 2-rank jobs with UNISON_CONTROLLER=grpc: a stopped rank is detected; the status table is live."""
+"""Real jobs with UNISON_CONTROLLER=grpc: a stopped rank is detected and every live rank told; rank 0's
+failure reaches the others with its cause; a malformed message delays nothing; the status table is live."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 SECRET = "f" * 64
 
 
-def job(script: str, tmp_path: Path, env: dict[str, str], timeout: float = 60) -> subprocess.Popen:
+def job(script: str, tmp_path: Path, env: dict[str, str], ranks: int = 2) -> subprocess.Popen:
     path = tmp_path / "job.py"
     path.write_text(textwrap.dedent(script))
     full_env = dict(os.environ, UNISON_CONTROLLER="grpc", UNISON_SECRET=SECRET, **env)
-    return subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, str(path)], cwd=tmp_path,
+    return subprocess.Popen([str(MPIEXEC), "-n", str(ranks), sys.executable, str(path)], cwd=tmp_path,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
@@ -99,3 +100,118 @@ def test_status_table_of_a_running_job(tmp_path: Path) -> None:
     assert "waiting: allreduce.lonely" in rank1
     assert "others wait for it: allreduce.lonely" in status.stdout  # rank 0 owes it
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr
+
+
+# Each live rank reports what its collective raised and when, then ends the frozen rank (an MPI job
+# whose rank is stopped cannot finish on its own) and leaves at once.
+FROZEN = """
+    import os, signal, sys, time, numpy as np, unison as hvd
+    from unison.errors import AbortedError
+    frozen = int(sys.argv[1])
+    hvd.init()
+    pids = hvd.allgather_object(os.getpid())
+    hvd.allreduce(np.ones(3), name="before.stop")
+    start = time.monotonic()
+    if hvd.rank() == frozen:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        hvd.allreduce(np.ones(3), name="after.stop")
+        print(f"rank {hvd.rank()} finished its allreduce", flush=True)
+    except AbortedError as exc:
+        print(f"rank {hvd.rank()} raised after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+    time.sleep(0.5)  # every live rank reports before the job is torn down
+    if hvd.rank() == min(set(range(hvd.size())) - {frozen}):
+        os.kill(pids[frozen], signal.SIGKILL)
+    os._exit(3)
+"""
+
+
+def frozen_job(tmp_path: Path, frozen: int, ranks: int, aggregation: str) -> tuple[str, float]:
+    path = tmp_path / "frozen.py"
+    path.write_text(textwrap.dedent(FROZEN))
+    env = dict(os.environ, UNISON_CONTROLLER="grpc", UNISON_SECRET=SECRET, UNISON_HEARTBEAT_TIMEOUT_SECONDS="2",
+               UNISON_SERVICE_HOST_AGGREGATION=aggregation)
+    start = time.monotonic()
+    process = subprocess.Popen([str(MPIEXEC), "-n", str(ranks), sys.executable, str(path), str(frozen)],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    return finish(process, 60), time.monotonic() - start
+
+
+@pytest.mark.parametrize("aggregation", ["1", "0"])
+def test_a_stopped_rank_0_is_reported_to_the_others_as_an_abort(tmp_path: Path, aggregation: str) -> None:
+    """Rank 0 (and the service) stopped: rank 1's heartbeats go unanswered for 2 s; its collective fails
+    with the reason, whether it waits in its own exchange or for its host leader."""
+    out, _ = frozen_job(tmp_path, frozen=0, ranks=2, aggregation=aggregation)
+    line = next((x for x in out.splitlines() if x.startswith("rank 1 raised after")), "")
+    assert "got no answer to its heartbeats from the coordinator service" in line, out
+    assert "rank 0 is stopped or unreachable" in line, out
+    assert float(line.split()[4]) < 6, out  # 2 s of silence, checked once a second, plus load
+
+
+@pytest.mark.parametrize("aggregation", ["1", "0"])
+def test_a_stopped_rank_is_reported_to_every_live_rank(tmp_path: Path, aggregation: str) -> None:
+    out, _ = frozen_job(tmp_path, frozen=1, ranks=3, aggregation=aggregation)
+    for rank in (0, 2):
+        line = next((x for x in out.splitlines() if x.startswith(f"rank {rank} raised after")), "")
+        assert "rank 1 (" in line and "sent no heartbeat for 2." in line, out
+        assert float(line.split()[4]) < 6, out
+
+
+@pytest.mark.parametrize("aggregation", ["1", "0"])
+def test_rank_0s_engine_failure_reaches_the_others_with_its_cause(tmp_path: Path, aggregation: str) -> None:
+    process = job("""
+        import os, time, numpy as np, unison as hvd
+        from unison.errors import UnisonError
+        hvd.init()
+        hvd.allreduce(np.ones(3), name="first")
+        if hvd.rank() == 0:
+            def broken(row):
+                raise OSError("injected: rank 0's control plane broke")
+            hvd._runtime.job().engine.backend.allgather_status = broken
+        start = time.monotonic()
+        try:
+            hvd.allreduce(np.ones(3), name="second")
+        except UnisonError as exc:
+            print(f"rank {hvd.rank()} raised after {time.monotonic() - start:.1f} s: "
+                  f"{type(exc).__name__}: {exc}", flush=True)
+        hvd.shutdown()  # as at exit: waits for the engine thread, which tells the service
+        os._exit(3)
+    """, tmp_path, {"UNISON_SERVICE_HOST_AGGREGATION": aggregation})
+    out = finish(process, 60)
+    line = next((x for x in out.splitlines() if x.startswith("rank 1 raised after")), "")
+    assert "AbortedError" in line and "injected: rank 0's control plane broke" in line, out
+    assert "died or is unreachable" not in line, out
+    assert float(line.split()[4]) < 5, out
+
+
+def test_a_malformed_message_with_the_secret_does_not_delay_the_end_of_the_job(tmp_path: Path) -> None:
+    """Six undeserializable messages on each stream method, each stream kept open; before, one of them
+    often left a call unfinished and rank 0's shutdown waited 30 s for its engine."""
+    process = job(f"""
+        import threading, time, grpc, numpy as np, unison as hvd
+        from unison.service.security import TOKEN_KEY
+        from unison.service.server import RANK_KEY
+        hvd.init()
+        if hvd.rank() == 0:
+            channel = grpc.insecure_channel(hvd._runtime.job().engine.backend.control.address)
+            never = threading.Event()
+            def bad():
+                yield b"\\xff\\xff\\xff\\xff"
+                never.wait()
+            for method in ["Negotiate", "Heartbeats"] * 6:
+                call = channel.stream_stream(f"/unison.v1.Coordinator/{{method}}")
+                try:
+                    list(call(bad(), metadata=((TOKEN_KEY, "{SECRET}"), (RANK_KEY, "1")), timeout=10))
+                except grpc.RpcError as exc:
+                    print(f"{{method}}: {{exc.code().name}}: {{exc.details()}}", flush=True)
+        hvd.allreduce(np.ones(3), name="after")
+        start = time.monotonic()
+        hvd.shutdown()
+        print(f"shutdown took {{time.monotonic() - start:.1f}} s", flush=True)
+    """, tmp_path, {"UNISON_SERVICE_HOST_AGGREGATION": "0"})
+    out = finish(process, 90)
+    assert process.returncode == 0, out
+    assert out.count("INVALID_ARGUMENT: Negotiate: message 0 (4 bytes) is not a valid Exchange") == 6, out
+    times = [float(x.split()[2]) for x in out.splitlines() if x.startswith("shutdown took")]
+    assert len(times) == 2 and max(times) < 3, out

@@ -320,7 +320,8 @@ class GrpcBackend:
         streams (10 s at most) and stops it.
 
         If the engine failed, the reason goes to the service first (an ``Abort`` call), so every rank
-        learns the cause instead of "rank 0 died or is unreachable" when rank 0's service goes away.
+        learns the cause instead of "rank 0 died or is unreachable" when rank 0's service goes away;
+        rank 0 keeps the service up until each rank's heartbeat got the reason (3 s at most).
         """
         reason = self.failure()
         if reason and not self._abandoned:
@@ -328,6 +329,8 @@ class GrpcBackend:
         self.control.close()
         if self.server is not None:
             if not self._abandoned:
+                if reason:
+                    self.server.wait_until_told(timeout=3.0)
                 self.server.wait_for_streams_closed(timeout=10.0)
             self.server.stop()
         self.data.close()

@@ -46,7 +46,7 @@ _SERVER_OPTIONS = CHANNEL_OPTIONS + [
 
 
 class _RankState:
-    __slots__ = ("cycles", "host", "last_seen", "pid", "streams", "waiting")
+    __slots__ = ("beating", "cycles", "host", "last_seen", "pid", "streams", "told", "waiting")
 
     def __init__(self) -> None:
         self.host = ""
@@ -54,7 +54,9 @@ class _RankState:
         self.cycles = 0
         self.last_seen = 0.0
         self.waiting: tuple[str, ...] = ()
-        self.streams = 0
+        self.streams = 0  # open Negotiate streams
+        self.beating = 0  # open Heartbeats streams
+        self.told = False  # a reply to this rank carried the abort reason
 
 
 class _Servicer:
@@ -114,6 +116,7 @@ class _Servicer:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown exchange phase")
                 except JobAborted as exc:
                     reply.abort = str(exc)
+                    srv.told(ranks)
                 yield reply
         finally:
             with srv.lock:
@@ -127,8 +130,15 @@ class _Servicer:
                    context: grpc.ServicerContext) -> Iterator[pb.HeartbeatReply]:
         srv = self.server
         rank = srv.rank_of(context)
-        for request in requests:
-            yield srv.heard(rank, request)
+        with srv.lock:
+            srv.ranks[rank].beating += 1
+        try:
+            for request in requests:
+                yield srv.heard(rank, request)
+        finally:
+            with srv.lock:
+                srv.ranks[rank].beating -= 1
+                srv.lock.notify_all()
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         return self.server.status()
@@ -242,7 +252,29 @@ class CoordinatorServer:
             state.last_seen = time.monotonic()
             state.cycles = request.cycles
             state.waiting = tuple(request.waiting)
-        return pb.HeartbeatReply(abort=self.rendezvous.aborted)
+        reply = pb.HeartbeatReply(abort=self.rendezvous.aborted)
+        if reply.abort:
+            self.told([rank])
+        return reply
+
+    def told(self, ranks: list[int]) -> None:
+        """Record that a reply to `ranks` carried the abort reason."""
+        with self.lock:
+            for rank in ranks:
+                self.ranks[rank].told = True
+            self.lock.notify_all()
+
+    def wait_until_told(self, timeout: float) -> list[int]:
+        """After an abort, wait until every rank that still has a heartbeat stream open got a reply
+        carrying the reason (each beats once a second); return the ranks not told within `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                untold = [r for r, s in enumerate(self.ranks) if s.beating and not s.told]
+                left = deadline - time.monotonic()
+                if not untold or left <= 0:
+                    return untold
+                self.lock.wait(left)
 
     def abort(self, reason: str) -> None:
         """Abort the job: every waiting and future exchange answers with `reason`."""
