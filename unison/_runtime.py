@@ -184,9 +184,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         >>> hvd.shutdown()
     """
     global _job, _atexit_registered
+    if _failure.is_forked_child():
+        raise _failure.fork_error()
     with _init_lock:
         if _job is not None and _job.engine.state == "running":
             return
+        the_comm: Any = None
         overrides: dict[str, Any] = {}
         if process_sets == "dynamic":
             overrides["dynamic_process_sets"] = True
@@ -281,7 +284,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
             watch_engine(backend, engine)
         engine.start()
-        _failure.install(engine, rank, size, mpi, settings.launcher_dir)
+        _failure.install(engine, rank, size, mpi, settings.launcher_dir, comm=the_comm)
         _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -394,7 +397,8 @@ def shutdown() -> None:
         current = _job
         if current is None:
             return
-        current.engine.shutdown()
+        if not current.engine.shutdown():
+            _failure.job_broken(f"rank {current.rank}: the other ranks did not answer shutdown within 30 s")
         _failure.mark_finished()
         _failure.uninstall()
         from ._collectives import _reset_handles

@@ -1,7 +1,7 @@
 """A rank program for the fork test: `python _fork_scenario.py OUTDIR`.
 
 After init() and one allreduce, rank 0 forks three children one after the other. Each child tries a
-collective (writing the error it got to OUTDIR/child-HOW) and ends: `normal` falls off the end of the
+collective (writing the error it got to OUTDIR/child-HOW), then init() (OUTDIR/child-init-HOW), and ends: `normal` falls off the end of the
 script, `exit3` calls sys.exit(3), `raise` raises. Rank 0 writes each child's exit status to
 OUTDIR/status-HOW; then both ranks allreduce again and write the result to OUTDIR/after-R.
 """
@@ -22,6 +22,12 @@ def child(out: Path, how: str) -> None:
     except Exception as exc:  # noqa: BLE001 - the test reads whatever came
         outcome = f"{type(exc).__name__}: {exc}"
     (out / f"child-{how}").write_text(outcome)
+    try:
+        hvd.init()
+        outcome = "no error"
+    except Exception as exc:  # noqa: BLE001
+        outcome = f"{type(exc).__name__}: {exc}"
+    (out / f"child-init-{how}").write_text(outcome)
     if how == "exit3":
         sys.exit(3)
     if how == "raise":

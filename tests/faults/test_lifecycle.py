@@ -118,6 +118,8 @@ def test_a_process_forked_after_init_gets_a_clear_error_and_leaves_the_job_alone
         assert said.startswith("HorovodInternalError: unison cannot be used in a process forked after "
                                "init(): this process (pid "), said
         assert "is a copy of rank 0, not a rank of the job" in said
+        said = (tmp_path / f"child-init-{how}").read_text()  # init() again in the child: the same error
+        assert said.startswith("HorovodInternalError: unison cannot be used in a process forked after "), said
     statuses = {how: int((tmp_path / f"status-{how}").read_text()) for how in ("normal", "exit3", "raise")}
     assert statuses == {"normal": 0, "exit3": 3, "raise": 1}
     assert "ValueError: the child failed" in done.output

@@ -217,21 +217,28 @@ class Engine:
                 if groups:
                     self._event.set()
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Ask every rank to stop, wait for this rank's thread, and fail what is still pending."""
+    def shutdown(self, timeout: float = 30.0) -> bool:
+        """Ask every rank to stop, wait for this rank's thread, and fail what is still pending.
+
+        Returns False when the peers did not answer within `timeout` and they were left: the job is
+        then broken (a control operation may never complete), and the caller must not wait for them
+        again (see `unison._failure.job_broken`).
+        """
         with self._lock:
             if self._state == "created" or self._disowned:
                 self._state = "stopped"
-                return
+                return True
             self._shutdown_requested = True
         self._event.set()
         if threading.current_thread() is self._thread:
-            return
+            return True
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("peers did not answer shutdown within %.0f s; leaving them.", timeout)
             self.backend.abandon()
             self._thread.join(2.0)
+            return False
+        return True
 
     def abort(self, reason: str, timeout: float = 2.0) -> bool:
         """Stop the whole job because this rank is failing; return True once every rank was told.

@@ -345,3 +345,24 @@ def test_a_stop_fails_the_submissions_a_batch_holds(job2: Job) -> None:
         with pytest.raises(ShutdownError):
             engine.enqueue([allreduce_entry("late", 0, np.ones(1, np.float32))])
     assert engine._queue == [] and engine._held == {}
+
+
+def test_shutdown_reports_peers_that_never_answered() -> None:
+    settings = load_settings({}, idle_cycle_seconds=0.005, stall_check_disable=True)
+    group = ThreadGroup(2)
+    lonely = Engine(group.backend(0), settings)  # rank 1's engine never starts
+    lonely.start()
+    assert lonely.shutdown(timeout=0.3) is False
+    assert lonely.state == "stopped"
+    both = ThreadGroup(2)
+    engines = [Engine(both.backend(r), settings) for r in range(2)]
+    for engine in engines:
+        engine.start()
+    results: list[bool] = []
+    threads = [threading.Thread(target=lambda e=engine: results.append(e.shutdown(timeout=TIMEOUT)))
+               for engine in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert results == [True, True]
