@@ -1,0 +1,78 @@
+"""The one-line summary of a failure: who failed, with what message, at which of the user's lines.
+
+Frames inside unison and inside the frameworks' internals (TensorFlow, Keras, torch, autograph's
+generated files) are left out, so the line shows the user's call site rather than unison's own
+frames; when nothing else is left, the innermost frame is shown.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+
+__all__ = ["describe"]
+
+_FRAMES = 3
+_MAX_REASON_CHARS = 600
+# Frames that are not the user's: unison itself, and the frameworks' internals (found under
+# site-packages); TensorFlow's autograph runs user functions from generated files.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAMEWORKS = frozenset({"tensorflow", "keras", "tf_keras", "torch"})
+_INSTALL_DIRS = frozenset({"site-packages", "dist-packages"})
+_AUTOGRAPH_PREFIX = "__autograph_generated_file"
+_USER_CODE_HEADER = "in user code:"  # TensorFlow's rewritten message for errors inside tf.function
+_USER_CODE_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
+def describe(exc: BaseException, rank: int, host: str, pid: int) -> str:
+    """Render the one-line abort reason: who failed, with what, where (the user's innermost frames).
+
+    Frames inside unison and inside the frameworks' internals (TensorFlow, Keras, torch, autograph's
+    generated files) are left out; when nothing else is left, the innermost frame is shown. For an
+    error TensorFlow rewrote as "in user code: ...", the message and the user's frames come from it.
+
+    Example:
+        >>> describe(ValueError("bad"), 1, "gpu07", 42)
+        'rank 1 (gpu07, pid 42) failed: ValueError: bad'
+    """
+    message, inner = _message(exc)
+    frames = [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    frames += inner  # outermost first, like a traceback
+    shown = ([f for f in frames if not _internal(f[0])] or frames[-1:])[-_FRAMES:]
+    where = " <- ".join(f"{os.path.basename(file)}:{line} in {name}" for file, line, name in reversed(shown))
+    reason = f"rank {rank} ({host}, pid {pid}) failed: {message}"
+    if where:
+        reason += f" at {where}"
+    if len(reason) > _MAX_REASON_CHARS:
+        reason = reason[: _MAX_REASON_CHARS - 3] + "..."
+    return reason
+
+
+def _message(exc: BaseException) -> tuple[str, list[tuple[str, int, str]]]:
+    """The exception's type and first line, and the frames its message lists (TensorFlow's rewrite)."""
+    name = type(exc).__name__
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    if not lines:
+        return name, []
+    if lines[0] != _USER_CODE_HEADER:
+        return f"{name}: {lines[0]}", []
+    frames = []
+    for line in lines:
+        match = _USER_CODE_FRAME.match(line)
+        if match:
+            frames.append((match["file"], int(match["line"]), match["name"]))
+    last = next(line for line in reversed(lines) if line)
+    message = last if last == name or last.startswith(f"{name}:") else f"{name}: {last}"
+    return message, frames
+
+
+def _internal(filename: str) -> bool:
+    """Whether a frame's file belongs to unison or to a framework's internals, not to the user."""
+    if os.path.basename(filename).startswith(_AUTOGRAPH_PREFIX):
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR):
+        return True
+    parts = path.split(os.sep)
+    return any(part in _INSTALL_DIRS and parts[i + 1] in _FRAMEWORKS for i, part in enumerate(parts[:-1]))
