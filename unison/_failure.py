@@ -67,7 +67,7 @@ _POLL_SECONDS = 0.005
 
 class _State:
     engine: Any = None
-    engine_thread: threading.Thread | None = None
+    last_engine: Any = None  # kept after uninstall(): the exit agreement asks whether its thread runs
     rank = 0
     size = 1
     mpi: Any = None  # the mpi4py MPI module once unison initialized MPI in this process
@@ -113,8 +113,7 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
     job's communicator (mpi4py), where the exit agreement of a broken job runs; without it,
     ``COMM_WORLD`` when the job spans it, else a broken job's exit skips MPI finalization.
     """
-    _state.engine = engine
-    _state.engine_thread = getattr(engine, "_thread", None)
+    _state.engine = _state.last_engine = engine
     _state.rank, _state.size, _state.mpi = rank, size, mpi
     if comm is None and mpi is not None and mpi.COMM_WORLD.Get_size() == size:
         comm = mpi.COMM_WORLD
@@ -235,7 +234,7 @@ def abort_job(exc: BaseException) -> None:
     _write_marker(f"failed-{_state.rank}", reason + "\n")
     if engine.abort(reason, ABORT_TIMEOUT_SECONDS):
         return
-    if engine.state != "running" and not isinstance(engine._stop_error, AbortedError):
+    if engine.state != "running" and not isinstance(engine.stop_error, AbortedError):
         return  # the job stopped on its own (shutdown, stall) while we tried
     _stderr(f"unison: {reason}; the other ranks could not be told within {ABORT_TIMEOUT_SECONDS:.0f} s, "
             "calling MPI_Abort.")
@@ -263,7 +262,7 @@ def _flush_stdio() -> None:
 def _trailer(exc: BaseException) -> None:
     """Print the line that says why this rank stopped (last line of its output)."""
     engine = _state.engine
-    error = getattr(engine, "_stop_error", None) if engine is not None else None
+    error = engine.stop_error if engine is not None else None
     if _state.trailer_printed:
         return
     _state.trailer_printed = bool(_state.aborted_reason or error)
@@ -349,7 +348,7 @@ def _finish_broken_job() -> None:
     _flush_stdio()
     deadline = max(_state.broken_at + GRACE_SECONDS, time.monotonic() + MIN_AGREEMENT_SECONDS)
     comm, mpi = _state.comm, _state.mpi
-    engine_busy = _state.engine_thread is not None and _state.engine_thread.is_alive()
+    engine_busy = _state.last_engine is not None and _state.last_engine.thread_alive
     usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
         if not _state.aborted_reason:

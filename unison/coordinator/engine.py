@@ -140,6 +140,20 @@ class Engine:
         """Lifecycle state: created, running, stopped."""
         return self._state
 
+    @property
+    def stop_error(self) -> BaseException | None:
+        """The error the engine stopped with (None while running, or after an orderly shutdown)."""
+        return self._stop_error
+
+    @property
+    def thread_alive(self) -> bool:
+        """Whether the communication thread is running."""
+        return self._thread.is_alive()
+
+    def pending_names(self) -> list[str]:
+        """Names this rank has submitted and the job has not run yet (a snapshot; any thread)."""
+        return list(self._pending)
+
     def start(self) -> None:
         """Start the communication thread."""
         self._state = "running"

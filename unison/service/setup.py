@@ -99,7 +99,7 @@ def watch_engine(backend: Any, engine: Any) -> None:
     """
     def progress() -> tuple[int, list[str]]:
         try:
-            return engine.statistics()["cycles"], list(engine._pending)
+            return engine.statistics()["cycles"], engine.pending_names()
         except RuntimeError:  # the engine thread changed the table mid-copy; report next second
             return engine.statistics()["cycles"], []
 
