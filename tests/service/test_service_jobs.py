@@ -159,15 +159,19 @@ def test_a_stopped_rank_is_reported_to_every_live_rank(tmp_path: Path, aggregati
 
 
 @pytest.mark.parametrize("aggregation", ["1", "0"])
-def test_rank_0s_engine_failure_reaches_the_others_with_its_cause(tmp_path: Path, aggregation: str) -> None:
+@pytest.mark.parametrize("failing", [0, 1])
+def test_an_engine_failure_reaches_the_other_rank_with_its_cause(tmp_path: Path, failing: int,
+                                                                 aggregation: str) -> None:
+    """Under host aggregation the other rank waits for its host peer over MPI and learns the reason
+    from a heartbeat's reply; the failing rank's Abort call returns once it has."""
     process = job("""
         import os, time, numpy as np, unison as hvd
         from unison.errors import UnisonError
         hvd.init()
         hvd.allreduce(np.ones(3), name="first")
-        if hvd.rank() == 0:
+        if hvd.rank() == int(os.environ["FAILING"]):
             def broken(row):
-                raise OSError("injected: rank 0's control plane broke")
+                raise OSError(f"injected: rank {hvd.rank()}'s control plane broke")
             hvd._runtime.job().engine.backend.allgather_status = broken
         start = time.monotonic()
         try:
@@ -177,10 +181,10 @@ def test_rank_0s_engine_failure_reaches_the_others_with_its_cause(tmp_path: Path
                   f"{type(exc).__name__}: {exc}", flush=True)
         hvd.shutdown()  # as at exit: waits for the engine thread, which tells the service
         os._exit(3)
-    """, tmp_path, {"UNISON_SERVICE_HOST_AGGREGATION": aggregation})
+    """, tmp_path, {"UNISON_SERVICE_HOST_AGGREGATION": aggregation, "FAILING": str(failing)})
     out = finish(process, 60)
-    line = next((x for x in out.splitlines() if x.startswith("rank 1 raised after")), "")
-    assert "AbortedError" in line and "injected: rank 0's control plane broke" in line, out
+    line = next((x for x in out.splitlines() if x.startswith(f"rank {1 - failing} raised after")), "")
+    assert "AbortedError" in line and f"injected: rank {failing}'s control plane broke" in line, out
     assert "died or is unreachable" not in line, out
     assert float(line.split()[4]) < 5, out
 

@@ -21,7 +21,7 @@ from . import coordinator_pb2 as pb
 from . import coordinator_pb2_grpc as pb_grpc
 from .rendezvous import pack_parts
 from .security import TOKEN_KEY
-from .server import CHANNEL_OPTIONS, RANK_KEY, RANKS_KEY
+from .server import ABORT_TOLD_SECONDS, CHANNEL_OPTIONS, RANK_KEY, RANKS_KEY
 
 __all__ = ["ControlClient", "GrpcBackend"]
 
@@ -167,10 +167,11 @@ class ControlClient:
                 self.on_abort(reason)
 
     def abort(self, reason: str) -> None:
-        """Ask the service to abort the job (best effort, bounded)."""
+        """Ask the service to abort the job; returns once the other ranks were told (best effort, 5 s
+        at most)."""
         try:
             self._stub.Abort(pb.AbortRequest(rank=self.rank, reason=reason), metadata=self._metadata,
-                             timeout=2.0)
+                             timeout=ABORT_TOLD_SECONDS + 2.0)
         except grpc.RpcError:
             pass  # best effort: the caller is failing already
 
@@ -321,7 +322,8 @@ class GrpcBackend:
 
         If the engine failed, the reason goes to the service first (an ``Abort`` call), so every rank
         learns the cause instead of "rank 0 died or is unreachable" when rank 0's service goes away;
-        rank 0 keeps the service up until each rank's heartbeat got the reason (3 s at most).
+        the call returns once every other rank's heartbeat carried the reason (3 s at most), so this
+        process (rank 0's service included) stays until they know.
         """
         reason = self.failure()
         if reason and not self._abandoned:
@@ -329,8 +331,6 @@ class GrpcBackend:
         self.control.close()
         if self.server is not None:
             if not self._abandoned:
-                if reason:
-                    self.server.wait_until_told(timeout=3.0)
                 self.server.wait_for_streams_closed(timeout=10.0)
             self.server.stop()
         self.data.close()

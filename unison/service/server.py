@@ -25,6 +25,7 @@ RANK_KEY = "x-unison-rank"
 # absent, just RANK_KEY's rank.
 RANKS_KEY = "x-unison-ranks"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+ABORT_TOLD_SECONDS = 3.0  # an Abort call is answered once every rank was told, or after this long
 # Client and server keepalive settings agree, so the server never answers pings with GOAWAY
 # ("too_many_pings"), and idle streams survive long validation phases.
 CHANNEL_OPTIONS = [
@@ -145,6 +146,10 @@ class _Servicer:
 
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortReply:
         self.server.abort(request.reason or f"rank {request.rank} asked the job to stop")
+        # A rank whose host leader waits for it over MPI learns of the abort only from a heartbeat's
+        # reply: answer once every other rank got one, so the caller does not leave (and its launcher
+        # end the job) before they know why.
+        self.server.wait_until_told(ABORT_TOLD_SECONDS, besides=request.rank)
         return pb.AbortReply()
 
 
@@ -264,13 +269,13 @@ class CoordinatorServer:
                 self.ranks[rank].told = True
             self.lock.notify_all()
 
-    def wait_until_told(self, timeout: float) -> list[int]:
-        """After an abort, wait until every rank that still has a heartbeat stream open got a reply
-        carrying the reason (each beats once a second); return the ranks not told within `timeout`."""
+    def wait_until_told(self, timeout: float, besides: int = -1) -> list[int]:
+        """After an abort, wait until every rank (`besides` aside) that still has a heartbeat stream open
+        got a reply carrying the reason (each beats once a second); return those not told in `timeout`."""
         deadline = time.monotonic() + timeout
         with self.lock:
             while True:
-                untold = [r for r, s in enumerate(self.ranks) if s.beating and not s.told]
+                untold = [r for r, s in enumerate(self.ranks) if s.beating and not s.told and r != besides]
                 left = deadline - time.monotonic()
                 if not untold or left <= 0:
                     return untold
