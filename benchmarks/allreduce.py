@@ -15,6 +15,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -113,7 +114,7 @@ def main() -> None:
     cases.append({"case": "resnet50_step", "tensors": len(shapes), "bytes": total * 4, **med})
 
     # Fusion policy sweep on the same step: which tensors are worth copying into the fusion buffer.
-    from unison.coordinator.fusion import FusionPolicy
+    from unison.protocol.fusion import FusionPolicy
 
     engine = hvd._runtime.job().engine
     default_policy = engine.policy
@@ -131,7 +132,7 @@ def main() -> None:
     cases.append({"case": "fusion_policy_resnet50", **med})
 
     # Chunk-size sweep on 64 MiB: the policy behind UNISON_CHUNK_BYTES.
-    backend = hvd._runtime.job().engine.backend
+    backend: Any = hvd._runtime.job().engine.backend  # the MPI backend: its chunk size is swept
     default_chunk = backend.chunk_bytes
     x = np.ones(64 * MiB // 4, np.float32)
     chunk_sides = {}

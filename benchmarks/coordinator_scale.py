@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from unison.coordinator.coordinator import Coordinator
-from unison.coordinator.messages import Request, decode_request_lists, encode_requests, encode_responses
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
+from unison.protocol.messages import Request, decode_request_lists, encode_requests, encode_responses
+from unison.protocol.negotiation import Coordinator
 from unison.service import coordinator_pb2 as pb
 from unison.service.client import ControlClient
 from unison.service.rendezvous import pack_parts

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from ._runtime import Job, job
-from .coordinator.executor import Entry, Handle
-from .coordinator.messages import Request
 from .dtypes import DType, check_supported, dtype_of
+from .engine.executor import Entry, Handle
 from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind, ReduceOp
 from .process_sets import ProcessSet, global_process_set
+from .protocol.messages import Request
 
 __all__ = [
     "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",

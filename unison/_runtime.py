@@ -14,7 +14,7 @@ from typing import Any
 
 from . import _failure
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
-from .coordinator.engine import Engine
+from .engine.loop import Engine
 from .errors import (
     ConfigError,
     InvalidArgumentError,
@@ -309,7 +309,7 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
     """Rank 0's timeline, opened now so that a path it cannot write fails init() on every rank."""
     if rank != 0 or not settings.timeline or settings.timeline.upper() == "DYNAMIC":
         return None
-    from .coordinator.timeline import Timeline
+    from .engine.timeline import Timeline
 
     return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
 
@@ -520,7 +520,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
         raise ValueError("Set UNISON_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
     if current.rank != 0:
         return
-    from .coordinator.timeline import Timeline
+    from .engine.timeline import Timeline
 
     current.engine.set_timeline(Timeline(file_path, mark_cycles=mark_cycles))
 

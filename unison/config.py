@@ -79,7 +79,8 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "over shared memory and negotiates for all of them (one stream per host instead of one per "
             "rank). Set to 0 for one stream per rank."),
     Setting("heartbeat_timeout_seconds", "UNISON_HEARTBEAT_TIMEOUT_SECONDS", None, "float", 10.0,
-            "grpc controller: a rank silent this long is declared dead and the job is aborted."),
+            "grpc controller: a rank silent this long is declared dead and the job is aborted; a rank "
+            "whose heartbeats rank 0 leaves unanswered this long fails its collectives (rank 0 stopped)."),
     Setting("peer_timeout_seconds", "UNISON_PEER_TIMEOUT_SECONDS", None, "float", 10.0,
             "mpi controller: a control exchange still waiting after this long sends a liveness probe "
             "to every rank; ranks that do not answer it within as long again (frozen, dead, "

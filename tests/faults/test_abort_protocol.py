@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from unison._failure import describe
-from unison.coordinator.coordinator import Coordinator
-from unison.coordinator.messages import Request, ResponseKind, decode_requests, encode_requests
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
+from unison.protocol.messages import Request, ResponseKind, decode_requests, encode_requests
+from unison.protocol.negotiation import Coordinator
 
 
 def test_a_shutdown_with_a_reason_becomes_one_abort_carrying_the_lowest_ranks_reason() -> None:

@@ -119,7 +119,7 @@ def watch_engine(backend: Any, engine: Any) -> None:
     def failure() -> str:
         # The engine stops with AbortedError when the job is aborted (every rank knows), with
         # ShutdownError on a normal end; anything else is its own failure, which the others must learn.
-        error = getattr(engine, "_stop_error", None)
+        error = engine.stop_error
         if error is None or isinstance(error, (AbortedError, ShutdownError)):
             return ""
         return str(error)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from unison.coordinator.messages import Request, WireError, decode_request_lists, encode_requests
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
+from unison.protocol.messages import Request, WireError, decode_request_lists, encode_requests
 
 
 @pytest.mark.parametrize(

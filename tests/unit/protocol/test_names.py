@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from unison.coordinator.coordinator import Coordinator
-from unison.coordinator.messages import Request, ResponseKind
-from unison.coordinator.names import kind_conflict, split_name, unnamed_drift, unnamed_index
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
+from unison.protocol.messages import Request, ResponseKind
+from unison.protocol.names import kind_conflict, split_name, unnamed_drift, unnamed_index
+from unison.protocol.negotiation import Coordinator
 
 AR = CollectiveKind.ALLREDUCE
 BC = CollectiveKind.BROADCAST

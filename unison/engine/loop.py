@@ -2,7 +2,7 @@
 
 Framework threads call `Engine.enqueue` (returns at once); the engine thread wakes on enqueue, runs one
 cycle (status exchange, then the slow path only if some rank has uncached work), executes the agreed
-responses in the agreed order, and completes the handles. See `unison.coordinator` for the cycle.
+responses in the agreed order, and completes the handles. See `unison.engine` for the cycle.
 """
 
 from __future__ import annotations
@@ -27,12 +27,18 @@ from ..errors import (
     StallError,
 )
 from ..ops import CollectiveKind
-from .cache import CacheState, ResponseCache
-from .coordinator import Coordinator
-from .cycle import Votes, bits, cached_waits, encode_status_row, needs_slow_path, read_votes, words_for
-from .executor import Entry, Executor
-from .fusion import FusionPolicy, plan_fusion
-from .messages import (
+from ..protocol.cache import CacheState, ResponseCache
+from ..protocol.cycle import (
+    Votes,
+    bits,
+    cached_waits,
+    encode_status_row,
+    needs_slow_path,
+    read_votes,
+    words_for,
+)
+from ..protocol.fusion import FusionPolicy, plan_fusion
+from ..protocol.messages import (
     Request,
     Response,
     ResponseKind,
@@ -42,7 +48,9 @@ from .messages import (
     encode_requests,
     encode_responses,
 )
-from .stall import StallInspector
+from ..protocol.negotiation import Coordinator
+from ..protocol.stall import StallInspector
+from .executor import Entry, Executor
 
 __all__ = ["Engine"]
 
@@ -97,7 +105,7 @@ class Engine:
         # user name -> full name, for what this rank submitted and has not completed: one user name
         # is in flight under one kind at a time (Horovod's rule), so a rank that asks for an allreduce
         # and a peer that asks for a broadcast under one name can be told apart from ranks that
-        # merely submit in different orders (see unison.coordinator.names).
+        # merely submit in different orders (see unison.protocol.names).
         self._in_flight: dict[str, str] = {}
         self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet

@@ -23,8 +23,8 @@ import numpy as np
 from ..backends.base import Backend
 from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from ..ops import CollectiveKind, ReduceOp
-from .coordinator import reducescatter_rows
-from .messages import Request, Response
+from ..protocol.messages import Request, Response
+from ..protocol.negotiation import reducescatter_rows
 
 __all__ = ["Entry", "Executor", "Handle"]
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unison.coordinator.coordinator import Coordinator, reducescatter_rows
-from unison.coordinator.messages import Request, ResponseKind
 from unison.dtypes import DType
 from unison.ops import CollectiveKind, ReduceOp
+from unison.protocol.messages import Request, ResponseKind
+from unison.protocol.negotiation import Coordinator, reducescatter_rows
 
 AR = CollectiveKind.ALLREDUCE
 

@@ -277,7 +277,7 @@ class Coordinator:
 
     def _check_across_names(self, entry: _Pending, out: list[Response]) -> None:
         """Fail, at once, pending collectives that can never run: one user name asked for under two
-        kinds, or unnamed calls whose ranks are out of step (see `unison.coordinator.names`)."""
+        kinds, or unnamed calls whose ranks are out of step (see `unison.protocol.names`)."""
         set_id, rest = entry.family
         names = sorted(self._families.get(entry.family, ()))
         problem = ""

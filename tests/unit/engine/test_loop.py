@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from unison.backends.loopback import ThreadGroup
 from unison.config import load_settings
-from unison.coordinator.engine import Engine
-from unison.coordinator.executor import Entry, Handle
-from unison.coordinator.messages import Request
 from unison.dtypes import DType
+from unison.engine.executor import Entry, Handle
+from unison.engine.loop import Engine
 from unison.errors import DuplicateNameError, MismatchError, ShutdownError
 from unison.ops import CollectiveKind, ReduceOp
+from unison.protocol.messages import Request
 
 TIMEOUT = 20.0
 

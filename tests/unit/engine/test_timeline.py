@@ -1,4 +1,4 @@
-"""Tests of the Chrome-trace timeline writer (unison.coordinator.timeline)."""
+"""Tests of the Chrome-trace timeline writer (unison.engine.timeline)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from unison.coordinator.timeline import FLUSH_EVENTS, FLUSH_SECONDS, Timeline
+from unison.engine.timeline import FLUSH_EVENTS, FLUSH_SECONDS, Timeline
 from unison.errors import ConfigError
 
 
@@ -289,7 +289,7 @@ def test_a_write_error_stops_the_timeline_and_is_logged(
     timeline = Timeline(str(tmp_path / "t.json"))
     timeline._file.close()  # type: ignore[union-attr]
     timeline._file = BrokenFile()  # type: ignore[assignment]
-    with caplog.at_level(logging.ERROR, logger="unison.coordinator.timeline"):
+    with caplog.at_level(logging.ERROR, logger="unison.engine.timeline"):
         run_one_tensor(timeline)
         timeline.flush()
         timeline.flush()

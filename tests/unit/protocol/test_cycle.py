@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unison.coordinator.cycle import (
+from unison.protocol.cycle import (
     FLAG_JOINED,
     FLAG_NEWS,
     bits,

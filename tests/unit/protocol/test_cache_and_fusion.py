@@ -7,11 +7,11 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unison.coordinator.cache import CacheState, ResponseCache
-from unison.coordinator.fusion import FusionPolicy, plan_fusion
-from unison.coordinator.messages import Request, Response
 from unison.dtypes import DType
 from unison.ops import CollectiveKind, ReduceOp
+from unison.protocol.cache import CacheState, ResponseCache
+from unison.protocol.fusion import FusionPolicy, plan_fusion
+from unison.protocol.messages import Request, Response
 
 
 def resp(name: str, shape=(4,), dtype=DType.FLOAT32, **kw) -> Response:

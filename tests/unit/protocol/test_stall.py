@@ -1,4 +1,4 @@
-"""Tests of the stall inspector's decisions (unison.coordinator.stall), with made-up clocks."""
+"""Tests of the stall inspector's decisions (unison.protocol.stall), with made-up clocks."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unison.coordinator.stall import StallInspector, StallReport
 from unison.errors import ConfigError
+from unison.protocol.stall import StallInspector, StallReport
 
 Pending = Mapping[str, tuple[frozenset[int], frozenset[int]]]
 

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from unison.coordinator import executor
 from unison.dtypes import DType
+from unison.engine import executor
 
 torch = pytest.importorskip("torch")
 

@@ -8,7 +8,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unison.coordinator.messages import (
+from unison.dtypes import DType
+from unison.ops import CollectiveKind, ReduceOp
+from unison.protocol.messages import (
     Request,
     Response,
     decode_request_lists,
@@ -17,8 +19,6 @@ from unison.coordinator.messages import (
     encode_requests,
     encode_responses,
 )
-from unison.dtypes import DType
-from unison.ops import CollectiveKind, ReduceOp
 
 shapes = st.lists(st.integers(0, 10**9), max_size=4).map(tuple)
 requests = st.builds(

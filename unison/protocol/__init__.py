@@ -1,0 +1,12 @@
+"""The protocol, as pure functions and classes over plain data: no threads, no sockets, no MPI.
+
+- ``messages.py``: requests and responses, and their JSON wire format.
+- ``cycle.py``: the status row every rank sends each cycle, and what the gathered matrix decides.
+- ``negotiation.py``: rank 0's `Coordinator`, which orders the collectives and checks that ranks agree.
+- ``names.py``: checks across names (one name under two kinds, unnamed calls out of step).
+- ``cache.py``: the response cache, identical on every rank.
+- ``fusion.py``: which responses run fused, and in what order.
+- ``stall.py``: the stall inspector.
+
+`unison.engine` runs them: its package docstring walks one cycle through these files in order.
+"""
