@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _runtime
 from ._runtime import Job, job
 from .dtypes import DType, check_supported, dtype_of
 from .engine.executor import Entry, Handle
@@ -25,12 +26,10 @@ __all__ = [
     "reducescatter_async", "synchronize",
 ]
 
-# handle id -> (handle(s), function turning the raw result(s) into what synchronize returns)
-_handles: dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
-
-
-def _reset_handles() -> None:
-    _handles.clear()
+def _handles() -> dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]]:
+    """The running job's handle table (`Job.handles`); an empty one after shutdown."""
+    current = _runtime._job
+    return current.handles if current is not None else {}
 
 
 def resolve_op(op: Any, average: Any) -> ReduceOp:
@@ -111,7 +110,7 @@ def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
     second thread would interleave differently on each rank and pair one thread's tensor with the
     other's, so they are refused (`UnnamedThreadError`). A number is used up even when the call then
     fails on this rank, so a rank that skipped a collective is caught by the coordinator as out of
-    step (`unnamed_position`) instead of silently pairing its next call with the skipped one.
+    step (`unison.protocol.names.unnamed_drift`) instead of silently pairing its next call with the skipped one.
     """
     if name is not None:
         return f"{kind}.{name}"
@@ -121,7 +120,7 @@ def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
 
 def register_handle(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
     """Make `handle_id` poll/synchronize over `handles`, returning ``finish(results)``."""
-    _handles[handle_id] = (handles, finish)
+    job().handles[handle_id] = (handles, finish)
     return handle_id
 
 
@@ -193,7 +192,7 @@ def submit(
         originals.append(array)
         resolved.append(dtype)
     current.engine.enqueue(entries)
-    _handles[handle_id] = ([e.handle for e in entries], _identity)
+    current.handles[handle_id] = ([e.handle for e in entries], _identity)
     return handle_id, originals, resolved
 
 
@@ -203,8 +202,9 @@ def _identity(results: list[Any]) -> Any:
 
 def finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
     """Make `synchronize(handle_id)` return ``finish(raw results)`` instead of the raw list."""
-    handles, _ = _handles[handle_id]
-    _handles[handle_id] = (handles, finish)
+    table = job().handles
+    handles, _ = table[handle_id]
+    table[handle_id] = (handles, finish)
     return handle_id
 
 
@@ -245,9 +245,10 @@ def poll(handle: int) -> bool:
         >>> h = allreduce_async(np.ones(3))      # doctest: +SKIP
         >>> while not poll(h): pass              # doctest: +SKIP
     """
-    if handle not in _handles:
+    table = _handles()
+    if handle not in table:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    handles, _ = _handles[handle]
+    handles, _ = table[handle]
     return all(h.done() for h in handles)
 
 
@@ -257,12 +258,13 @@ def synchronize(handle: int) -> Any:
     Raises:
         HorovodInternalError: the collective failed on every rank (mismatch, shutdown, stall).
     """
-    if handle not in _handles:
+    table = _handles()
+    if handle not in table:
         raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    handles, finish = _handles[handle]
+    handles, finish = table[handle]
     for h in handles:
         h.wait()
-    del _handles[handle]
+    table.pop(handle, None)
     for h in handles:
         if h.error is not None:
             raise type(h.error)(str(h.error))

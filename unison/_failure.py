@@ -239,7 +239,9 @@ def abort_job(exc: BaseException) -> None:
     _stderr(f"unison: {reason}; the other ranks could not be told within {ABORT_TIMEOUT_SECONDS:.0f} s, "
             "calling MPI_Abort.")
     if _state.mpi is not None:
-        _state.mpi.COMM_WORLD.Abort(1)
+        from .backends.mpi import abort_with_output
+
+        abort_with_output(_state.mpi.COMM_WORLD)
     os._exit(1)
 
 
@@ -365,7 +367,9 @@ def _finish_broken_job() -> None:
     _stderr("unison: " + line)
     if usable:
         try:
-            comm.Abort(1)
+            from .backends.mpi import abort_with_output
+
+            abort_with_output(comm)
         except Exception:  # noqa: BLE001 - os._exit below still ends this process
             pass
     os._exit(1)

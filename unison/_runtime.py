@@ -51,6 +51,8 @@ class Job:
     mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
     process_sets: dict[int, ProcessSet]
     handle_counter: int = 0
+    # handle id -> (engine handles, function turning their raw results into what synchronize returns)
+    handles: dict[int, tuple[list[Any], Any]] = dataclasses.field(default_factory=dict)
     names_counters: dict[Hashable, int] = dataclasses.field(default_factory=dict)
     # the one thread that may submit unnamed collectives: the thread that called init()
     unnamed_thread: threading.Thread = dataclasses.field(default_factory=threading.current_thread)
@@ -401,9 +403,6 @@ def shutdown() -> None:
             _failure.job_broken(f"rank {current.rank}: the other ranks did not answer shutdown within 30 s")
         _failure.mark_finished()
         _failure.uninstall()
-        from ._collectives import _reset_handles
-
-        _reset_handles()
         for ps in current.process_sets.values():
             if ps is not global_process_set:
                 ps._invalidate()

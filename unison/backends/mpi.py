@@ -30,7 +30,7 @@ from ..ops import ReduceOp
 from ._liveness import Liveness
 from .base import Abandoned, split_counts
 
-__all__ = ["MpiBackend", "import_mpi"]
+__all__ = ["MpiBackend", "abort_with_output", "import_mpi"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,22 @@ def import_mpi() -> Any:
             "`pip install 'unison[mpi]'` (brings mpi4py and the mpich wheel with mpiexec)."
         ) from exc
     return MPI
+
+
+# After the last line is written, the time MPICH's mpiexec gets to forward it before MPI_Abort tears
+# its output forwarding down (under load, lines written just before the abort were seen lost).
+OUTPUT_DRAIN_SECONDS = 0.3
+
+
+def abort_with_output(comm: Any) -> None:
+    """Flush this process's output, give the launcher a moment to forward it, then ``MPI_Abort``."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    time.sleep(OUTPUT_DRAIN_SECONDS)
+    comm.Abort(1)
 
 
 def _data_plane(method: Callable[..., None]) -> Callable[..., None]:
@@ -165,9 +181,8 @@ class MpiBackend:
         log.error("%s", message)
         try:
             sys.stderr.write(message + "\n")
-            sys.stderr.flush()
         finally:
-            self._mpi.COMM_WORLD.Abort(1)
+            abort_with_output(self._mpi.COMM_WORLD)
 
     def _check_peers(self, waited_seconds: float) -> None:
         """A control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS`: abort if some peer is lost."""
