@@ -27,6 +27,17 @@ def test_frozen_rank_is_named_and_the_job_ends(tmp_path: Path, launch: str) -> N
     assert_no_strays(tmp_path, 2)
 
 
+@pytest.mark.parametrize("aggregation", ["1", "0"])
+def test_frozen_rank_under_grpc_is_named_and_the_job_ends_by_itself(tmp_path: Path, aggregation: str) -> None:
+    env = {"UNISON_CONTROLLER": "grpc", "UNISON_HEARTBEAT_TIMEOUT_SECONDS": str(PEER_TIMEOUT),
+           "UNISON_SERVICE_HOST_AGGREGATION": aggregation}
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "frozen", "1"], env=env)
+    assert done.returncode != 0, done.output
+    assert "AbortedError: rank 1 (" in done.output and "sent no heartbeat for" in done.output, done.output
+    assert done.seconds < BOUND, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
 def test_rank_gone_with_os_exit_under_plain_mpiexec_ends_the_job_at_once(tmp_path: Path) -> None:
     """What plain mpiexec does, pinned: MPICH's mpiexec kills every other rank (SIGKILL) as soon as one
     exits without finalizing MPI and returns that rank's status, 0 here; no rank can report it. Under
