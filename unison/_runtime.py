@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from . import _failure
+from .backends import create_backend
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .engine.loop import Engine
 from .errors import (
@@ -213,7 +214,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         if importlib.util.find_spec("mpi4py") is not None and (
             comm is not None or _launcher_size() > 1 or mpi_built()
         ):
-            from .backends.mpi import MpiBackend, import_mpi
+            from .backends.mpi import import_mpi
 
             if settings.mpi_threads_disable:
                 import mpi4py
@@ -242,13 +243,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _configure_logging(settings, the_comm.Get_rank(), the_comm.Get_size())
             topology = _topology(mpi, the_comm)
             _check_settings_agree(the_comm, settings)
-            if settings.controller == "grpc":
-                from .service.setup import grpc_backend
-
-                backend: Any = grpc_backend(the_comm, settings, local_size=topology[1])
-            else:
-                backend = MpiBackend(the_comm, settings.chunk_bytes, settings.hierarchical_allreduce,
-                                     settings.peer_timeout_seconds)
+            backend: Any = create_backend(settings.controller, the_comm, settings, local_size=topology[1])
         else:
             if problem is not None:
                 raise problem
@@ -256,12 +251,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 from .backends.mpi import import_mpi
 
                 import_mpi()  # raises MissingDependencyError naming the extra
-            from .backends.loopback import LoopbackBackend
-
             _check_process_sets(process_sets, 1)
             timeline = _open_timeline(settings, 0)
             _configure_logging(settings, 0, 1)
-            backend = LoopbackBackend()
+            backend = create_backend("loopback", None, settings)
             topology = (0, 1, 0, 1, True)
         rank, size = backend.rank, backend.size
         registered = {0: tuple(range(size))}

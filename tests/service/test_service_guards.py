@@ -11,11 +11,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from unison.backends.grpc import GrpcBackend
 from unison.config import load_settings
 from unison.errors import AbortedError
 from unison.service import coordinator_pb2 as pb
 from unison.service import coordinator_pb2_grpc as pb_grpc
-from unison.service.client import ControlClient, GrpcBackend
+from unison.service.client import ControlClient
 from unison.service.rendezvous import JobAborted, Rendezvous
 from unison.service.security import TOKEN_KEY
 from unison.service.server import RANK_KEY, CoordinatorServer

@@ -26,7 +26,8 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     secret was configured, a fresh secret) over MPI.
     """
     try:
-        from .client import ControlClient, GrpcBackend
+        from ..backends.grpc import GrpcBackend
+        from .client import ControlClient
         from .security import load_secret, new_secret
         from .server import CoordinatorServer  # noqa: F401 - fail here, with the hint, if grpc is missing
     except ImportError as exc:
