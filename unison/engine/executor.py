@@ -113,7 +113,8 @@ def _widen(values: np.ndarray, dtype: DType) -> np.ndarray:
         return bfloat16_to_float32(flat)
     torch = _torch()
     if torch is not None and flat.flags.writeable:
-        return torch.from_numpy(flat.view(np.float16)).float().numpy()
+        widened: np.ndarray = torch.from_numpy(flat.view(np.float16)).float().numpy()
+        return widened
     return flat.view(np.float16).astype(np.float32)
 
 
@@ -121,7 +122,8 @@ def _round_to_float16(values: np.ndarray) -> np.ndarray:
     """float32 -> float16 bits (uint16), round to nearest even."""
     torch = _torch()
     if torch is not None and values.flags.writeable and values.flags.c_contiguous:
-        return torch.from_numpy(values).half().numpy().view(np.uint16)
+        rounded: np.ndarray = torch.from_numpy(values).half().numpy().view(np.uint16)
+        return rounded
     return values.astype(np.float16).view(np.uint16)
 
 
