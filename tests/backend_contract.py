@@ -1,0 +1,135 @@
+"""The contract every Backend keeps, as checks that every rank of a job runs together on one backend.
+
+Run against each transport: the loopback backend (1 rank) and threads as ranks in
+tests/unit/backends/test_contract.py, MPI and gRPC under mpiexec in tests/multirank/test_backend_contract.py.
+Each check is collective: every rank calls it with its own backend, and each asserts on what it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from unison.backends.base import Backend, split_counts
+from unison.ops import ReduceOp
+
+
+def _values(rank: int, count: int, dtype: type = np.float64) -> np.ndarray:
+    return (np.arange(count) + 100 * rank).astype(dtype)
+
+
+def check_control_plane(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    row = np.array([rank, 7, rank * 3], dtype=np.uint64)
+    matrix = backend.allgather_status(row)
+    assert matrix.shape == (size, 3)
+    assert [list(map(int, r)) for r in matrix] == [[r, 7, r * 3] for r in range(size)]
+    payload = f"rank {rank} says hello".encode() * (rank + 1)
+    lengths = [len(f"rank {r} says hello".encode() * (r + 1)) for r in range(size)]
+    gathered = backend.gather_bytes(payload, lengths)
+    if rank == 0:
+        assert gathered == [f"rank {r} says hello".encode() * (r + 1) for r in range(size)]
+    else:
+        assert gathered is None
+    answer = backend.broadcast_bytes(b"from rank 0" if rank == 0 else None)
+    assert answer == b"from rank 0"
+    assert backend.broadcast_bytes(b"" if rank == 0 else None) == b""  # an empty broadcast
+
+
+def check_allreduce(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    for op, combine in ((ReduceOp.SUM, np.sum), (ReduceOp.MIN, np.min), (ReduceOp.MAX, np.max),
+                        (ReduceOp.PRODUCT, np.prod)):
+        for dtype in (np.float64, np.int32):
+            buf = _values(rank, 5, dtype) % 7 + 1
+            expected = combine(np.stack([_values(r, 5, dtype) % 7 + 1 for r in range(size)]), axis=0)
+            backend.allreduce_(buf, op, 0)
+            np.testing.assert_array_equal(buf, expected.astype(dtype))
+    # after_chunk sees every reduced element exactly once
+    seen: list[int] = []
+    buf = _values(rank, 11)
+    backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=lambda chunk: seen.append(chunk.size))
+    assert sum(seen) == 11
+    np.testing.assert_array_equal(buf, sum(_values(r, 11) for r in range(size)))
+
+
+def check_allreduce_pieces(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    buf = _values(rank, 7).astype(np.float32)
+    calls: list[tuple[int, ...]] = []
+
+    def combine(matrix: np.ndarray) -> np.ndarray:
+        calls.append(matrix.shape)
+        total: np.ndarray = matrix.sum(axis=0)
+        return total
+
+    backend.allreduce_pieces_(buf, combine, 0)
+    np.testing.assert_array_equal(buf, sum(_values(r, 7).astype(np.float32) for r in range(size)))
+    assert all(shape[0] == size for shape in calls)
+
+
+def check_allgatherv_broadcast_alltoallv_reducescatter(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    counts = [r + 1 for r in range(size)]
+    recv = np.empty(sum(counts))
+    backend.allgatherv(_values(rank, rank + 1), recv, counts, 0)
+    np.testing.assert_array_equal(recv, np.concatenate([_values(r, r + 1) for r in range(size)]))
+
+    buf = _values(rank, 6)
+    root = size - 1
+    backend.broadcast_(buf, root, 0)
+    np.testing.assert_array_equal(buf, _values(root, 6))
+
+    # alltoallv: rank r sends (d + 1) elements to rank d, each worth 1000 * r + d
+    send_counts = [d + 1 for d in range(size)]
+    send = np.concatenate([np.full(d + 1, 1000.0 * rank + d) for d in range(size)])
+    recv_counts = [rank + 1] * size
+    recv = np.empty(sum(recv_counts))
+    backend.alltoallv(send, send_counts, recv, recv_counts, 0)
+    np.testing.assert_array_equal(recv, np.concatenate([np.full(rank + 1, 1000.0 * s + rank) for s in range(size)]))
+
+    rows = split_counts(2 * size + 1, size)
+    full = _values(rank, 2 * size + 1)
+    out = np.empty(rows[rank])
+    backend.reducescatter(full, out, rows, ReduceOp.SUM, 0)
+    total = sum(_values(r, 2 * size + 1) for r in range(size))
+    start = sum(rows[:rank])
+    np.testing.assert_array_equal(out, total[start : start + rows[rank]])
+
+
+def check_process_sets(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    members = list(range(0, size, 2))  # every other rank: 0, 2, ...
+    backend.add_process_set(5, members)
+    if rank in members:
+        buf = np.full(3, float(rank))
+        backend.allreduce_(buf, ReduceOp.SUM, 5)
+        np.testing.assert_array_equal(buf, np.full(3, float(sum(members))))
+        backend.remove_process_set(5)
+    # the global set still works afterwards, on every rank
+    buf = np.ones(2)
+    backend.allreduce_(buf, ReduceOp.SUM, 0)
+    np.testing.assert_array_equal(buf, np.full(2, float(size)))
+
+
+def check_statistics(backend: Backend) -> None:
+    stats = backend.statistics()
+    assert isinstance(stats, dict) and all(isinstance(v, (int, float)) for v in stats.values())
+    assert backend.name and isinstance(backend.name, str)
+
+
+CHECKS: list[Callable[[Backend], None]] = [
+    check_control_plane,
+    check_allreduce,
+    check_allreduce_pieces,
+    check_allgatherv_broadcast_alltoallv_reducescatter,
+    check_process_sets,
+    check_statistics,
+]
+
+
+def check_all(backend: Backend) -> None:
+    """Every check, in order (collective: every rank of the backend's job calls this)."""
+    for check in CHECKS:
+        check(backend)
