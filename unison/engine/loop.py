@@ -8,6 +8,7 @@ responses in the agreed order, and completes the handles. See `unison.engine` fo
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ from ..protocol.negotiation import Coordinator
 from ..protocol.stall import StallInspector
 from .executor import Entry, Executor
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineState"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,23 @@ _REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
 def _user_name(name: str) -> str:
     """The user's part of a tensor name ``<kind>.<name>`` (the whole name when it has no kind)."""
     return name.partition(".")[2] or name
+
+
+class EngineState(str, enum.Enum):
+    """An engine's lifecycle: created, then running once started, then stopped for good.
+
+    A `str` mixin, so a state compares equal to its value (``EngineState.RUNNING == "running"``).
+    """
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 class Engine:
@@ -129,7 +147,7 @@ class Engine:
         # Called once, from the thread that stopped the engine, with the error that stopped it and
         # whether a pending handle was failed with it (a framework thread was waiting on the job).
         self.on_stop: Callable[[BaseException, bool], None] | None = None
-        self._state = "created"
+        self._state = EngineState.CREATED
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
                                         daemon=True)
         if timeline is not None:
@@ -144,7 +162,7 @@ class Engine:
     # -- public, called from framework threads ------------------------------------------------------
 
     @property
-    def state(self) -> str:
+    def state(self) -> EngineState:
         """Lifecycle state: created, running, stopped."""
         return self._state
 
@@ -164,7 +182,7 @@ class Engine:
 
     def start(self) -> None:
         """Start the communication thread."""
-        self._state = "running"
+        self._state = EngineState.RUNNING
         self._thread.start()
 
     def statistics(self) -> dict[str, Any]:
@@ -189,7 +207,7 @@ class Engine:
             for entry in group:
                 entry.group = group
         with self._lock:
-            if self._state != "running":
+            if self._state is not EngineState.RUNNING:
                 raise self._stopped_error()
             names = [entry.request.name for entry in group]
             users = [_user_name(name) for name in names]
@@ -247,8 +265,8 @@ class Engine:
         again (see `unison._failure.job_broken`).
         """
         with self._lock:
-            if self._state == "created" or self._disowned:
-                self._state = "stopped"
+            if self._state is EngineState.CREATED or self._disowned:
+                self._state = EngineState.STOPPED
                 return True
             self._shutdown_requested = True
         self._event.set()
@@ -272,7 +290,7 @@ class Engine:
         back to something blunter, such as MPI_Abort.
         """
         with self._lock:
-            if self._state != "running":
+            if self._state is not EngineState.RUNNING:
                 return False
             if not self._abort_reason:
                 self._abort_reason = reason
@@ -289,7 +307,7 @@ class Engine:
         thread or its place in the job. Every later call raises `error`; `shutdown()` does nothing.
         """
         with self._lock:
-            self._state = "stopped"
+            self._state = EngineState.STOPPED
             self._stop_error = error
             self._queue = []
             self._held = {}
@@ -308,7 +326,7 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            while self._state == "running":
+            while self._state is EngineState.RUNNING:
                 self._wait_for_work()
                 self._cycle()
         except Abandoned:
@@ -595,9 +613,9 @@ class Engine:
     def _stop(self, error: BaseException) -> None:
         """Fail everything pending or queued with `error` and mark the engine stopped."""
         with self._lock:
-            if self._state == "stopped" and self._stop_error is not None:
+            if self._state is EngineState.STOPPED and self._stop_error is not None:
                 error = self._stop_error
-            self._state = "stopped"
+            self._state = EngineState.STOPPED
             first = self._stop_error is None
             if first:
                 self._stop_error = error

@@ -7,6 +7,7 @@ the same bytes can travel over MPI or gRPC and a peer can never make another ran
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -69,12 +70,33 @@ class Request:
     reason: str = ""
 
 
-class ResponseKind:
-    """Response kinds that are not collectives: an error, or a job-wide stop (abort, stall)."""
+class ResponseKind(str, enum.Enum):
+    """What a response tells every rank to do: run a collective (the `CollectiveKind` of the same
+    value), fail some tensors (``ERROR``), or stop the job (``ABORT``, ``STALL``).
 
+    A `str` mixin, so a kind compares equal to its value (``ResponseKind.ALLREDUCE == "allreduce"``)
+    and formats as it.
+    """
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    JOIN = "join"
+    ADD_PROCESS_SET = "add_process_set"
+    REMOVE_PROCESS_SET = "remove_process_set"
+    SHUTDOWN = "shutdown"
     ERROR = "error"
     ABORT = "abort"
     STALL = "stall"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +108,7 @@ class Response:
     (row = sender), each in set-rank order.
 
     Attributes:
-        kind: a `CollectiveKind` value, or "error"/"abort".
+        kind: the `ResponseKind` (a plain string of one of its values is converted).
         names: tensor names, in execution order.
         dtype: element type.
         shapes: one shape per name (the common shape; allgather/alltoall: rank 0's).
@@ -98,7 +120,7 @@ class Response:
         ranks: members of a process set being added.
     """
 
-    kind: str
+    kind: ResponseKind
     names: tuple[str, ...]
     dtype: DType = DType.UINT8
     shapes: tuple[tuple[int, ...], ...] = ()
@@ -113,6 +135,10 @@ class Response:
     last_joined: int = -1
     ranks: tuple[int, ...] = ()
     group: str = ""
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not ResponseKind:
+            object.__setattr__(self, "kind", ResponseKind(self.kind))
 
     def num_bytes(self) -> int:
         """Total bytes of the tensors this response moves (local view)."""
@@ -129,7 +155,7 @@ _REQUEST_FIELDS = [f.name for f in dataclasses.fields(Request)]
 _RESPONSE_FIELDS = [f.name for f in dataclasses.fields(Response)]
 _REQUEST_WIRE_FIELDS = [name for name in _REQUEST_FIELDS if name != "rank"]
 _REQUEST_DEFAULTS = Request("", CollectiveKind.BARRIER, 0)
-_RESPONSE_DEFAULTS = Response("", ())
+_RESPONSE_DEFAULTS = Response(ResponseKind.ERROR, ())
 
 
 def _compact(obj: object, defaults: object, fields: list[str]) -> dict[str, object]:
@@ -138,7 +164,7 @@ def _compact(obj: object, defaults: object, fields: list[str]) -> dict[str, obje
         value = getattr(obj, name)
         if value == getattr(defaults, name) and name not in ("name", "kind", "rank", "names"):
             continue
-        if isinstance(value, (CollectiveKind, DType)):
+        if isinstance(value, (CollectiveKind, DType, ResponseKind)):
             value = value.value
         elif isinstance(value, ReduceOp):
             value = int(value)

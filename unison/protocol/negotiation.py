@@ -193,12 +193,12 @@ class Coordinator:
                 if not entry.ready and self._is_ready(entry):
                     self._mark_ready(name, entry, out)
         if len(self._joined) == self.size:
-            out.append(Response(CollectiveKind.JOIN.value, ("join",), last_joined=self._last_joined))
+            out.append(Response(ResponseKind.JOIN, ("join",), last_joined=self._last_joined))
             self._joined.clear()
             self._expected_cache.clear()
         if shutdown_ranks:
             out.append(
-                Response(CollectiveKind.SHUTDOWN.value, (), ranks=tuple(sorted(set(shutdown_ranks))))
+                Response(ResponseKind.SHUTDOWN, (), ranks=tuple(sorted(set(shutdown_ranks))))
             )
         self._stats["responses"] += len(out)
         return out
@@ -341,7 +341,7 @@ class Coordinator:
         if kind is CollectiveKind.REMOVE_PROCESS_SET:
             self._sets.pop(first.process_set_id, None)
             self._expected_cache.clear()
-            return Response(kind.value, (name,), process_set_id=first.process_set_id)
+            return Response(ResponseKind(kind.value), (name,), process_set_id=first.process_set_id)
         members = self._sets[first.process_set_id]
         sizes: tuple[Any, ...] = ()
         if kind is CollectiveKind.ALLGATHER:
@@ -349,7 +349,7 @@ class Coordinator:
         elif kind is CollectiveKind.ALLTOALL:
             sizes = (tuple(_splits_of(by_rank[r], len(members)) for r in members),)
         return Response(
-            kind.value, (name,), first.dtype, (first.shape,), first.reduce_op, first.root_rank,
+            ResponseKind(kind.value), (name,), first.dtype, (first.shape,), first.reduce_op, first.root_rank,
             first.prescale, first.postscale, first.process_set_id, first.device, sizes,
             group=first.group,
         )
@@ -468,7 +468,7 @@ class Coordinator:
         self._next_set_id += 1
         self._sets[set_id] = ranks
         self._expected_cache.clear()
-        return Response(CollectiveKind.ADD_PROCESS_SET.value, (name,), process_set_id=set_id,
+        return Response(ResponseKind.ADD_PROCESS_SET, (name,), process_set_id=set_id,
                         ranks=ranks)
 
 
