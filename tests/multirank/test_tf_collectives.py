@@ -279,6 +279,32 @@ def test_tape_refuses_min() -> None:
         hvd.DistributedGradientTape(tape, op=hvd.Min)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("predivide", [1.0, 4.0])
+def test_tape_averages_with_predivide_and_scales_local_gradients(mode: str, predivide: float) -> None:
+    shared, local = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+
+    def grads(scale):
+        with tf.GradientTape() as tape:
+            loss = scale * (tf.reduce_sum(shared) + tf.reduce_sum(local))
+        tape = hvd.PartialDistributedGradientTape(tape, gradient_predivide_factor=predivide)
+        tape.register_local_source(local)
+        return tape.gradient(loss, [shared, local])
+
+    g_shared, g_local = call(mode, grads, tf.constant(float(hvd.rank() + 1)))
+    np.testing.assert_allclose(g_shared.numpy(), np.full(2, ranks_sum() / hvd.size()), rtol=1e-6)
+    np.testing.assert_allclose(g_local.numpy(), [(hvd.rank() + 1) / hvd.size()], rtol=1e-6)
+
+
+def test_tape_refuses_predivide_with_sum_and_partial_sync() -> None:
+    with tf.GradientTape() as tape:
+        pass
+    with pytest.raises(ValueError, match=r"gradient_predivide_factor not supported with op != Average"):
+        hvd.DistributedGradientTape(tape, op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match=r"partial synchronization works with the Keras DistributedOptimizer"):
+        hvd.DistributedGradientTape(tape, compression=hvd.Compression.partial(0.5))
+
+
 def test_broadcast_global_variables_is_tf1_only() -> None:
     with pytest.raises(RuntimeError, match=r"does not support eager execution"):
         hvd.broadcast_global_variables(0)

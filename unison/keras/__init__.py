@@ -24,6 +24,7 @@ from .._runtime import (
     start_timeline,
     stop_timeline,
 )
+from ..adapters.array_compression import Compression
 from ..adapters.keras.functions import (
     allgather,
     allreduce,
@@ -33,7 +34,6 @@ from ..adapters.keras.functions import (
 )
 from ..adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
 from ..adapters.keras.saving import load_model
-from ..adapters.tensorflow.compression import Compression
 from ..ops import Adasum, Average, Sum
 from ..process_sets import ProcessSet, global_process_set
 from . import callbacks

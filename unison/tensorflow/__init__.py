@@ -25,6 +25,8 @@ from .._runtime import (
     start_timeline,
     stop_timeline,
 )
+from ..adapters.array_compression import Compression
+from ..adapters.keras.optimizer import DistributedOptimizer
 from ..adapters.tensorflow.collectives import (
     allgather,
     allreduce,
@@ -37,7 +39,6 @@ from ..adapters.tensorflow.collectives import (
     join,
     reducescatter,
 )
-from ..adapters.tensorflow.compression import Compression
 from ..adapters.tensorflow.functions import (
     allgather_object,
     broadcast_object,
@@ -48,7 +49,7 @@ from ..adapters.tensorflow.functions import (
     rank_op,
     size_op,
 )
-from ..adapters.tensorflow.legacy import DistributedOptimizer, broadcast_global_variables
+from ..adapters.tensorflow.legacy import broadcast_global_variables
 from ..adapters.tensorflow.sync_batch_norm import SyncBatchNormalization
 from ..adapters.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 from ..ops import Adasum, Average, Max, Min, Product, Sum

@@ -9,7 +9,7 @@ import numpy as np
 
 from ... import _collectives as C
 from ...ops import ReduceOp
-from ..tensorflow.compression import Compression
+from ..array_compression import Compression
 
 __all__ = ["allgather", "allreduce", "broadcast", "broadcast_global_variables", "reducescatter"]
 

@@ -24,14 +24,24 @@ import keras
 import numpy as np
 
 from ... import _collectives as C
+from ..._gradients import (
+    Framework,
+    GradientPolicy,
+    aggregation_divisor,
+    allreduce_scaling,
+    gradient_group_name,
+    gradient_policy,
+    local_divisor,
+    self_reduced_scale,
+    split_local,
+)
 from ..._runtime import job
 from ...compression import Exchange
 from ...compression._exchange import average_slices_, self_reduced, self_reduced_allreduce
 from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ..tensorflow._policy import check_op, gradient_group_name
-from ..tensorflow.compression import Compression
+from ..array_compression import Compression
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed"]
 
@@ -73,24 +83,13 @@ def _executing_eagerly() -> bool:
 
 
 class _Settings:
-    """The wrapper's options and state; a plain object so Keras does not track (or save) its variables."""
+    """The wrapper's policy and state; a plain object so Keras does not track (or save) its variables."""
 
-    def __init__(self, *, op: ReduceOp, compression: Any, sparse_as_dense: bool,
-                 gradient_predivide_factor: float, backward_passes_per_step: int,
-                 average_aggregated_gradients: bool, process_set: ProcessSet,
-                 scale_local_gradients: bool) -> None:
-        self.op = op
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.backward_passes_per_step = backward_passes_per_step
-        self.average_aggregated_gradients = average_aggregated_gradients
-        self.process_set = process_set
-        self.scale_local_gradients = scale_local_gradients
+    def __init__(self, policy: GradientPolicy) -> None:
+        self.policy = policy
         self.local_paths: set[str] = set()
         self.accumulators: list[Any] | None = None
         self.counter: Any = None
-        self.exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
         self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
 
 
@@ -107,11 +106,7 @@ def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list
     if backend == "tensorflow":
         from ..tensorflow.gradients import reduce_gradients
 
-        return reduce_gradients(grads, names, op=settings.op, compression=settings.compression,
-                                sparse_as_dense=settings.sparse_as_dense,
-                                gradient_predivide_factor=settings.gradient_predivide_factor,
-                                process_set=settings.process_set, local=local,
-                                scale_local_gradients=settings.scale_local_gradients)
+        return reduce_gradients(settings.policy, grads, names, local)
     if backend in ("torch", "numpy"):
         return _reduce_via_numpy(settings, grads, names, local)
     raise UnisonNotImplementedError(
@@ -122,63 +117,58 @@ def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list
 
 def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
                       local: list[bool]) -> list[Any]:
+    policy = settings.policy
     current = job()
-    size = len(current.engine.process_sets.get(settings.process_set.process_set_id or 0, ())) or current.size
+    size = len(current.engine.process_sets.get(policy.process_set.process_set_id or 0, ())) or current.size
     out = list(grads)
-    chosen = [i for i, g in enumerate(grads) if g is not None and not local[i]]
-    for i, g in enumerate(grads):
-        if g is not None and local[i] and settings.scale_local_gradients and size > 1:
-            out[i] = g / size
+    chosen, kept = split_local([g is not None for g in grads], local)
+    divisor = local_divisor(policy, size)
+    for i in kept:
+        if divisor is not None:
+            out[i] = grads[i] / divisor
     if not chosen:
         return out
-    if self_reduced(settings.compression):
-        scale = 1.0 / size if settings.op is ReduceOp.AVERAGE else 1.0
+    if self_reduced(policy.compression):
         arrays = [np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])) for i in chosen]
-        summed = self_reduced_allreduce(settings.compression, arrays, [names[i] for i in chosen],
-                                      gradient_group_name([names[i] for i in chosen]),
-                                      settings.process_set, scale)
+        summed = self_reduced_allreduce(policy.compression, arrays, [names[i] for i in chosen],
+                                        gradient_group_name([names[i] for i in chosen]),
+                                        policy.process_set, self_reduced_scale(policy, size))
         for i, r in zip(chosen, summed):
             out[i] = keras.ops.convert_to_tensor(r, dtype=keras.backend.standardize_dtype(grads[i].dtype))
         return out
     arrays, contexts = [], []
     for i in chosen:
-        array, ctx = settings.compression.compress(np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])))
+        array, ctx = policy.compression.compress(np.ascontiguousarray(keras.ops.convert_to_numpy(grads[i])))
         arrays.append(array)
         contexts.append(ctx)
-    op, prescale, postscale = settings.op, 1.0, 1.0
-    if settings.gradient_predivide_factor != 1.0:
-        op = ReduceOp.SUM
-        prescale = 1.0 / settings.gradient_predivide_factor
-        postscale = settings.gradient_predivide_factor / size
+    op, prescale, postscale = allreduce_scaling(policy)
     reduced = C.grouped_allreduce(arrays, name=gradient_group_name([names[i] for i in chosen]), op=op,
                                   prescale_factor=prescale, postscale_factor=postscale,
-                                  process_set=settings.process_set)
+                                  process_set=policy.process_set)
     settings.statistics["dense_bytes"] += sum(np.asarray(keras.ops.convert_to_numpy(grads[i])).nbytes
                                               for i in chosen)
     settings.statistics["payload_bytes"] += sum(a.nbytes for a in arrays)
     for i, r, ctx in zip(chosen, reduced, contexts):
         r = np.reshape(r, arrays[chosen.index(i)].shape)
-        out[i] = keras.ops.convert_to_tensor(settings.compression.decompress(r, ctx),
+        out[i] = keras.ops.convert_to_tensor(policy.compression.decompress(r, ctx),
                                              dtype=keras.backend.standardize_dtype(grads[i].dtype))
     return out
 
 
 def _average_partial(settings: _Settings, variables: list[Any]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
+    policy = settings.policy
     group = gradient_group_name(_names(variables))
 
     def average(*arrays: Any) -> list[Any]:
         copies = [np.array(a, copy=True, order="C") for a in arrays]
-        average_slices_(settings.compression, copies, group, settings.process_set)
+        average_slices_(policy.compression, copies, group, policy.process_set)
         return copies
 
     if _backend() == "tensorflow":
-        from ..tensorflow._bridge import run
+        from ..tensorflow.gradients import run_on_arrays
 
-        results = run(average, [v.value for v in variables], [v.value.dtype for v in variables],
-                      op_name="UnisonPartialSync")
-        for v, r in zip(variables, results):
-            r.set_shape(v.shape)
+        results = run_on_arrays(average, [v.value for v in variables], op_name="UnisonPartialSync")
     else:
         results = average(*[keras.ops.convert_to_numpy(v.value) for v in variables])
     for v, r in zip(variables, results):
@@ -223,7 +213,7 @@ class _DistributedMixin:
 
     def _create_accumulators(self) -> None:
         settings = self._unison
-        if settings.backward_passes_per_step > 1 and settings.accumulators is None:
+        if settings.policy.backward_passes_per_step > 1 and settings.accumulators is None:
             settings.accumulators = [
                 keras.Variable(np.zeros(v.shape, dtype=keras.backend.standardize_dtype(v.dtype)),
                                trainable=False, name="unison_accumulator")
@@ -240,7 +230,7 @@ class _DistributedMixin:
         after (``payload_bytes``) compression. A stateful scheme counts its own bytes as they are
         sent (inside compiled steps too); a cast's bytes are counted on the torch backend only."""
         out = dict(self._unison.statistics)
-        counted = getattr(self._unison.compression, "statistics", None)
+        counted = getattr(self._unison.policy.compression, "statistics", None)
         if callable(counted):
             own = counted()
             out["dense_bytes"], out["payload_bytes"] = own["dense_bytes"], own["payload_bytes"]
@@ -257,11 +247,11 @@ class _DistributedMixin:
             variables = list(self._trainable_variables)  # type: ignore[attr-defined]
         else:
             variables = list(trainable_variables)
-        if settings.exchange is Exchange.PARTIAL:
+        if settings.policy.exchange is Exchange.PARTIAL:
             result = base_apply(grads, trainable_variables)
             _average_partial(settings, variables)
             return result
-        if settings.backward_passes_per_step == 1:
+        if settings.policy.backward_passes_per_step == 1:
             return base_apply(_reduce(settings, grads, variables), trainable_variables)
         if not self.built:  # type: ignore[attr-defined,has-type]
             with keras.name_scope(self.name, caller=self):  # type: ignore[attr-defined]
@@ -272,7 +262,7 @@ class _DistributedMixin:
     def _aggregated_apply(self, base_apply: Any, grads: list[Any], variables: list[Any],
                           trainable_variables: Any) -> Any:
         settings = self._unison
-        steps = settings.backward_passes_per_step
+        steps = settings.policy.backward_passes_per_step
         if _backend() == "tensorflow":
             import tensorflow as tf
 
@@ -283,8 +273,9 @@ class _DistributedMixin:
 
         def update() -> None:
             totals = [None if g is None else g + a.value for g, a in zip(grads, accumulators)]
-            if settings.average_aggregated_gradients:
-                totals = [None if t is None else t / steps for t in totals]
+            divisor = aggregation_divisor(settings.policy)
+            if divisor is not None:
+                totals = [None if t is None else t / divisor for t in totals]
             base_apply(_reduce(settings, totals, variables), trainable_variables)
             for a in accumulators:
                 a.assign(keras.ops.zeros_like(a.value))
@@ -333,27 +324,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
         )
     if is_distributed(optimizer):
         raise InvalidArgumentError("This optimizer is already wrapped by DistributedOptimizer.")
-    if int(backward_passes_per_step) < 1:
-        raise InvalidArgumentError(
-            f"backward_passes_per_step must be >= 1. Got backward_passes_per_step={backward_passes_per_step}."
-        )
-    resolved = check_op(op, gradient_predivide_factor)
-    exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
-    if exchange is Exchange.PARTIAL and (int(backward_passes_per_step) != 1 or resolved is not ReduceOp.AVERAGE):
-        raise InvalidArgumentError(
-            "Compression.partial averages parameters after every step: it needs op=Average and "
-            f"backward_passes_per_step=1. Got op={resolved.name}, backward_passes_per_step="
-            f"{backward_passes_per_step}."
-        )
-    if self_reduced(compression) and resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise InvalidArgumentError(
-            f"compression={compression!r} supports op=Average and op=Sum. Got op={resolved.name}."
-        )
-    settings = _Settings(op=resolved, compression=compression, sparse_as_dense=sparse_as_dense,
-                         gradient_predivide_factor=gradient_predivide_factor,
-                         backward_passes_per_step=int(backward_passes_per_step),
-                         average_aggregated_gradients=average_aggregated_gradients,
-                         process_set=process_set, scale_local_gradients=scale_local_gradients)
+    # Keras accepts any integral value here (2.0, numpy integers), as it did before the core
+    policy = gradient_policy(Framework.KERAS, op=op, compression=compression,
+                             sparse_as_dense=sparse_as_dense,
+                             gradient_predivide_factor=gradient_predivide_factor,
+                             backward_passes_per_step=int(backward_passes_per_step),
+                             average_aggregated_gradients=average_aggregated_gradients,
+                             process_set=process_set, scale_local_gradients=scale_local_gradients)
+    settings = _Settings(policy)
     cls = type(optimizer)
     attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
     if _backend() == "tensorflow":
@@ -366,7 +344,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     object.__setattr__(optimizer, "_unison", settings)
     optimizer.__class__ = wrapped
     _install_compile_hook()
-    if settings.backward_passes_per_step > 1 and optimizer.built:
+    if settings.policy.backward_passes_per_step > 1 and optimizer.built:
         optimizer._create_accumulators()
     return optimizer
 

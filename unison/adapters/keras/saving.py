@@ -6,7 +6,7 @@ from typing import Any
 
 import keras
 
-from ..tensorflow.compression import Compression
+from ..array_compression import Compression
 from .optimizer import DistributedOptimizer, is_distributed
 
 __all__ = ["load_model"]

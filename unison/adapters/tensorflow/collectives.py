@@ -18,9 +18,9 @@ from ..._runtime import job
 from ...errors import UnisonNotImplementedError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
+from ..array_compression import Compression
 from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
-from .compression import Compression
 
 __all__ = [
     "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",

@@ -1,21 +1,13 @@
-"""Horovod's TensorFlow-level optimizer entry points, mapped onto Keras 3 (TF1 graph mode is gone)."""
+"""Horovod's TF1-only entry points, which TensorFlow 2 (always eager at the top level) cannot honour.
+
+``unison.tensorflow.DistributedOptimizer`` is the Keras 3 optimizer wrapper, re-exported by the public
+module: TF1 ``tf.compat.v1.train.Optimizer`` objects are not supported; use a Keras optimizer, or
+`DistributedGradientTape` in a custom loop.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-__all__ = ["DistributedOptimizer", "broadcast_global_variables"]
-
-
-def DistributedOptimizer(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-    """Wrap a Keras 3 optimizer (same as ``unison.keras.DistributedOptimizer``).
-
-    TF1 ``tf.compat.v1.train.Optimizer`` objects are not supported: use a Keras optimizer, or
-    `DistributedGradientTape` in a custom loop.
-    """
-    from ..keras.optimizer import DistributedOptimizer as keras_distributed_optimizer
-
-    return keras_distributed_optimizer(optimizer, *args, **kwargs)
+__all__ = ["broadcast_global_variables"]
 
 
 def broadcast_global_variables(root_rank: int) -> None:

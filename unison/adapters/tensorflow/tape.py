@@ -7,11 +7,11 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..._gradients import Framework, GradientPolicy, gradient_policy
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
+from ..array_compression import Compression
 from ._bridge import no_autograph as _no_autograph
-from ._policy import check_op
-from .compression import Compression
 from .gradients import reduce_gradients
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
@@ -20,20 +20,15 @@ __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 class _DistributedGradientTape(tf.GradientTape):
     """Shares the recorded tape of the wrapped one; `gradient` reduces before returning."""
 
-    def __init__(self, tape: tf.GradientTape, *, op: ReduceOp, compression: Any, sparse_as_dense: bool,
-                 gradient_predivide_factor: float, process_set: ProcessSet,
-                 scale_local_gradients: bool) -> None:
+    def __init__(self, tape: tf.GradientTape, policy: GradientPolicy) -> None:
         # No super().__init__: this object takes over the wrapped tape's state (its recording).
         self.__dict__.update(tape.__dict__)
-        self._unison = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                            gradient_predivide_factor=gradient_predivide_factor,
-                            process_set=process_set, scale_local_gradients=scale_local_gradients)
+        self._unison = policy
         self._local_refs: set[int] = set()
         self._statistics = {"gradient_calls": 0, "tensors_reduced": 0}
 
     def __repr__(self) -> str:
-        opts = self._unison
-        return (f"DistributedGradientTape(op={ReduceOp(opts['op']).name}, "
+        return (f"DistributedGradientTape(op={self._unison.op.name}, "
                 f"local_variables={len(self._local_refs)}, calls={self._statistics['gradient_calls']})")
 
     def statistics(self) -> dict[str, int]:
@@ -55,7 +50,7 @@ class _DistributedGradientTape(tf.GradientTape):
         local = [id(s) in self._local_refs for s in flat_sources]
         self._statistics["gradient_calls"] += 1
         self._statistics["tensors_reduced"] += sum(g is not None for g in flat_grads)
-        reduced = reduce_gradients(flat_grads, names, local=local, **self._unison)
+        reduced = reduce_gradients(self._unison, flat_grads, names, local)
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
@@ -77,11 +72,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         >>> tape = hvd.DistributedGradientTape(tape)
         >>> grads = tape.gradient(loss, model.trainable_variables)
     """
-    resolved = check_op(op, gradient_predivide_factor)
-    return _DistributedGradientTape(gradtape, op=resolved, compression=compression,
-                                    sparse_as_dense=sparse_as_dense,
-                                    gradient_predivide_factor=gradient_predivide_factor,
-                                    process_set=process_set, scale_local_gradients=scale_local_gradients)
+    policy = gradient_policy(Framework.TENSORFLOW, op=op, compression=compression,
+                             sparse_as_dense=sparse_as_dense,
+                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set,
+                             scale_local_gradients=scale_local_gradients)
+    return _DistributedGradientTape(gradtape, policy)
 
 
 @_no_autograph

@@ -30,13 +30,25 @@ from typing import Any
 import torch
 
 from ... import _collectives as core
+from ..._gradients import (
+    Framework,
+    GradientPolicy,
+    allreduce_scaling,
+    bucket_name,
+    check_passes,
+    gradient_group_name,
+    gradient_policy,
+    partial_name,
+    self_reduced_scale,
+    sparse_name,
+    sparsified_name,
+)
 from ..._runtime import job
 from ...compression import Exchange, payload_bytes
 from ...compression._exchange import lowrank_allreduce
 from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ..tensorflow._policy import gradient_group_name
 from . import collectives as c
 from .compression import Compression
 
@@ -50,30 +62,19 @@ class _DistributedOptimizer:
 
     # -- setup -------------------------------------------------------------------------------------
 
-    def _unison_setup(self, named_parameters: Any, compression: Any,
-                      backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
-                      groups: list[list[torch.Tensor]], sparse_as_dense: bool, process_set: ProcessSet,
-                      missing_grads: str, cpu_overlap: bool | None) -> None:
-        self._compression = compression
-        self._unison_exchange = Exchange(getattr(compression, "exchange", Exchange.ALLREDUCE))
+    def _unison_setup(self, named_parameters: Any, policy: GradientPolicy,
+                      groups: list[list[torch.Tensor]], missing_grads: str, cpu_overlap: bool | None) -> None:
+        self._unison_policy = policy
+        self._compression = policy.compression
+        self._unison_exchange = policy.exchange
         if self._unison_exchange is not Exchange.ALLREDUCE:
-            if op not in (ReduceOp.AVERAGE, ReduceOp.SUM) or (
-                    self._unison_exchange is Exchange.PARTIAL and op is not ReduceOp.AVERAGE):
-                raise InvalidArgumentError(
-                    f"compression={compression!r} supports op=Average (and op=Sum for sparsifiers and "
-                    "PowerSGD). "
-                    f"Got op={op.name}."
-                )
             groups = []  # sparsified and partial schemes handle each parameter on its own
-        self._unison_op = op
-        self._unison_process_set = process_set
-        self._unison_sparse_as_dense = sparse_as_dense
+        self._unison_op = policy.op
+        self._unison_process_set = process_set = policy.process_set
+        self._unison_sparse_as_dense = policy.sparse_as_dense
         self._unison_missing = missing_grads
-        if op is ReduceOp.AVERAGE:
-            # the engine folds 1/size into the postscale for Average
-            self._unison_scale = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
-        else:
-            self._unison_scale = (1.0, 1.0)
+        self._unison_scaling = allreduce_scaling(policy)
+        backward_passes_per_step = policy.backward_passes_per_step
         self.backward_passes_per_step = backward_passes_per_step
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)  # type: ignore[attr-defined]
         self._unison_params = [p for g in self.param_groups for p in g["params"]  # type: ignore[attr-defined]
@@ -161,16 +162,16 @@ class _DistributedOptimizer:
         if grad.is_sparse:
             if not self._unison_sparse_as_dense:
                 self._unison_handles[p] = c.sparse_allreduce_async(
-                    grad, f"sparse.{name}", self._unison_op, self._unison_process_set)
+                    grad, sparse_name(str(name)), self._unison_op, self._unison_process_set)
                 self._unison_stats["allreduces"] += 1
                 return
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         self._unison_stats["dense_bytes"] += payload_bytes(grad)
         self._unison_stats["payload_bytes"] += payload_bytes(compressed)
-        pre, post = self._unison_scale
+        op, pre, post = self._unison_scaling
         handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [compressed], name, self._unison_process_set,
-                                  in_place=True, op=self._unison_op, prescale=pre, postscale=post)
+                                  in_place=True, op=op, prescale=pre, postscale=post)
         self._unison_handles[p] = (handle, ctx, compressed)
         self._unison_stats["allreduces"] += 1
 
@@ -183,10 +184,10 @@ class _DistributedOptimizer:
         pairs = [self._compression.compress(g) for g in grads]
         self._unison_stats["dense_bytes"] += sum(payload_bytes(g) for g in grads)
         self._unison_stats["payload_bytes"] += sum(payload_bytes(t) for t, _ in pairs)
-        pre, post = self._unison_scale
-        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [t for t, _ in pairs], f"group.{group}",
+        op, pre, post = self._unison_scaling
+        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [t for t, _ in pairs], bucket_name(group),
                                   self._unison_process_set, grouped=True, in_place=True,
-                                  op=self._unison_op, prescale=pre, postscale=post)
+                                  op=op, prescale=pre, postscale=post)
         self._unison_group_handles[group] = (handle, [t for t, _ in pairs], [ctx for _, ctx in pairs])
         self._unison_stats["grouped_allreduces"] += 1
 
@@ -199,9 +200,9 @@ class _DistributedOptimizer:
         payload, ctx = self._compression.compress(array, name)
         self._unison_stats["dense_bytes"] += array.nbytes
         self._unison_stats["payload_bytes"] += payload_bytes(payload)
-        handle, _, _ = core.submit(CollectiveKind.ALLGATHER, list(payload), f"sparsified.{name}",
+        handle, _, _ = core.submit(CollectiveKind.ALLGATHER, list(payload), sparsified_name(name),
                                    self._unison_process_set, grouped=True)
-        scale = 1.0 / (self._unison_process_set.size() or 1) if self._unison_op is ReduceOp.AVERAGE else 1.0
+        scale = self_reduced_scale(self._unison_policy, self._unison_process_set.size())
         compression, device = self._compression, dense.device
 
         def wait() -> torch.Tensor:
@@ -221,7 +222,7 @@ class _DistributedOptimizer:
         arrays = [(g.float() if g.dtype == torch.bfloat16 else g).detach().cpu().numpy() for g in grads]
         names = [str(self._parameter_names.get(p)) for p in params]
         before = self._compression.statistics()
-        scale = 1.0 / (self._unison_process_set.size() or 1) if self._unison_op is ReduceOp.AVERAGE else 1.0
+        scale = self_reduced_scale(self._unison_policy, self._unison_process_set.size())
         # the parameters that arrived are in hook order, which may differ between ranks: sort by name
         order = sorted(range(len(params)), key=names.__getitem__)
         sorted_names = [names[i] for i in order]
@@ -246,7 +247,7 @@ class _DistributedOptimizer:
         if not views:
             return
         part = (self._compression.step - 1) % self._compression.parts
-        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, views, f"partial.{part}",
+        handle = c.submit_tensors(CollectiveKind.ALLREDUCE, views, partial_name(part),
                                   self._unison_process_set, grouped=True, in_place=True,
                                   op=ReduceOp.AVERAGE)
         c.synchronize(handle)
@@ -374,7 +375,7 @@ class _DistributedOptimizer:
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes are accumulated before each reduction."""
-        _check_passes(passes)
+        check_passes(passes)
         self.backward_passes_per_step = passes
         self._unison_new_window()
 
@@ -391,11 +392,6 @@ def _write_grad(p: torch.Tensor, result: torch.Tensor) -> None:
         p.grad = result
     elif result is not grad:
         grad.copy_(result)
-
-
-def _check_passes(passes: Any) -> None:
-    if not isinstance(passes, int) or passes < 1:
-        raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1. Got {passes!r}.")
 
 
 def _parameter_names(param_groups: list[dict[str, Any]], named_parameters: Any) -> dict[torch.Tensor, str]:
@@ -494,14 +490,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     Example:
         >>> opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # doctest: +SKIP
     """
-    resolved = core.resolve_op(op, None)
-    if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
-        raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
+    policy = gradient_policy(Framework.TORCH, op=op, compression=compression,
+                             gradient_predivide_factor=gradient_predivide_factor,
+                             sparse_as_dense=sparse_as_dense, process_set=process_set,
+                             backward_passes_per_step=backward_passes_per_step)
     if missing_grads not in _MISSING_MODES:
         raise InvalidArgumentError(
             f"missing_grads must be one of {_MISSING_MODES}. Got missing_grads={missing_grads!r}."
         )
-    _check_passes(backward_passes_per_step)
     if isinstance(optimizer, _DistributedOptimizer):
         raise InvalidArgumentError("This optimizer is already a DistributedOptimizer; wrap it only once.")
     base = type(optimizer)
@@ -512,8 +508,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     # copying it would bypass the reduction.
     state.pop("step", None)
     wrapped.__dict__.update(state)
-    wrapped._unison_setup(named_parameters, compression, backward_passes_per_step, resolved,
-                          float(gradient_predivide_factor),
-                          _groups(optimizer.param_groups, num_groups, groups), sparse_as_dense,
-                          process_set, missing_grads, cpu_overlap)
+    wrapped._unison_setup(named_parameters, policy, _groups(optimizer.param_groups, num_groups, groups),
+                          missing_grads, cpu_overlap)
     return wrapped

@@ -1,4 +1,4 @@
-"""Gradient compression for the TensorFlow and Keras adapters: Horovod's none/fp16, bf16, and the core's stateful schemes.
+"""Horovod's gradient compressors on NumPy arrays and tf tensors, shared by the TensorFlow and Keras adapters.
 
 Works on tf tensors and on NumPy arrays (the Keras adapter's path on the torch backend), and imports
 TensorFlow only when it meets a tf tensor, so Keras-on-torch never loads it.
@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ...compression import Compression as _CoreCompression
-from ...compression import Compressor as _CoreCompressor
+from ..compression import Compression as _CoreCompression
+from ..compression import Compressor as _CoreCompressor
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
