@@ -1,172 +1,29 @@
-"""Run the multi-rank test suite as N processes under mpiexec and report each rank's outcome.
+"""Run the multi-rank test suite (tests/multirank) as N ranks under mpiexec and report each rank's outcome.
 
 Usage: python tests/run_multirank.py -n N [--job-timeout SECONDS] [pytest args...]
 
-Each rank writes its output to its own log (see tests/multirank/_rank_wrapper.py). When the job
-ends, rank 0's log is printed in full, followed by the log of every other rank that failed. The
-exit status is 0 only if mpiexec succeeded and every rank passed, or if no rank collected any test.
-A job still running after --job-timeout (900 s) is terminated: SIGTERM to mpiexec, which forwards
-it to the ranks (they dump their stacks), then SIGKILL to whatever is left.
+The same as ``python -m unison.testing.run -n N tests/multirank [pytest args...]`` from the
+repository's root (see docs/testing.md), or only the test files and ids given among the pytest args
+(``tests/multirank/test_errors.py::test_shape_mismatch``). -n 1 runs every case at size 1, skipping
+those that need more ranks.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
+from unison.testing.run import main
+
 ROOT = Path(__file__).resolve().parent.parent
-WRAPPER = Path("tests") / "multirank" / "_rank_wrapper.py"
-NO_TESTS_COLLECTED = 5
-# pytest's closing line ("=== 1 failed, 2 passed in 0.1s ==="), a pytest-timeout dump, a harness abort.
-_FAILURE_IN_LOG = re.compile(
-    r"^(=+ )?.*\b\d+ (failed|errors?)\b.* in [\d.]+s|^\++ Timeout \++$|^FATAL \(rank \d+\)", re.MULTILINE
-)
 
 
-def _mpiexec() -> str:
-    # The venv's own mpiexec (from the mpich wheel) matches the MPI that mpi4py loads.
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        sys.exit("mpiexec not found: install the mpi extra (pip install -e '.[mpi]') or a system MPI")
-    return found
-
-
-def _descendants(pid: int) -> list[int]:
-    """Return the ids of all processes below ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        below = children.get(frontier.pop(), [])
-        found.extend(below)
-        frontier.extend(below)
-    return found
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """End mpiexec and every process it started, politely first."""
-    # The ranks run in sessions of their own (hydra calls setsid), so one killpg does not reach them.
-    stragglers = _descendants(process.pid)
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    time.sleep(1)
-    for pid in stragglers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _exit_status(path: Path) -> int | None:
-    text = _read(path).strip()
-    return int(text) if text else None
-
-
-def _show(title: str, text: str) -> None:
-    print(f"===== {title} =====")
-    print(text if text.endswith("\n") or not text else text + "\n", end="")
-    sys.stdout.flush()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(usage="%(prog)s -n N [--job-timeout SECONDS] [pytest args...]")
-    parser.add_argument("-n", dest="processes", type=int, required=True, help="number of ranks")
-    parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds before the job is killed")
-    options, pytest_args = parser.parse_known_args(argv)
-    if options.processes < 1:
-        parser.error(f"-n must be at least 1. Got -n {options.processes}.")
-
-    logdir = Path(tempfile.mkdtemp(prefix="unison-multirank-"))
-    command = [
-        _mpiexec(), "-n", str(options.processes),
-        sys.executable, str(WRAPPER), str(logdir),
-        "-m", "pytest", "tests/multirank", "-p", "no:cacheprovider", *pytest_args,
-    ]  # fmt: skip
-    print(f"$ {' '.join(command)}", flush=True)
-    started = time.monotonic()
-    with open(logdir / "mpiexec.log", "wb") as mpiexec_log:
-        process = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=mpiexec_log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        timed_out = False
-        try:
-            returncode = process.wait(timeout=options.job_timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _terminate(process)
-            returncode = process.returncode
-    elapsed = time.monotonic() - started
-
-    statuses = {rank: _exit_status(logdir / f"rank-{rank}.exit") for rank in range(options.processes)}
-    logs = {rank: _read(logdir / f"rank-{rank}.log") for rank in range(options.processes)}
-    if all(status == NO_TESTS_COLLECTED for status in statuses.values()) and not timed_out:
-        _show("rank 0", logs[0])
-        print("no multi-rank tests collected")
-        shutil.rmtree(logdir, ignore_errors=True)
-        return 0
-
-    failed = [
-        rank for rank, status in statuses.items()
-        if status != 0 or _FAILURE_IN_LOG.search(logs[rank])
-    ]  # fmt: skip
-    _show("rank 0", logs[0])
-    for rank in failed:
-        if rank != 0:
-            _show(f"rank {rank}", logs[rank])
-    problems = []
-    if timed_out:
-        problems.append(
-            f"the job was still running after {options.job_timeout:g} s and was killed "
-            "(mpiexec got SIGTERM, then SIGKILL for any process left)"
-        )
-    if returncode != 0:
-        problems.append(f"mpiexec exited with status {returncode}")
-    if failed:
-        described = ", ".join(
-            f"rank {rank} ({'no exit status: aborted or killed' if statuses[rank] is None else f'exit {statuses[rank]}'})"
-            for rank in failed
-        )
-        problems.append(f"failures on {described}")
-    mpiexec_output = _read(logdir / "mpiexec.log")
-    if problems and mpiexec_output.strip():
-        _show("mpiexec", mpiexec_output)
-
-    where = f"multi-rank suite on {options.processes} processes ({elapsed:.1f} s)"
-    if problems:
-        print(f"FAILED {where}: {'; '.join(problems)}. Logs: {logdir}")
-        return 1
-    print(f"passed {where}")
-    shutil.rmtree(logdir, ignore_errors=True)
-    return 0
+def _names_tests(arg: str) -> bool:
+    return not arg.startswith("-") and (ROOT / arg.split("::")[0]).exists()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    os.chdir(ROOT)
+    args = sys.argv[1:]
+    sys.exit(main(args if any(_names_tests(arg) for arg in args) else ["tests/multirank", *args]))

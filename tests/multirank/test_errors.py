@@ -32,6 +32,7 @@ def odd_one_out() -> tuple[bool, str]:
     return hvd.rank() == size - 1, re.escape(phrase)
 
 
+@pytest.mark.min_ranks(2)
 def test_shape_mismatch() -> None:
     odd, others = odd_one_out()
     last = hvd.size() - 1
@@ -41,56 +42,56 @@ def test_shape_mismatch() -> None:
         hvd.allreduce(np.ones((18 if odd else 17, 3)), name="shape")
 
 
+@pytest.mark.min_ranks(2)
 def test_dtype_mismatch() -> None:
     odd, others = odd_one_out()
     with pytest.raises(MismatchError, match=rf"Mismatched data types for allreduce 'allreduce.dt': float32 on {others}; int32 on rank"):
         hvd.allreduce(np.ones(3, np.int32 if odd else np.float32), name="dt")
 
 
+@pytest.mark.min_ranks(2)
 def test_operation_mismatch() -> None:
-    """Two ranks use one name for different collectives (possible with explicit low-level names)."""
-    from unison._collectives import _one, synchronize
-    from unison.ops import CollectiveKind
-
-    odd, others = odd_one_out()
-    kind = CollectiveKind.ALLGATHER if odd else CollectiveKind.ALLREDUCE
-    # _one names ops "<kind>.<name>"; patch the name so both kinds collide under one name
-    from unison import _collectives
-
-    original = _collectives._op_name
-    _collectives._op_name = lambda current, k, n, s: "shared.name"  # type: ignore[assignment]
-    try:
-        handle = _one(kind, np.ones(3), "x", hvd.global_process_set)
-    finally:
-        _collectives._op_name = original
-    with pytest.raises(MismatchError, match=rf"Mismatched operations for 'shared.name': ALLREDUCE on {others}; ALLGATHER on rank"):
-        synchronize(handle)
+    """Two ranks use one name for different collectives."""
+    odd, _ = odd_one_out()
+    last = hvd.size() - 1
+    # This check across kinds (unison.protocol.names) writes one rank as "rank 0", not "rank [0]".
+    others = re.escape("rank 0" if last == 1 else f"ranks {list(range(last))}")
+    with pytest.raises(MismatchError, match=rf"Mismatched operations for 'shared.name': ALLREDUCE on {others}; ALLGATHER on rank {last}\."):
+        if odd:
+            hvd.allgather(np.ones(3), name="shared.name")
+        else:
+            hvd.allreduce(np.ones(3), name="shared.name")
 
 
+@pytest.mark.min_ranks(2)
 def test_reduce_op_mismatch() -> None:
     odd, others = odd_one_out()
     with pytest.raises(MismatchError, match=rf"Mismatched reduction operation for allreduce 'allreduce.rop': SUM on {others}; MAX on rank"):
         hvd.allreduce(np.ones(3), op=hvd.Max if odd else hvd.Sum, name="rop")
 
 
+@pytest.mark.min_ranks(2)
 def test_scale_factor_mismatch() -> None:
     odd, others = odd_one_out()
     with pytest.raises(MismatchError, match=rf"Mismatched prescale and/or postscale factors .*: \(1, 1\) on {others}; \(0.5, 1\) on rank"):
         hvd.allreduce(np.ones(3), prescale_factor=0.5 if odd else 1.0, name="scale")
 
 
+@pytest.mark.min_ranks(2)
 def test_broadcast_root_mismatch() -> None:
     odd, others = odd_one_out()
     with pytest.raises(MismatchError, match=rf"Mismatched BROADCAST root ranks for 'broadcast.root': root rank 0 on {others}; root rank 1 on rank"):
         hvd.broadcast(np.ones(3), root_rank=1 if odd else 0, name="root")
 
 
+@pytest.mark.min_ranks(2)
 def test_allgather_trailing_dimension_mismatch() -> None:
     odd, others = odd_one_out()
     with pytest.raises(MismatchError, match=r"dimensions after the first must match: \[\?, 2\] on .*; \[\?, 5\] on rank"):
         hvd.allgather(np.ones((1, 5 if odd else 2)), name="trail")
 
 
+@pytest.mark.min_ranks(2)
 def test_errors_do_not_break_the_job() -> None:
     odd, _ = odd_one_out()
     with pytest.raises(MismatchError):
@@ -116,13 +117,11 @@ def test_bad_input_is_refused_before_anything_is_sent() -> None:
     with pytest.raises(InvalidArgumentError, match="Tensor is required to be contiguous"):
         hvd.allreduce_(np.ones((4, 4))[:, 0])
     with pytest.raises(InvalidArgumentError, match="Number of entries in splits does not equal number of workers"):
-        hvd.alltoall(np.ones(4), splits=[4])
+        hvd.alltoall(np.ones(4), splits=[4] * (hvd.size() + 1))
     with pytest.raises(InvalidArgumentError, match="Sum of splits entries is greater than the first dimension"):
-        hvd.alltoall(np.ones(2), splits=[2] * hvd.size())
+        hvd.alltoall(np.ones(2), splits=[3] * hvd.size())
     with pytest.raises(InvalidArgumentError, match="alltoall expects a 1D splits tensor"):
         hvd.alltoall(np.ones(2), splits=[[1]])
-    with pytest.raises(InvalidArgumentError, match="not an even multiple of the number of workers"):
-        hvd.alltoall(np.ones(hvd.size() + 1))
     with pytest.raises(hvd.UnisonError, match="Adasum is not implemented"):
         hvd.allreduce(np.ones(2), op=hvd.Adasum)
     with pytest.raises(InvalidArgumentError, match="op must be one of"):
@@ -131,6 +130,13 @@ def test_bad_input_is_refused_before_anything_is_sent() -> None:
         hvd.synchronize(123456)
     # the job still works
     assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.bad")[0] == hvd.size()
+
+
+@pytest.mark.min_ranks(2)
+def test_alltoall_rows_must_divide_evenly_among_ranks() -> None:
+    with pytest.raises(InvalidArgumentError, match="not an even multiple of the number of workers"):
+        hvd.alltoall(np.ones(hvd.size() + 1))
+    assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.uneven")[0] == hvd.size()
 
 
 def test_unregistered_process_set_refused() -> None:

@@ -91,6 +91,7 @@ def test_named_collectives_from_two_threads_pair_by_name() -> None:
         assert result == [size * (1000.0 * tag + step) + sum(range(size)) for step in range(150)]
 
 
+@pytest.mark.min_ranks(2)
 def test_a_rank_that_skipped_an_unnamed_call_is_told_at_once() -> None:
     rank, size = hvd.rank(), hvd.size()
     hvd.allreduce(np.ones(2), op=hvd.Sum)  # unnamed call #1 everywhere
@@ -107,6 +108,7 @@ def test_a_rank_that_skipped_an_unnamed_call_is_told_at_once() -> None:
     assert time.monotonic() - started < 30  # at once, not at the stall shutdown (600 s)
 
 
+@pytest.mark.min_ranks(2)
 def test_allreduce_and_broadcast_under_one_name_is_a_mismatch() -> None:
     rank, size = hvd.rank(), hvd.size()
     last = size - 1

@@ -16,6 +16,7 @@ def fresh_job():
     hvd.shutdown()
 
 
+@pytest.mark.min_ranks(2)
 def test_static_process_sets() -> None:
     from mpi4py import MPI
 
@@ -49,6 +50,7 @@ def test_static_process_sets() -> None:
     assert hvd.allreduce(np.ones(1), op=hvd.Sum, name="global")[0] == size
 
 
+@pytest.mark.min_ranks(2)
 def test_dynamic_process_sets() -> None:
     hvd.init(process_sets="dynamic")
     rank, size = hvd.rank(), hvd.size()

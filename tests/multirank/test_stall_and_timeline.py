@@ -22,6 +22,7 @@ def fresh_job():
 # tests/faults/test_lifecycle.py, not inside this suite.
 
 
+@pytest.mark.min_ranks(2)
 def test_a_rank_shutting_down_early_fails_the_others_with_its_rank(monkeypatch) -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

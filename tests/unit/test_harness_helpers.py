@@ -1,10 +1,10 @@
-"""The multi-rank harness's pure helpers: barrier names on the wire and the messages it reports."""
+"""The lockstep plugin's pure helpers: barrier names on the wire and the messages it reports."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.multirank._harness import (
+from unison.testing._barrier import (
     BARRIER_SECONDS_VARIABLE,
     DEFAULT_BARRIER_SECONDS,
     NAME_BYTES,

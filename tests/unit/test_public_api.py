@@ -45,8 +45,13 @@ def test_exception_tree() -> None:
         assert issubclass(getattr(errors, name), errors.UnisonError)
 
 
-def test_build_probes_work_before_init() -> None:
-    assert unison.mpi_built() in (True, False)
+@pytest.mark.parametrize(("hide_mpi4py", "built"), [(False, "True"), (True, "False")])
+def test_build_probes_work_before_init(hide_mpi4py: bool, built: str) -> None:
+    # mpi_built() says whether mpi4py can be imported, without importing it (which starts MPI).
+    code = (("import sys; sys.modules['mpi4py'] = None\n" if hide_mpi4py else "")
+            + "import sys, unison; print(unison.mpi_built(), 'mpi4py.MPI' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [built, "False"]
     assert unison.nccl_built() == 0
     assert unison.gloo_built() is False and unison.ccl_built() is False
 

@@ -1,1 +1,1 @@
-"""Helpers for testing unison itself: emulated hosts for multi-host jobs (`unison.testing.hosts`)."""
+"""Tools for testing multi-rank code: the lockstep pytest plugin (`unison.testing.pytest_plugin`), its runner (`unison.testing.run`), emulated hosts (`unison.testing.hosts`)."""

@@ -1,14 +1,13 @@
 """Run one rank of a multi-rank job with its output in LOGDIR/rank-<r>.log and its exit status beside it.
 
-Usage (under mpiexec): python tests/multirank/_rank_wrapper.py LOGDIR -m MODULE [ARGS...]
+Usage (under mpiexec; `unison.testing.run` starts it): python -m unison.testing._rank_wrapper LOGDIR
+-m MODULE [ARGS...]
 
 The rank comes from the launcher's environment (PMI_RANK for MPICH, OMPI_COMM_WORLD_RANK for Open
-MPI, PMIX_RANK for PMIx launchers). Besides redirecting output, the wrapper
-- writes the module's exit status to LOGDIR/rank-<r>.exit (absent if the process was killed),
-- dumps every thread's stack to the log on SIGUSR1 (sent by a rank whose barrier timed out) and on
-  SIGTERM (sent by mpiexec when the harness terminates the job),
-- meets the other ranks at an "end of session" barrier, so a rank that ran out of tests early is
-  reported by name instead of leaving the others waiting.
+MPI, PMIX_RANK for PMIx launchers). Besides redirecting output, the wrapper writes the module's exit
+status to LOGDIR/rank-<r>.exit (absent if the process was killed) and dumps every thread's stack to
+the log on SIGTERM (sent by mpiexec when the runner terminates the job) until the module takes over
+the signal (the pytest plugin does, for SIGUSR1 too).
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ import runpy
 import signal
 import sys
 import traceback
-
-import _harness  # imported before sys.path[0] changes; conftest.py gets this same module
 
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
@@ -43,26 +40,6 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def _end_of_session(status: int) -> int:
-    barrier = _harness.current()
-    if barrier is None:
-        return status
-    seconds = _harness.barrier_seconds(os.environ)
-    # Ranks still inside a test see the mismatch, stop their session and arrive here next round.
-    for _ in range(barrier.size + 1):
-        try:
-            names = barrier.wait(_harness.END_OF_SESSION, seconds)
-        except _harness.BarrierTimeout as timeout:
-            barrier.abort(str(timeout), timeout.missing_ranks)
-            raise
-        mismatch = _harness.describe_mismatch(names)
-        if mismatch is None:
-            return status
-        print(f"rank {barrier.rank}: {mismatch}", file=sys.stderr, flush=True)
-        status = status or 1
-    return status
-
-
 def main() -> None:
     if len(sys.argv) < 4 or sys.argv[2] != "-m":
         sys.exit(f"usage: {sys.argv[0]} LOGDIR -m MODULE [ARGS...]")
@@ -78,11 +55,9 @@ def main() -> None:
     # descriptor of their own so they reach the log even from the middle of a hung test.
     dumps = os.fdopen(os.dup(2), "w")
     atexit.register(dumps.close)  # open until exit on purpose: faulthandler writes to it
-    faulthandler.register(signal.SIGUSR1, file=dumps, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=dumps, all_threads=True, chain=True)
 
     sys.argv = [module, *args]
-    sys.path[0] = os.getcwd()  # as `python -m MODULE` would have it
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         status = 0
@@ -91,7 +66,6 @@ def main() -> None:
     except BaseException:
         traceback.print_exc()
         status = 1
-    status = _end_of_session(status)
     with open(os.path.join(logdir, f"rank-{rank}.exit"), "w") as exit_file:
         exit_file.write(f"{status}\n")
     sys.exit(status)

@@ -1,10 +1,11 @@
-"""Keep the ranks of a multi-rank pytest job in lockstep with named barriers that time out.
+"""A named barrier with a timeout: every rank says which point of a test suite it has reached.
 
-Every rank sends the name of the point it has reached (``before <test id>``, ``after <test id>``,
-``end of session``) to every other rank on a communicator of the harness's own, then polls the
-receives until all have arrived or the deadline passes. This is a barrier that also says *who* is
-missing and *where* everyone is, which ``MPI_Ibarrier`` cannot. The message formatting is pure and
-unit-tested in ``tests/unit/test_harness_helpers.py``; mpi4py is imported only by the MPI parts.
+Every rank sends the name of the point it has reached (``the start of <test id>``, ``the end of
+<test id>``, ``the end of the session``) to every other rank on a communicator of the barrier's own,
+then polls the receives until all have arrived or the deadline passes. This is a barrier that also
+says *who* is missing and *where* everyone is, which ``MPI_Ibarrier`` cannot. The message formatting
+is pure and unit-tested in ``tests/unit/test_harness_helpers.py``; mpi4py is imported only by the MPI
+parts. `unison.testing.pytest_plugin` puts one around every test.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ DIGEST_CHARS = 16
 DEFAULT_BARRIER_SECONDS = 60.0
 BARRIER_SECONDS_VARIABLE = "UNISON_TEST_BARRIER_SECONDS"
 END_OF_SESSION = "the end of the session"
-_TAG = 7321  # any tag works: the harness communicator carries nothing else
+_TAG = 7321  # any tag works: the barrier's communicator carries nothing else
 _POLL_SECONDS = 0.001
 
 
@@ -163,7 +164,7 @@ class NamedBarrier:
         """Report ``message``, ask the missing ranks for their stacks, and end the whole job.
 
         After a barrier timeout the ranks disagree about what runs next, so nothing can continue.
-        Missing ranks on this host get SIGUSR1, which ``_rank_wrapper`` turns into a stack dump.
+        Missing ranks on this host get SIGUSR1, which the pytest plugin turns into a stack dump.
         """
         print(f"\nFATAL (rank {self.rank}): {message}; aborting the job", file=sys.stderr, flush=True)
         host = socket.gethostname()
@@ -179,18 +180,3 @@ class NamedBarrier:
 
         MPI.COMM_WORLD.Abort(1)
 
-
-_barrier: NamedBarrier | None = None
-
-
-def start(comm: Any) -> NamedBarrier:
-    """Create the job's named barrier (collective over ``comm``); later calls return the same one."""
-    global _barrier
-    if _barrier is None:
-        _barrier = NamedBarrier(comm)
-    return _barrier
-
-
-def current() -> NamedBarrier | None:
-    """Return the job's named barrier, or None before ``start``."""
-    return _barrier
