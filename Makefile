@@ -24,6 +24,7 @@ demo: venv
 
 test: venv
 	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults tests/multihost -q
+	$(VPY) tests/run_multirank.py -n 1
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
 	UNISON_CONTROLLER=grpc UNISON_SERVICE_HOST_AGGREGATION=0 $(VPY) tests/run_multirank.py -n 2

@@ -49,6 +49,12 @@ def _ranks_text(ranks: Iterable[int]) -> str:
     return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {ordered}"
 
 
+def _ranks_list(ranks: Iterable[int]) -> str:
+    """'rank [2]' / 'ranks [0, 1]', as every other mismatch message writes them."""
+    ordered = sorted(ranks)
+    return f"{'rank' if len(ordered) == 1 else 'ranks'} {ordered}"
+
+
 def kind_conflict(rest: str, submitted: Mapping[str, frozenset[int]], expected: frozenset[int]) -> str:
     """The error text when ranks asked for different collectives under one user name, else ''.
 
@@ -62,7 +68,7 @@ def kind_conflict(rest: str, submitted: Mapping[str, frozenset[int]], expected: 
 
     Example:
         >>> kind_conflict("x", {"allreduce": frozenset({0}), "broadcast": frozenset({1})}, frozenset({0, 1}))
-        "Mismatched operations for 'x': ALLREDUCE on rank 0; BROADCAST on rank 1. Every rank must submit the same collective under one name."
+        "Mismatched operations for 'x': ALLREDUCE on rank [0]; BROADCAST on rank [1]. Every rank must submit the same collective under one name."
     """
     if len(submitted) < 2:
         return ""
@@ -72,7 +78,7 @@ def kind_conflict(rest: str, submitted: Mapping[str, frozenset[int]], expected: 
     if not expected <= everyone:
         return ""
     label = _unnamed_label(rest)
-    parts = "; ".join(f"{kind.upper()} on {_ranks_text(ranks)}"
+    parts = "; ".join(f"{kind.upper()} on {_ranks_list(ranks)}"
                       for kind, ranks in sorted(submitted.items(), key=lambda item: min(item[1])))
     return (f"Mismatched operations for {label}: {parts}. Every rank must submit the same collective "
             "under one name.")

@@ -34,7 +34,7 @@ def test_kind_conflict_waits_for_every_expected_rank() -> None:
     both = {"allreduce": frozenset({0}), "broadcast": frozenset({1})}
     assert kind_conflict("x", both, frozenset({0, 1, 2})) == ""
     text = kind_conflict("x", both, frozenset({0, 1}))
-    assert text.startswith("Mismatched operations for 'x': ALLREDUCE on rank 0; BROADCAST on rank 1.")
+    assert text.startswith("Mismatched operations for 'x': ALLREDUCE on rank [0]; BROADCAST on rank [1].")
     assert kind_conflict("x", {"allreduce": frozenset({0, 1})}, frozenset({0, 1})) == ""
 
 
@@ -71,7 +71,7 @@ def test_coordinator_reports_allreduce_and_broadcast_under_one_name() -> None:
     out = c.handle([[], [req("broadcast.x", 1, BC)]], now=0.1)
     assert sorted(r.names for r in out) == [("allreduce.x",), ("broadcast.x",)]
     assert {r.kind for r in out} == {ResponseKind.ERROR}
-    assert out[0].message.startswith("Mismatched operations for 'x': ALLREDUCE on rank 0; BROADCAST on rank 1.")
+    assert out[0].message.startswith("Mismatched operations for 'x': ALLREDUCE on rank [0]; BROADCAST on rank [1].")
     assert c.pending() == {}
 
 
@@ -80,7 +80,7 @@ def test_coordinator_waits_while_some_rank_has_not_asked_yet() -> None:
     assert c.handle([[req("allreduce.x", 0)], [req("broadcast.x", 1, BC)], []], now=0.0) == []
     out = c.handle([[], [], [req("allreduce.x", 2)]], now=0.1)
     assert {r.kind for r in out} == {ResponseKind.ERROR}
-    assert "ALLREDUCE on ranks [0, 2]; BROADCAST on rank 1" in out[0].message
+    assert "ALLREDUCE on ranks [0, 2]; BROADCAST on rank [1]" in out[0].message
 
 
 def test_coordinator_reports_unnamed_calls_out_of_step_at_once() -> None:
