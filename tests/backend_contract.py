@@ -34,7 +34,10 @@ def check_control_plane(backend: Backend) -> None:
         assert gathered is None
     answer = backend.broadcast_bytes(b"from rank 0" if rank == 0 else None)
     assert answer == b"from rank 0"
-    assert backend.broadcast_bytes(b"" if rank == 0 else None) == b""  # an empty broadcast
+    # A cycle whose gather carries nothing, then an empty broadcast (each broadcast follows its
+    # cycle's gather: the gRPC control plane answers the gather with rank 0's broadcast).
+    assert backend.gather_bytes(b"", [0] * size) == ([b""] * size if rank == 0 else None)
+    assert backend.broadcast_bytes(b"" if rank == 0 else None) == b""
 
 
 def check_allreduce(backend: Backend) -> None:

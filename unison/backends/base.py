@@ -47,7 +47,11 @@ class Backend(Protocol):
         """Gather every rank's payload (lengths known to all) to rank 0; others get None."""
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
-        """Broadcast rank 0's payload to every rank."""
+        """Broadcast rank 0's payload to every rank.
+
+        Called once after each `gather_bytes`, in the same cycle: a control plane may deliver the
+        broadcast as the answer to the gather (the gRPC service does).
+        """
 
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
