@@ -8,7 +8,6 @@ responses in the agreed order, and completes the handles. See `unison.engine` fo
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import threading
 import time
@@ -43,6 +42,7 @@ from ..protocol.messages import (
     Request,
     Response,
     ResponseKind,
+    TextEnum,
     WireError,
     decode_request_lists,
     decode_responses,
@@ -72,7 +72,7 @@ def _user_name(name: str) -> str:
     return name.partition(".")[2] or name
 
 
-class EngineState(str, enum.Enum):
+class EngineState(TextEnum):
     """An engine's lifecycle: created, then running once started, then stopped for good.
 
     A `str` mixin, so a state compares equal to its value (``EngineState.RUNNING == "running"``).
@@ -81,12 +81,6 @@ class EngineState(str, enum.Enum):
     CREATED = "created"
     RUNNING = "running"
     STOPPED = "stopped"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 class Engine:

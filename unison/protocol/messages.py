@@ -19,6 +19,7 @@ __all__ = [
     "Request",
     "Response",
     "ResponseKind",
+    "TextEnum",
     "WireError",
     "decode_request_lists",
     "decode_requests",
@@ -70,7 +71,18 @@ class Request:
     reason: str = ""
 
 
-class ResponseKind(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """An enum whose members are their string values: they compare equal to, print and format as
+    the value (on every Python version; 3.12 changed how mixed-in enums format)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class ResponseKind(TextEnum):
     """What a response tells every rank to do: run a collective (the `CollectiveKind` of the same
     value), fail some tensors (``ERROR``), or stop the job (``ABORT``, ``STALL``).
 
@@ -91,12 +103,6 @@ class ResponseKind(str, enum.Enum):
     ERROR = "error"
     ABORT = "abort"
     STALL = "stall"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -172,14 +172,20 @@ class ControlClient:
         except grpc.RpcError:
             pass  # best effort: the caller is failing already
 
-    def close(self) -> None:
-        """Close the stream (the service ends it; cancelled after 5 s) and the channel."""
+    def _stop_sending(self) -> bool:
+        """End the request and heartbeat streams once; False if that was done already."""
         if self._closed.is_set():
-            return
+            return False
         self._closed.set()
         self._outbox.put(None)
         if self._beats is not None:
             self._beats.put(None)
+        return True
+
+    def close(self) -> None:
+        """Close the stream (the service ends it; cancelled after 5 s) and the channel."""
+        if not self._stop_sending():
+            return
         if self._replies is not None:
             cancel = threading.Timer(_CLOSE_SECONDS, self._replies.cancel)
             cancel.daemon = True
@@ -194,12 +200,8 @@ class ControlClient:
 
     def cancel(self) -> None:
         """Cancel the stream and close the channel at once (peers stopped answering)."""
-        if self._closed.is_set():
+        if not self._stop_sending():
             return
-        self._closed.set()
-        self._outbox.put(None)
-        if self._beats is not None:
-            self._beats.put(None)
         if self._replies is not None:
             self._replies.cancel()
         self._channel.close()
