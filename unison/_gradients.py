@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._collectives import resolve_op
+from ._submit import resolve_op
 from .compression import Exchange
 from .errors import InvalidArgumentError
 from .ops import ReduceOp

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ._collectives import _control, allgather, broadcast
+from ._collectives import allgather, broadcast
 from ._runtime import job
+from ._submit import control
 from .errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind
 from .process_sets import ProcessSet, global_process_set
@@ -88,7 +89,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     for existing in current.engine.process_sets.values():
         if tuple(existing) == tuple(ps.ranks):
             raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
-    set_id = _control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
+    set_id = control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
                       ranks=ps.ranks, target_set=0)
     ps._register(int(set_id), list(ps.ranks), current.rank)
     current.process_sets[int(set_id)] = ps
@@ -107,7 +108,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     set_id = process_set.process_set_id
     if set_id is None or set_id == 0 or set_id not in current.engine.process_sets:
         return False
-    _control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.next_name_index(0)}",
+    control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.next_name_index(0)}",
              target_set=set_id)
     current.process_sets.pop(set_id, None)
     process_set._invalidate()

@@ -68,7 +68,7 @@ class Job:
 
     def check_unnamed_thread(self, kind: str) -> None:
         """Refuse an unnamed collective from any thread but the one that called `init()` (see
-        `_collectives._op_name`); the main thread takes over once that thread has ended.
+        `_submit._op_name`); the main thread takes over once that thread has ended.
 
         The owner must be the same thread on every rank: "the first thread to submit" would be a race
         decided differently on each rank, which is exactly the mix-up this rule prevents.

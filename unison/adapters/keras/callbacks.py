@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from ... import _collectives as C
+from ... import _submit as S
 from ..._runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
@@ -28,7 +29,7 @@ def broadcast_variables_numpy(variables: list[Any], root_rank: int, name: str) -
     handles = [C.broadcast_async(np.ascontiguousarray(keras.ops.convert_to_numpy(v.value)), root_rank,
                                  name=f"{name}.{i}") for i, v in enumerate(variables)]
     for v, handle in zip(variables, handles):
-        v.assign(np.reshape(C.synchronize(handle), v.shape))
+        v.assign(np.reshape(S.synchronize(handle), v.shape))
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from ... import _collectives as C
+from ... import _submit as S
 from ..._runtime import job
 from ...errors import UnisonNotImplementedError
 from ...ops import CollectiveKind, ReduceOp
@@ -84,12 +85,12 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
         def fn(*arrays: np.ndarray) -> list[np.ndarray]:
             if reuse_outputs and name is not None:
                 outs = _pooled_outputs(name, arrays)
-                handle, _, _ = C.submit(
+                handle, _, _ = S.submit(
                     CollectiveKind.ALLREDUCE, list(arrays), name, process_set, op=op, prescale=prescale,
                     postscale=postscale, grouped=grouped,
                     outputs=[o.view(np.uint16) if o.dtype.name == "bfloat16" else o for o in outs],
                 )
-                C.synchronize(handle)
+                S.synchronize(handle)
             elif grouped:
                 outs = C.grouped_allreduce(list(arrays), name=name, op=op, prescale_factor=prescale,
                                            postscale_factor=postscale, process_set=process_set)
@@ -138,7 +139,7 @@ def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_s
     Example:
         >>> hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
     """
-    resolved = C.resolve_op(op, average)
+    resolved = S.resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, resolved, prescale_factor, postscale_factor,
                                  graph_name("HorovodAllgather", name, tensor.values, ignore_name_scope),
@@ -163,7 +164,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
     """
     if not tensors:
         return list(tensors)
-    resolved = C.resolve_op(op, average)
+    resolved = S.resolve_op(op, average)
     out: list[Any] = [None] * len(tensors)
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
@@ -258,7 +259,7 @@ def _broadcast_many(tensors: Sequence[Any], root_rank: int, names: Sequence[str 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         handles = [C.broadcast_async(a, root_rank, name=n, process_set=process_set)
                    for a, n in zip(arrays, names)]
-        return [np.reshape(C.synchronize(h), a.shape) for h, a in zip(handles, arrays)]
+        return [np.reshape(S.synchronize(h), a.shape) for h, a in zip(handles, arrays)]
 
     xs = [tf.convert_to_tensor(t) for t in tensors]
     return _with_shape(run(fn, xs, [x.dtype for x in xs], f"HorovodBroadcast_{names[0]}"),
@@ -315,7 +316,7 @@ def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
     def exchange(x: tf.Tensor, *split_args: tf.Tensor) -> Any:
         def fn(array: np.ndarray, *split_arrays: np.ndarray) -> list[np.ndarray]:
             chosen = split_arrays[0] if split_arrays else None
-            output, received = C.synchronize(C.alltoall_async(array, chosen, name, process_set))
+            output, received = S.synchronize(C.alltoall_async(array, chosen, name, process_set))
             return [output, np.asarray(received, dtype=np.int32)]
 
         output, received = run(fn, [x, *split_args], [x.dtype, tf.int32], f"HorovodAlltoall_{name}")
@@ -387,7 +388,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce `tensor` across ranks and return this rank's dim-0 slice; differentiable."""
-    resolved = C.reducescatter_op(op)
+    resolved = S.reducescatter_op(op)
     tensor = tf.convert_to_tensor(tensor)
     fixed = graph_name("HorovodReducescatter", name, tensor, ignore_name_scope)
     compressed, ctx = compression.compress(tensor)
@@ -405,7 +406,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     """Reducescatter a list of tensors as one group in one op."""
     if not tensors:
         return []
-    resolved = C.reducescatter_op(op)
+    resolved = S.reducescatter_op(op)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     fixed = graph_name("HorovodGroupedReducescatter", name, tensors[0], ignore_name_scope)
     packed = [compression.compress(t) for t in tensors]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ... import _collectives as core
+from ... import _submit as core
 from ..._runtime import job
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ... import _collectives as core
+from ... import _submit as core
 from ..._gradients import (
     Framework,
     GradientPolicy,

@@ -1,0 +1,300 @@
+"""The submit path every API shares: checks, op naming, handles, and the submission of NumPy buffers to the engine.
+
+The public NumPy API (`unison._collectives`) and the framework adapters (torch, TensorFlow, Keras)
+call these; users never do. A collective becomes one `Request` per buffer, named
+``<kind>.<name>`` (or ``<kind>.noname.<n>``), handed to the engine as one atomic group, and a handle
+id that `poll`/`synchronize` resolve through the job's handle table.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _runtime
+from ._runtime import Job, job
+from .dtypes import DType, check_supported, dtype_of
+from .engine.executor import Entry, Handle
+from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
+from .ops import CollectiveKind, ReduceOp
+from .process_sets import ProcessSet, global_process_set
+from .protocol.messages import Request
+
+__all__ = [
+    "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
+    "register_handle", "resolve_op", "submit", "synchronize",
+]
+
+
+def _handles() -> dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]]:
+    """The running job's handle table (`Job.handles`); an empty one after shutdown."""
+    current = _runtime._job
+    return current.handles if current is not None else {}
+
+
+def resolve_op(op: Any, average: Any) -> ReduceOp:
+    """Apply Horovod's rules for the deprecated ``average=`` argument; default Average."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed.",
+                      DeprecationWarning, stacklevel=3)
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    if op is None:
+        return ReduceOp.AVERAGE
+    try:
+        resolved = ReduceOp(int(op))
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"op must be one of Average, Sum, Adasum, Min, Max, Product. Got op={op!r}."
+        ) from None
+    if resolved is ReduceOp.ADASUM:
+        raise UnisonNotImplementedError(
+            "op=Adasum is not implemented in unison yet; use op=Average or op=Sum."
+        )
+    return resolved
+
+
+def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
+    """(set id, members) of a registered set this rank belongs to, or the Horovod-worded error."""
+    set_id = process_set.process_set_id
+    members = current.engine.process_sets.get(set_id) if set_id is not None else None
+    if set_id is None or members is None:
+        raise InvalidArgumentError(
+            f"{what}: Process set provided does not exist, or has not been registered."
+        )
+    if current.rank not in members:
+        raise InvalidArgumentError(
+            f"{what}: Rank {current.rank} is not a member of the provided process set "
+            f"(ranks {list(members)})."
+        )
+    return set_id, members
+
+
+def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:
+    """Return (buffer in storage dtype, dtype); in-place ops need a writable contiguous array."""
+    if in_place:
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgumentError(
+                f"In-place operations need a NumPy array. Got {type(array).__name__}."
+            )
+        if not array.flags.c_contiguous:
+            raise InvalidArgumentError("Tensor is required to be contiguous.")
+        if not array.flags.writeable:
+            raise InvalidArgumentError("In-place operations need a writable array.")
+    else:
+        # np.ascontiguousarray would turn a 0-d array into shape (1,); asarray keeps it (and 0-d
+        # arrays are always contiguous).
+        array = np.asarray(array)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+    dtype = dtype_of(array)
+    return (array.view(np.uint16) if dtype is DType.BFLOAT16 else array), dtype
+
+
+def next_handle(current: Job) -> int:
+    """A new handle id (a per-job counter, reset by shutdown)."""
+    current.handle_counter += 1
+    return current.handle_counter
+
+
+def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
+    """``<kind>.<name>``, or ``<kind>.noname.<n>`` where n counts this rank's unnamed calls in the set.
+
+    Horovod numbers unnamed ops with its handle counter, which every call advances; then a rank that
+    made one extra *named* call (a zero-filled missing gradient, uneven data before join) can never
+    match its later unnamed ops again. Counting only unnamed calls, per process set, avoids that.
+
+    The count pairs the n-th unnamed call of one rank with the n-th of every other, which is only
+    right when each rank makes its unnamed calls in one program order: from one thread. Calls from a
+    second thread would interleave differently on each rank and pair one thread's tensor with the
+    other's, so they are refused (`UnnamedThreadError`). A number is used up even when the call then
+    fails on this rank, so a rank that skipped a collective is caught by the coordinator as out of
+    step (`unison.protocol.names.unnamed_drift`) instead of silently pairing its next call with the skipped one.
+    """
+    if name is not None:
+        return f"{kind}.{name}"
+    current.check_unnamed_thread(kind)
+    return f"{kind}.noname.{current.next_name_index(('noname', set_id))}"
+
+
+def register_handle(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
+    """Make `handle_id` poll/synchronize over `handles`, returning ``finish(results)``."""
+    job().handles[handle_id] = (handles, finish)
+    return handle_id
+
+
+def submit(
+    kind: CollectiveKind,
+    arrays: Sequence[Any],
+    name: str | None,
+    process_set: ProcessSet,
+    *,
+    op: ReduceOp = ReduceOp.SUM,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root_rank: int = -1,
+    in_place: bool = False,
+    splits: Sequence[int] = (),
+    grouped: bool = False,
+    dtypes: Sequence[DType] | None = None,
+    outputs: Sequence[np.ndarray] | None = None,
+    device: str = "cpu",
+) -> tuple[int, list[np.ndarray], list[DType]]:
+    """Submit one collective (or one atomic group) on NumPy buffers; return (handle id, arrays, dtypes).
+
+    This is the entry point the framework adapters share. By default each array's dtype is inferred
+    and buffers are made contiguous. An adapter that already holds storage buffers (for example a
+    torch bfloat16 tensor viewed as uint16 bits) passes ``dtypes`` to say what they hold, and may
+    pass ``outputs`` (allreduce and broadcast only) so results land directly in framework memory.
+    `synchronize` on the handle returns the list of raw results, one per array, unless the caller
+    installs another finishing function with `finish_with`.
+    """
+    current = job()
+    what = kind.value.capitalize()
+    set_id, members = member_set(current, process_set, what)
+    handle_id = next_handle(current)
+    base = _op_name(current, ("grouped_" if grouped else "") + kind.value, name, set_id)
+    if kind is CollectiveKind.BROADCAST and root_rank not in members:
+        raise InvalidArgumentError(
+            f"broadcast received invalid root rank {root_rank} for provided process set: root_rank "
+            f"must be one of the set's global ranks {list(members)}."
+        )
+    entries: list[Entry] = []
+    originals: list[np.ndarray] = []
+    resolved: list[DType] = []
+    count = len(arrays)
+    for index, array in enumerate(arrays):
+        if dtypes is None:
+            buf, dtype = _storage(array, in_place=in_place)
+        else:
+            buf, dtype = array, dtypes[index]
+            if not buf.flags.c_contiguous:
+                raise InvalidArgumentError("Tensor is required to be contiguous.")
+        check_supported(kind, dtype)
+        tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
+        request = Request(
+            tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,
+            float(prescale), float(postscale), set_id, device,
+            group=base if grouped else "", group_size=count if grouped else 0,
+            splits=tuple(int(s) for s in splits),
+        )
+        if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST):
+            if in_place:
+                output = buf
+            elif outputs is not None:
+                output = outputs[index]
+            else:
+                output = np.empty_like(buf)
+        else:
+            output = None
+        entries.append(Entry(request, buf, output, Handle(tensor_name)))
+        originals.append(array)
+        resolved.append(dtype)
+    current.engine.enqueue(entries)
+    current.handles[handle_id] = ([e.handle for e in entries], _identity)
+    return handle_id, originals, resolved
+
+
+def _identity(results: list[Any]) -> Any:
+    return results
+
+
+def finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
+    """Make `synchronize(handle_id)` return ``finish(raw results)`` instead of the raw list."""
+    table = job().handles
+    handles, _ = table[handle_id]
+    table[handle_id] = (handles, finish)
+    return handle_id
+
+
+def poll(handle: int) -> bool:
+    """Return True when the asynchronous operation behind `handle` has finished.
+
+    Example:
+        >>> h = allreduce_async(np.ones(3))      # doctest: +SKIP
+        >>> while not poll(h): pass              # doctest: +SKIP
+    """
+    table = _handles()
+    if handle not in table:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    handles, _ = table[handle]
+    return all(h.done() for h in handles)
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the operation behind `handle` and return its output (a tuple for alltoall).
+
+    Raises:
+        HorovodInternalError: the collective failed on every rank (mismatch, shutdown, stall).
+    """
+    table = _handles()
+    if handle not in table:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    handles, finish = table[handle]
+    for h in handles:
+        h.wait()
+    table.pop(handle, None)
+    for h in handles:
+        if h.error is not None:
+            raise type(h.error)(str(h.error))
+    return finish([h.result for h in handles])
+
+
+def check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:
+    array = np.asarray(tensor)
+    dim0 = array.shape[0] if array.ndim else 0
+    if splits is None:
+        if array.ndim and dim0 % len(members):
+            raise InvalidArgumentError(
+                "splits not provided, but first dimension of tensor is not an even multiple of the "
+                f"number of workers ({dim0} rows, {len(members)} ranks)."
+            )
+        return tensor, ()
+    values = np.asarray(splits)
+    if values.ndim != 1:
+        raise InvalidArgumentError("alltoall expects a 1D splits tensor")
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise InvalidArgumentError(
+            f"alltoall expects splits to contain integer elements. Got dtype {values.dtype}."
+        )
+    if values.size != len(members):
+        raise InvalidArgumentError(
+            f"Number of entries in splits does not equal number of workers ({values.size} != "
+            f"{len(members)})."
+        )
+    if (values < 0).any():
+        raise InvalidArgumentError(f"alltoall splits must be non-negative. Got {values.tolist()}.")
+    total = int(values.sum())
+    if total > dim0:
+        raise InvalidArgumentError(
+            f"Sum of splits entries is greater than the first dimension of tensor ({total} > {dim0})."
+        )
+    if total < dim0:
+        tensor = np.asarray(tensor)[:total]
+    return tensor, tuple(int(v) for v in values)
+
+
+def reducescatter_op(op: Any) -> ReduceOp:
+    resolved = ReduceOp.AVERAGE if op is None else resolve_op(op, None)
+    if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise HorovodInternalError(
+            f"Reducescatter currently only supports AVERAGE and SUM. Got op={resolved.name}."
+        )
+    return resolved
+
+
+def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
+             ranks: Sequence[int] = (), target_set: int | None = None) -> Any:
+    current = job()
+    set_id, _ = member_set(current, process_set, kind.value.capitalize())
+    handle_id = next_handle(current)
+    request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
+                      ranks=tuple(ranks))
+    entry = Entry(request, None, None, Handle(name))
+    current.engine.enqueue([entry])
+    register_handle([entry.handle], lambda results: results[0], handle_id)
+    return synchronize(handle_id)
