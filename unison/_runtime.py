@@ -260,12 +260,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         registered = {0: tuple(range(size))}
         sets: dict[int, ProcessSet] = {0: global_process_set}
         global_process_set._register(0, list(range(size)), rank)
-        for index, ps in enumerate(process_sets or []):
-            if not isinstance(ps, ProcessSet):
-                raise InvalidArgumentError(
-                    f"process_sets must contain ProcessSet objects. Got {type(ps).__name__} at index {index}."
-                )
-            ranks = _ranks_of(ps, mpi, backend)
+        for index, ps in enumerate(process_sets or []):  # checked locally by _check_process_sets
+            ranks = _ranks_of(ps, mpi)
             if tuple(ranks) in registered.values():
                 raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
             set_id = index + 1
@@ -361,14 +357,10 @@ def _configure_logging(settings: Settings, rank: int, size: int) -> None:
         logger.propagate = False
 
 
-def _ranks_of(ps: ProcessSet, mpi: Any, backend: Any) -> list[int]:
+def _ranks_of(ps: ProcessSet, mpi: Any) -> list[int]:
+    """A process set's global ranks (a list set was range-checked by `_check_process_sets`)."""
     if ps.mpi_comm is None:
         assert ps.ranks is not None
-        bad = [r for r in ps.ranks if not 0 <= r < backend.size]
-        if bad or not ps.ranks:
-            raise InvalidArgumentError(
-                f"A process set needs ranks in range(size={backend.size}). Got {ps.ranks}."
-            )
         return list(ps.ranks)
     if mpi is None:
         raise UnisonNotImplementedError("Communicator-based process sets need MPI.")

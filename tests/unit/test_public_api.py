@@ -8,7 +8,9 @@ import sys
 import pytest
 
 import unison
+import unison as hvd
 from unison import errors
+from unison.errors import InvalidArgumentError
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -72,3 +74,12 @@ def test_log_lines_carry_the_rank_and_obey_hide_time(tmp_path) -> None:
     configured = "import logging; logging.basicConfig(format='APP %(message)s')\n" + code
     out = subprocess.run([sys.executable, "-c", configured], capture_output=True, text=True, env=env, check=True)
     assert out.stderr.strip() == "APP hello"  # the application's own configuration wins
+
+
+def test_init_refuses_bad_process_sets_before_starting() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"A process set needs ranks in range\(size=1\)\. Got \[5\]\."):
+        hvd.init(process_sets=[hvd.ProcessSet([5])])
+    assert not hvd.is_initialized()
+    with pytest.raises(InvalidArgumentError, match="process_sets must contain ProcessSet objects. Got str at index 0"):
+        hvd.init(process_sets=["not a set"])  # type: ignore[list-item]
+    assert not hvd.is_initialized()

@@ -16,7 +16,6 @@ of every process. It applies to the global process set of a job that spans sever
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 import time
@@ -32,7 +31,6 @@ from .base import Abandoned, split_counts
 
 __all__ = ["MpiBackend", "abort_with_output", "import_mpi"]
 
-log = logging.getLogger(__name__)
 
 _SPIN_SECONDS = 100e-6
 _FIRST_SLEEP_SECONDS = 50e-6
@@ -178,8 +176,7 @@ class MpiBackend:
             f"{self._peer_timeout:g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
             "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
-        log.error("%s", message)
-        try:
+        try:  # straight to stderr, like the other last words of a rank (unison._failure)
             sys.stderr.write(message + "\n")
         finally:
             abort_with_output(self._mpi.COMM_WORLD)
