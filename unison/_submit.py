@@ -25,7 +25,7 @@ from .protocol.messages import Request
 
 __all__ = [
     "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
-    "register_handle", "resolve_op", "submit", "synchronize",
+    "register_handle", "resolve_op", "set_rank", "set_size", "submit", "synchronize",
 ]
 
 
@@ -72,6 +72,22 @@ def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, t
             f"(ranks {list(members)})."
         )
     return set_id, members
+
+
+def set_size(process_set: ProcessSet) -> int:
+    """Number of ranks in a process set: the job's size for the global set or an unknown id."""
+    current = job()
+    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    return current.size if members is None else len(members)
+
+
+def set_rank(process_set: ProcessSet) -> int:
+    """This process's rank inside a process set (its global rank where it is not a member)."""
+    current = job()
+    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    if members is None or current.rank not in members:
+        return current.rank
+    return list(members).index(current.rank)
 
 
 def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:

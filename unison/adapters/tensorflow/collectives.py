@@ -16,6 +16,7 @@ import tensorflow as tf
 from ... import _collectives as C
 from ... import _submit as S
 from ..._runtime import job
+from ..._submit import set_rank, set_size
 from ...errors import UnisonNotImplementedError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -27,22 +28,6 @@ __all__ = [
     "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "set_rank", "set_size",
 ]
-
-
-def set_size(process_set: ProcessSet) -> int:
-    """Number of ranks in a registered process set."""
-    current = job()
-    members = current.engine.process_sets.get(process_set.process_set_id or 0)
-    return current.size if members is None else len(members)
-
-
-def set_rank(process_set: ProcessSet) -> int:
-    """This process's rank inside a registered process set (its global rank if not a member)."""
-    current = job()
-    members = current.engine.process_sets.get(process_set.process_set_id or 0)
-    if members is None or current.rank not in members:
-        return current.rank
-    return list(members).index(current.rank)
 
 
 def _zeros_for(dys: Sequence[Any], xs: Sequence[Any]) -> list[Any]:

@@ -16,6 +16,7 @@ import torch
 
 from ... import _submit as core
 from ..._runtime import job
+from ..._submit import set_rank, set_size
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c
@@ -23,16 +24,6 @@ from .compression import Compression, Compressor
 
 __all__ = ["allgather", "allreduce", "alltoall", "broadcast", "grouped_allgather", "grouped_allreduce",
            "grouped_reducescatter", "reducescatter"]
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    size = process_set.size()
-    return job().size if size is None else size
-
-
-def _set_rank(process_set: ProcessSet) -> int:
-    rank = process_set.rank()
-    return job().rank if rank is None else rank
 
 
 class _Allreduce(torch.autograd.Function):
@@ -96,7 +87,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Any = None, name
 
 def _own_rows(grad: torch.Tensor, dim0: int, process_set: ProcessSet) -> torch.Tensor:
     sizes = c.synchronize(c.allgather_async(torch.tensor([dim0], dtype=torch.int64), None, process_set))
-    offset = int(sizes[: _set_rank(process_set)].sum())
+    offset = int(sizes[: set_rank(process_set)].sum())
     return grad.narrow(0, offset, dim0)
 
 
@@ -126,7 +117,7 @@ class _GroupedAllgather(torch.autograd.Function):
         reduced = c.synchronize(c.grouped_allreduce_async(list(grads), None, None, ReduceOp.AVERAGE,
                                                           process_set=ps))
         sizes = c.synchronize(c.allgather_async(torch.tensor([ctx.dim0s], dtype=torch.int64), None, ps))
-        offsets = sizes[: _set_rank(ps)].sum(0)
+        offsets = sizes[: set_rank(ps)].sum(0)
         return (None, None, *[g.narrow(0, int(o), d) for g, o, d in zip(reduced, offsets, ctx.dim0s)])
 
 
@@ -210,7 +201,7 @@ class _Reducescatter(torch.autograd.Function):
 
 def _scale_back(gathered: torch.Tensor, op: ReduceOp, ps: ProcessSet, pre: float,
                 post: float) -> torch.Tensor:
-    factor = (_set_size(ps) if op is ReduceOp.SUM else 1.0) * pre * post
+    factor = (set_size(ps) if op is ReduceOp.SUM else 1.0) * pre * post
     return gathered * factor if factor != 1.0 else gathered
 
 

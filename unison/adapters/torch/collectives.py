@@ -154,13 +154,13 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any,
                              f"{name}.indices", process_set)
     values = submit_tensors(CollectiveKind.ALLGATHER, [local.values().contiguous()], f"{name}.values",
                             process_set)
-    set_size = process_set.size() or 1
+    members = core.set_size(process_set)
 
     def wait() -> torch.Tensor:
         gathered_values = synchronize(values)
         gathered_indices = synchronize(indices)
         if resolved is ReduceOp.AVERAGE:
-            gathered_values = gathered_values / set_size
+            gathered_values = gathered_values / members
         return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, local.size())
 
     return wait

@@ -202,7 +202,7 @@ class _DistributedOptimizer:
         self._unison_stats["payload_bytes"] += payload_bytes(payload)
         handle, _, _ = core.submit(CollectiveKind.ALLGATHER, list(payload), sparsified_name(name),
                                    self._unison_process_set, grouped=True)
-        scale = self_reduced_scale(self._unison_policy, self._unison_process_set.size())
+        scale = self_reduced_scale(self._unison_policy, core.set_size(self._unison_process_set))
         compression, device = self._compression, dense.device
 
         def wait() -> torch.Tensor:
@@ -222,7 +222,7 @@ class _DistributedOptimizer:
         arrays = [(g.float() if g.dtype == torch.bfloat16 else g).detach().cpu().numpy() for g in grads]
         names = [str(self._parameter_names.get(p)) for p in params]
         before = self._compression.statistics()
-        scale = self_reduced_scale(self._unison_policy, self._unison_process_set.size())
+        scale = self_reduced_scale(self._unison_policy, core.set_size(self._unison_process_set))
         # the parameters that arrived are in hook order, which may differ between ranks: sort by name
         order = sorted(range(len(params)), key=names.__getitem__)
         sorted_names = [names[i] for i in order]
