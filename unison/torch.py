@@ -9,7 +9,7 @@ Example:
     >>> hvd.broadcast_optimizer_state(opt, root_rank=0)                    # doctest: +SKIP
 """
 
-from ._collectives import barrier, join, poll
+from ._collectives import barrier, poll
 from ._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
 from ._runtime import (
     ccl_built,
@@ -65,6 +65,7 @@ from .adapters.torch.collectives import (
 )
 from .adapters.torch.compression import Compression, Compressor
 from .adapters.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from .adapters.torch.join import join
 from .adapters.torch.optimizer import DistributedOptimizer
 from .adapters.torch.sync_batch_norm import SyncBatchNorm
 from .errors import GradientCountError, HorovodInternalError, MissingGradientError, UnisonError
