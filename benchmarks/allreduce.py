@@ -9,6 +9,7 @@ load average, and a table is printed on rank 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -155,9 +156,8 @@ def main() -> None:
     cases.append({"case": "idle_cpu_share", "per_rank": idle})
 
     results["load_after"] = os.getloadavg()
-    results["engine_statistics_rank0"] = {
-        k: v for k, v in hvd._runtime.job().engine.statistics().items() if not isinstance(v, dict)
-    }
+    stats = dataclasses.asdict(hvd.statistics())
+    results["engine_statistics_rank0"] = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
     hvd.shutdown()
     if rank == 0:
         report(results)

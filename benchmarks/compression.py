@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import unison
 import unison.torch as hvd
-from unison._runtime import job
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_torch import mlp, write_json  # noqa: E402
@@ -48,7 +48,7 @@ SCHEMES = {
 
 
 def wire_bytes() -> int:
-    return int(job().engine.statistics()["backend"]["data_bytes"])
+    return int(unison.statistics().backend["data_bytes"])
 
 
 def run(scheme: str, batch: int, steps: int) -> tuple[float, float, float]:

@@ -63,6 +63,7 @@ from ._runtime import (
     shutdown,
     size,
     start_timeline,
+    statistics,
     stop_timeline,
 )
 from ._version import __version__
@@ -134,6 +135,7 @@ __all__ = [
     "shutdown",
     "size",
     "start_timeline",
+    "statistics",
     "stop_timeline",
     "synchronize",
 ]

@@ -13,7 +13,7 @@ from ._runtime import job
 from ._submit import control
 from .errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind
-from .process_sets import ProcessSet, global_process_set
+from .process_sets import ProcessSet, bind, global_process_set, unbind
 
 __all__ = ["add_process_set", "allgather_object", "broadcast_object", "remove_process_set"]
 
@@ -91,7 +91,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
     set_id = control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
                       ranks=ps.ranks, target_set=0)
-    ps._register(int(set_id), list(ps.ranks), current.rank)
+    bind(ps, int(set_id), list(ps.ranks), current.rank)
     current.process_sets[int(set_id)] = ps
     return ps
 
@@ -111,5 +111,5 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.next_name_index(0)}",
              target_set=set_id)
     current.process_sets.pop(set_id, None)
-    process_set._invalidate()
+    unbind(process_set)
     return True

@@ -15,7 +15,7 @@ from typing import Any
 from . import _failure
 from .backends import create_backend
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
-from .engine.loop import Engine
+from .engine.loop import Engine, EngineStatistics
 from .errors import (
     ConfigError,
     InvalidArgumentError,
@@ -24,13 +24,13 @@ from .errors import (
     UnisonNotImplementedError,
     UnnamedThreadError,
 )
-from .process_sets import ProcessSet, global_process_set
+from .process_sets import ProcessSet, bind, global_process_set, unbind
 
 __all__ = [
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
     "init", "is_homogeneous", "is_initialized", "job", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built", "shutdown", "size",
-    "start_timeline", "stop_timeline",
+    "start_timeline", "statistics", "stop_timeline",
 ]
 
 log = logging.getLogger("unison")
@@ -259,7 +259,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         rank, size = backend.rank, backend.size
         registered = {0: tuple(range(size))}
         sets: dict[int, ProcessSet] = {0: global_process_set}
-        global_process_set._register(0, list(range(size)), rank)
+        bind(global_process_set, 0, list(range(size)), rank)
         for index, ps in enumerate(process_sets or []):  # checked locally by _check_process_sets
             ranks = _ranks_of(ps, mpi)
             if tuple(ranks) in registered.values():
@@ -267,7 +267,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             set_id = index + 1
             backend.add_process_set(set_id, ranks)
             registered[set_id] = tuple(ranks)
-            ps._register(set_id, ranks, rank)
+            bind(ps, set_id, ranks, rank)
             sets[set_id] = ps
         engine = Engine(backend, settings, registered, timeline)
         if settings.controller == "grpc" and mpi is not None:
@@ -390,7 +390,7 @@ def shutdown() -> None:
         _failure.uninstall()
         for ps in current.process_sets.values():
             if ps is not global_process_set:
-                ps._invalidate()
+                unbind(ps)
         _job = None
 
 
@@ -414,6 +414,21 @@ def rank() -> int:
 def size() -> int:
     """Number of processes in the job."""
     return int(_get("size"))
+
+
+def statistics() -> EngineStatistics:
+    """A snapshot of this rank's counters: cycles, cache, executor, backend (and negotiation on rank 0).
+
+    Example:
+        >>> import unison as hvd
+        >>> hvd.init()  # doctest: +SKIP
+        >>> hvd.statistics().cache.hits  # doctest: +SKIP
+        0
+    """
+    current = _job
+    if current is None:
+        raise NotInitializedError()
+    return current.engine.statistics()
 
 
 def local_rank() -> int:

@@ -61,14 +61,20 @@ class ProcessSet:
             return None
         return self._rank in self.ranks
 
-    def _register(self, process_set_id: int, ranks: list[int], my_rank: int) -> None:
-        self.process_set_id = process_set_id
-        self.ranks = sorted(ranks)
-        self._rank = my_rank
 
-    def _invalidate(self) -> None:
-        self.process_set_id = None
-        self._rank = None
+
+def bind(process_set: ProcessSet, process_set_id: int, ranks: list[int], my_rank: int) -> None:
+    """Record that `process_set` is registered as `process_set_id` with these global ranks (the runtime's
+    step at init and at `add_process_set`; not part of the public API)."""
+    process_set.process_set_id = process_set_id
+    process_set.ranks = sorted(ranks)
+    process_set._rank = my_rank
+
+
+def unbind(process_set: ProcessSet) -> None:
+    """Record that `process_set` is no longer registered (at shutdown or `remove_process_set`)."""
+    process_set.process_set_id = None
+    process_set._rank = None
 
 
 global_process_set = ProcessSet([])

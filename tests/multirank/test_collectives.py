@@ -65,9 +65,7 @@ def test_allreduce_dtype_op(dtype, op) -> None:
 
 
 def _wire_bytes() -> int:
-    from unison import _runtime
-
-    return int(_runtime.job().engine.statistics()["backend"]["data_bytes"])
+    return int(hvd.statistics().backend["data_bytes"])
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=lambda d: np.dtype(d).name)

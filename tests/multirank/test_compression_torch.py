@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+import unison  # noqa: E402
 import unison.torch as hvd  # noqa: E402
-from unison._runtime import job as _job  # noqa: E402
 
 torch.set_num_threads(1)
 DIM = 16
@@ -25,7 +25,7 @@ def job():
 
 
 def wire_bytes() -> int:
-    return int(_job().engine.statistics()["backend"]["data_bytes"])
+    return int(unison.statistics().backend["data_bytes"])
 
 
 def least_squares() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -93,9 +93,8 @@ def test_matches_one_process_on_the_global_batch(name, passes) -> None:
 
 
 def test_cpu_gradients_are_submitted_at_step_in_one_batch_unless_cpu_overlap() -> None:
-    from unison._runtime import job as current_job
+    import unison
 
-    engine = current_job().engine
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -104,10 +103,10 @@ def test_cpu_gradients_are_submitted_at_step_in_one_batch_unless_cpu_overlap() -
     model(x).sum().backward()
     local = [p.grad.clone() for p in model.parameters()]
     assert opt.statistics()["allreduces"] == 0, "a CPU gradient was submitted during backward()"
-    before = engine.statistics()["responses"]
+    before = unison.statistics().responses
     opt.step()
     assert opt.statistics()["allreduces"] == 4
-    assert engine.statistics()["responses"] - before == 1, "the four small gradients were not fused in one cycle"
+    assert unison.statistics().responses - before == 1, "the four small gradients were not fused in one cycle"
     gathered = [hvd.allgather(g.unsqueeze(0)) for g in local]
     for p, g in zip(model.parameters(), gathered):
         torch.testing.assert_close(p.grad, g.mean(0))

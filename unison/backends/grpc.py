@@ -49,7 +49,7 @@ class GrpcBackend:
 
     def statistics(self) -> dict[str, float]:
         out = dict(self.data.statistics())
-        out["service_sequence_status"] = self.control._sequences[pb.STATUS]
+        out["service_sequence_status"] = self.control.exchanges(pb.STATUS)
         return out
 
     def interrupt(self, reason: str) -> None:

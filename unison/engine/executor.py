@@ -26,7 +26,7 @@ from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Request, Response
 from ..protocol.negotiation import reducescatter_rows
 
-__all__ = ["Entry", "Executor", "Handle"]
+__all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle"]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
 
@@ -182,6 +182,17 @@ def _elements(shape: Sequence[int]) -> int:
     return count
 
 
+@dataclasses.dataclass(frozen=True)
+class ExecutorStatistics:
+    """Counters of an `Executor`: responses and tensors run, fused responses, bytes, fusion buffer size."""
+
+    responses: int
+    tensors: int
+    fused_responses: int
+    bytes: int
+    fusion_buffer_bytes: int
+
+
 class Executor:
     """Runs responses on one rank; owns the persistent fusion buffer.
 
@@ -203,9 +214,9 @@ class Executor:
     def __repr__(self) -> str:
         return f"<Executor rank={self.rank} fusion_buffer_bytes={self._fusion.nbytes}>"
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> ExecutorStatistics:
         """Counters: responses and tensors executed, fused responses, bytes reduced or moved."""
-        return dict(self._stats, fusion_buffer_bytes=self._fusion.nbytes)
+        return ExecutorStatistics(**self._stats, fusion_buffer_bytes=self._fusion.nbytes)
 
     def _mark(self, names: Sequence[str], activity: str | None) -> None:
         if self.activity is not None:

@@ -8,10 +8,12 @@ responses in the agreed order, and completes the handles. See `unison.engine` fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ from ..errors import (
     StallError,
 )
 from ..ops import CollectiveKind
-from ..protocol.cache import CacheState, ResponseCache
+from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
 from ..protocol.cycle import (
     Votes,
     bits,
@@ -49,11 +51,11 @@ from ..protocol.messages import (
     encode_requests,
     encode_responses,
 )
-from ..protocol.negotiation import Coordinator
-from ..protocol.stall import StallInspector
-from .executor import Entry, Executor
+from ..protocol.negotiation import Coordinator, CoordinatorStatistics
+from ..protocol.stall import StallInspector, StallStatistics
+from .executor import Entry, Executor, ExecutorStatistics
 
-__all__ = ["Engine", "EngineState"]
+__all__ = ["Engine", "EngineState", "EngineStatistics"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,30 @@ _REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
 def _user_name(name: str) -> str:
     """The user's part of a tensor name ``<kind>.<name>`` (the whole name when it has no kind)."""
     return name.partition(".")[2] or name
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStatistics:
+    """A snapshot of an `Engine`'s counters and those of the parts it drives.
+
+    `queued` counts submissions waiting for the engine thread, `held` those inside `batch()` blocks
+    still open. `backend` holds the selected backend's own counters (they differ by backend: bytes moved,
+    liveness probes, service calls); `coordinator` and `stall` are present on rank 0 only.
+    """
+
+    cycles: int
+    fast_cycles: int
+    slow_cycles: int
+    cache_hits_executed: int
+    responses: int
+    errors: int
+    queued: int
+    held: int
+    cache: CacheStatistics
+    executor: ExecutorStatistics
+    backend: Mapping[str, float]
+    coordinator: CoordinatorStatistics | None = None
+    stall: StallStatistics | None = None
 
 
 class EngineState(TextEnum):
@@ -141,6 +167,9 @@ class Engine:
         # Called once, from the thread that stopped the engine, with the error that stopped it and
         # whether a pending handle was failed with it (a framework thread was waiting on the job).
         self.on_stop: Callable[[BaseException, bool], None] | None = None
+        # Called on the engine thread with each response just before it runs, in the job-wide order
+        # (fused responses as fused); for tools and tests that follow what the job executes.
+        self.on_response: Callable[[Response], None] | None = None
         self._state = EngineState.CREATED
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
                                         daemon=True)
@@ -165,6 +194,10 @@ class Engine:
         """The error the engine stopped with (None while running, or after an orderly shutdown)."""
         return self._stop_error
 
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Wait until the engine has stopped (shut down, aborted or failed); False on timeout."""
+        return self._stopped.wait(timeout)
+
     @property
     def thread_alive(self) -> bool:
         """Whether the communication thread is running."""
@@ -179,15 +212,20 @@ class Engine:
         self._state = EngineState.RUNNING
         self._thread.start()
 
-    def statistics(self) -> dict[str, Any]:
-        """Counters of the engine and of its cache, executor, backend and coordinator."""
-        out: dict[str, Any] = dict(self._stats)
-        out["cache"] = self.cache.statistics()
-        out["executor"] = self.executor.statistics()
-        out["backend"] = self.backend.statistics()
-        if self.coordinator is not None:
-            out["coordinator"] = self.coordinator.statistics()
-        return out
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of the counters of the engine and of its cache, executor, backend and coordinator."""
+        with self._lock:
+            queued, held = len(self._queue), sum(len(groups) for groups in self._held.values())
+        return EngineStatistics(
+            **self._stats,
+            queued=queued,
+            held=held,
+            cache=self.cache.statistics(),
+            executor=self.executor.statistics(),
+            backend=MappingProxyType(dict(self.backend.statistics())),
+            coordinator=None if self.coordinator is None else self.coordinator.statistics(),
+            stall=None if self.stall is None else self.stall.statistics(),
+        )
 
     def enqueue(self, entries: Sequence[Entry]) -> None:
         """Submit entries as one atomic group (one entry for an ordinary op).
@@ -478,6 +516,8 @@ class Engine:
         responses = cached + fresh
         for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
             executed += 1
+            if self.on_response is not None:
+                self.on_response(response)
             if not self._execute(response):
                 return
         self._progress = progress or executed > 0

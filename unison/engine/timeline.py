@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -37,7 +38,7 @@ from typing import IO
 
 from ..errors import ConfigError
 
-__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "Timeline"]
+__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "Timeline", "TimelineStatistics"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,18 @@ _FLUSH_MICROS = int(FLUSH_SECONDS * 1_000_000)
 # Where each tensor is in its life, so that B/E events stay balanced even when the engine calls
 # negotiate_start twice (a cache miss on a later cycle) or ends a tensor inside an activity.
 _IDLE, _NEGOTIATING, _TOP_LEVEL, _ACTIVITY = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TimelineStatistics:
+    """Counters of a `Timeline`: events written, buffered and dropped, tensors seen, bytes, flushes."""
+
+    events_written: int
+    events_buffered: int
+    events_dropped: int
+    tensors_seen: int
+    bytes_written: int
+    flushes: int
 
 
 class Timeline:
@@ -261,16 +274,16 @@ class Timeline:
             if self._state == "open":
                 self._state = "closed"
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> TimelineStatistics:
         """Return counters: events written, buffered and dropped, tensors seen, bytes, flushes."""
-        return {
-            "events_written": self._events_written,
-            "events_buffered": len(self._buffer),
-            "events_dropped": self._events_dropped,
-            "tensors_seen": len(self._tensors),
-            "bytes_written": self._bytes_written,
-            "flushes": self._flushes,
-        }
+        return TimelineStatistics(
+            events_written=self._events_written,
+            events_buffered=len(self._buffer),
+            events_dropped=self._events_dropped,
+            tensors_seen=len(self._tensors),
+            bytes_written=self._bytes_written,
+            flushes=self._flushes,
+        )
 
     # ---------------------------------------------------------------------------------- helpers
 

@@ -9,12 +9,13 @@ need to be compared.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import OrderedDict
 
 from .messages import Request, Response
 
-__all__ = ["CacheState", "ResponseCache", "request_key", "response_key"]
+__all__ = ["CacheState", "CacheStatistics", "ResponseCache", "request_key", "response_key"]
 
 
 class CacheState(enum.Enum):
@@ -36,6 +37,19 @@ def response_key(response: Response) -> tuple[object, ...]:
     return (response.kind, response.dtype, response.shapes[0], response.reduce_op, response.root_rank,
             response.prescale, response.postscale, response.process_set_id, response.device,
             response.group)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStatistics:
+    """Counters of a `ResponseCache`: lookups by outcome, insertions, evictions, erased slots, entries."""
+
+    hits: int
+    misses: int
+    invalid: int
+    puts: int
+    evictions: int
+    erased: int
+    entries: int
 
 
 class ResponseCache:
@@ -77,9 +91,9 @@ class ResponseCache:
         """One past the highest slot number in use or freed (the bit-vector length)."""
         return self._next_slot
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> CacheStatistics:
         """Counters: hits, misses, invalid lookups, puts, evictions, erased slots, entries."""
-        return dict(self._stats, entries=len(self._slots))
+        return CacheStatistics(**self._stats, entries=len(self._slots))
 
     def lookup(self, request: Request) -> tuple[CacheState, int]:
         """Classify `request` as a hit (with its slot), a miss, or invalid (with the stale slot)."""

@@ -17,7 +17,7 @@ from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
 from .names import kind_conflict, split_name, unnamed_drift, unnamed_index
 
-__all__ = ["Coordinator", "reducescatter_rows"]
+__all__ = ["Coordinator", "CoordinatorStatistics", "reducescatter_rows"]
 
 _WORLD_KINDS = frozenset(
     {CollectiveKind.ADD_PROCESS_SET, CollectiveKind.REMOVE_PROCESS_SET}
@@ -65,6 +65,18 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 def _factor_text(value: float) -> str:
     return f"{value:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorStatistics:
+    """Counters of a `Coordinator`: cycles, requests, responses and error responses; names pending, ranks joined."""
+
+    cycles: int
+    requests: int
+    responses: int
+    errors: int
+    pending: int
+    joined: int
 
 
 @dataclasses.dataclass
@@ -127,9 +139,9 @@ class Coordinator:
         """Registered process sets: id -> sorted global ranks."""
         return dict(self._sets)
 
-    def statistics(self) -> dict[str, int]:
+    def statistics(self) -> CoordinatorStatistics:
         """Counters: cycles handled, requests received, responses and error responses made."""
-        return dict(self._stats, pending=len(self._table), joined=len(self._joined))
+        return CoordinatorStatistics(**self._stats, pending=len(self._table), joined=len(self._joined))
 
     def pending(self) -> dict[str, tuple[frozenset[int], frozenset[int], float]]:
         """Names some ranks submitted and others not yet: name -> (submitted, expected, first seen)."""

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 
 from ..errors import ConfigError
 
-__all__ = ["StallInspector", "StallReport"]
+__all__ = ["StallInspector", "StallReport", "StallStatistics"]
 
 _SHUTDOWN_VARIABLE = "UNISON_STALL_SHUTDOWN_TIME_SECONDS"
 _CHECK_VARIABLE = "UNISON_STALL_CHECK_TIME_SECONDS"
@@ -53,6 +53,18 @@ class StallReport:
     waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...]
     shutdown: bool
     text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StallStatistics:
+    """Counters of a `StallInspector` (tracked and stalled as of its latest observation)."""
+
+    observations: int
+    warnings: int
+    shutdown_reports: int
+    tensors_tracked: int
+    tensors_stalled: int
+    longest_pending_seconds: float
 
 
 class StallInspector:
@@ -168,17 +180,17 @@ class StallInspector:
         waiting = tuple(stalled)
         return StallReport(waiting, shutdown, self._text(waiting, shutdown))
 
-    def statistics(self) -> dict[str, int | float]:
+    def statistics(self) -> StallStatistics:
         """Return counters: observations, warnings and shutdown reports issued, tensors tracked and
         stalled at the latest observation, and the longest time one of them had been pending."""
-        return {
-            "observations": self._observations,
-            "warnings": self._warnings,
-            "shutdown_reports": self._shutdown_reports,
-            "tensors_tracked": len(self._first_seen),
-            "tensors_stalled": self._stalled,
-            "longest_pending_seconds": self._longest_seconds,
-        }
+        return StallStatistics(
+            observations=self._observations,
+            warnings=self._warnings,
+            shutdown_reports=self._shutdown_reports,
+            tensors_tracked=len(self._first_seen),
+            tensors_stalled=self._stalled,
+            longest_pending_seconds=self._longest_seconds,
+        )
 
     def _text(
         self,

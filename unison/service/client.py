@@ -92,6 +92,10 @@ class ControlClient:
                 return
             yield item
 
+    def exchanges(self, phase: pb.Phase) -> int:
+        """How many exchanges of this phase this client has started (the next one's sequence number)."""
+        return self._sequences[phase]
+
     def exchange(self, phase: pb.Phase, data: bytes) -> pb.ExchangeReply:
         """Run one control-plane exchange; raises `AbortedError` if the job is being aborted."""
         sequence = self._sequences[phase]

@@ -100,9 +100,9 @@ def watch_engine(backend: Any, engine: Any) -> None:
     """
     def progress() -> tuple[int, list[str]]:
         try:
-            return engine.statistics()["cycles"], engine.pending_names()
+            return engine.statistics().cycles, engine.pending_names()
         except RuntimeError:  # the engine thread changed the table mid-copy; report next second
-            return engine.statistics()["cycles"], []
+            return engine.statistics().cycles, []
 
     def on_abort(reason: str) -> None:
         backend.interrupt(reason)  # a rank waiting for its host's peers stops waiting

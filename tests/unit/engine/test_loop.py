@@ -18,7 +18,7 @@ from unison.engine.executor import Entry, Handle
 from unison.engine.loop import Engine
 from unison.errors import DuplicateNameError, MismatchError, ShutdownError
 from unison.ops import CollectiveKind, ReduceOp
-from unison.protocol.messages import Request
+from unison.protocol.messages import Request, Response
 
 TIMEOUT = 20.0
 
@@ -34,13 +34,11 @@ class Job:
         self.engines = [Engine(self.group.backend(r), self.settings) for r in range(size)]
         self.executed: list[list[tuple[str, ...]]] = [[] for _ in range(size)]
         for rank, engine in enumerate(self.engines):
-            original = engine._execute
 
-            def record(response, original=original, rank=rank):  # type: ignore[no-untyped-def]
+            def record(response: Response, rank: int = rank) -> None:
                 self.executed[rank].append((response.kind, *response.names))
-                return original(response)
 
-            engine._execute = record  # type: ignore[method-assign]
+            engine.on_response = record
             engine.start()
 
     def run_ranks(self, fn: Callable[[int, Engine], object]) -> list[object]:
@@ -64,13 +62,8 @@ class Job:
         return results
 
     def close(self) -> None:
-        for engine in self.engines:
-            with engine._lock:
-                engine._shutdown_requested = True
-            engine._event.set()
-        for engine in self.engines:
-            engine._thread.join(TIMEOUT)
-            assert not engine._thread.is_alive()
+        assert self.run_ranks(lambda rank, engine: engine.shutdown(TIMEOUT)) == [True] * len(self.engines)
+        assert not any(engine.thread_alive for engine in self.engines)
 
 
 def allreduce_entry(name: str, rank: int, value: np.ndarray, op: ReduceOp = ReduceOp.SUM) -> Entry:
@@ -172,7 +165,7 @@ def test_cache_mismatch_after_steady_state_is_caught(job2: Job) -> None:
             wait(entry)
 
     job2.run_ranks(work)
-    assert job2.engines[0].statistics()["cache_hits_executed"] >= 2
+    assert job2.engines[0].statistics().cache_hits_executed >= 2
 
 
 def test_join_contributes_zeros_and_returns_last_rank() -> None:
@@ -291,9 +284,9 @@ def test_cycle_time_spaces_cycles() -> None:
     every idle_cycle_seconds = 5 ms here)."""
     job = Job(2, cycle_time_seconds=0.1)
     try:
-        start = [e.statistics()["cycles"] for e in job.engines]
+        start = [e.statistics().cycles for e in job.engines]
         __import__("time").sleep(0.5)
-        ran = [e.statistics()["cycles"] - s for e, s in zip(job.engines, start)]
+        ran = [e.statistics().cycles - s for e, s in zip(job.engines, start)]
         assert all(r <= 7 for r in ran), ran  # at most one cycle per 100 ms (+ slack)
         value = np.ones(2, np.float32)
 
@@ -319,8 +312,8 @@ def test_batch_holds_submissions_until_it_ends_then_one_cycle_runs_them_fused(jo
             with engine.batch():  # nested: only the outermost block releases
                 for entry in entries[2:]:
                     engine.enqueue([entry])
-            with engine._lock:
-                assert engine._queue == [], "a held submission reached the engine early"
+            stats = engine.statistics()
+            assert (stats.queued, stats.held) == (0, 4), "a held submission reached the engine early"
             assert not any(e.handle.done() for e in entries)
         return [wait(e) for e in entries]
 
@@ -339,12 +332,12 @@ def test_a_stop_fails_the_submissions_a_batch_holds(job2: Job) -> None:
     with engine.batch():
         engine.enqueue([entry])
         job2.engines[1].shutdown(timeout=TIMEOUT)
-        engine._stopped.wait(TIMEOUT)
+        assert engine.wait_stopped(TIMEOUT)
         with pytest.raises(ShutdownError):
             wait(entry)
         with pytest.raises(ShutdownError):
             engine.enqueue([allreduce_entry("late", 0, np.ones(1, np.float32))])
-    assert engine._queue == [] and engine._held == {}
+    assert (engine.statistics().queued, engine.statistics().held) == (0, 0)
 
 
 def test_shutdown_reports_peers_that_never_answered() -> None:

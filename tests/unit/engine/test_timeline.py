@@ -110,7 +110,7 @@ def test_every_tensor_is_its_own_process(tmp_path: Path) -> None:
     events = read_events(timeline.path)
     pids = [pid_of(events, name) for name in names]
     assert len(set(pids)) == 3 and 0 not in pids
-    assert timeline.statistics()["tensors_seen"] == 3
+    assert timeline.statistics().tensors_seen == 3
     assert [e["args"]["shape"] for e in events if e["ph"] == "E"] == ["[]", "[]", "[]", "[2]"]
 
 
@@ -166,7 +166,7 @@ def test_file_is_loadable_while_running_and_after_close(tmp_path: Path) -> None:
     mid_run = read_events(timeline.path)
     assert (tmp_path / "t.json").read_text().rstrip()[-1] != "]"
     assert any(e.get("args", {}).get("name") == "allreduce.early" for e in mid_run)
-    assert timeline.statistics()["events_buffered"] == 0
+    assert timeline.statistics().events_buffered == 0
 
     timeline.negotiate_start("allreduce.late", "allreduce")
     timeline.close()
@@ -182,7 +182,7 @@ def test_a_full_buffer_is_written_without_waiting(tmp_path: Path) -> None:
         timeline.negotiate_rank_ready("allreduce.x", 0)
     written = read_events(timeline.path)
     assert sum(1 for e in written if e["ph"] == "X") >= FLUSH_EVENTS - 2
-    assert timeline.statistics()["events_buffered"] < FLUSH_EVENTS
+    assert timeline.statistics().events_buffered < FLUSH_EVENTS
     timeline.close()
 
 
@@ -196,7 +196,7 @@ def test_idle_mark_cycle_writes_an_old_buffer_without_marking(tmp_path: Path) ->
     assert "allreduce.x" in (tmp_path / "t.json").read_text()
     timeline.negotiate_end("allreduce.x")
     timeline.flush()
-    assert timeline.statistics()["events_buffered"] == 0
+    assert timeline.statistics().events_buffered == 0
     timeline.close()
 
 
@@ -205,7 +205,7 @@ def test_close_is_idempotent_and_later_events_are_dropped(tmp_path: Path) -> Non
     run_one_tensor(timeline)
     timeline.close()
     content = (tmp_path / "t.json").read_text()
-    written = timeline.statistics()["events_written"]
+    written = timeline.statistics().events_written
     timeline.close()
     run_one_tensor(timeline)
     timeline.flush()
@@ -213,7 +213,7 @@ def test_close_is_idempotent_and_later_events_are_dropped(tmp_path: Path) -> Non
     assert (tmp_path / "t.json").read_text() == content
     assert timeline.state == "closed"
     stats = timeline.statistics()
-    assert stats["events_written"] == written and stats["events_dropped"] > 0
+    assert stats.events_written == written and stats.events_dropped > 0
     assert "closed" in repr(timeline)
 
 
@@ -231,7 +231,7 @@ def test_close_from_another_thread_leaves_valid_json(tmp_path: Path) -> None:
     thread.start()
     try:
         deadline = time.monotonic() + 10
-        while timeline.statistics()["flushes"] < 3 and time.monotonic() < deadline:
+        while timeline.statistics().flushes < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         timeline.close()
     finally:
@@ -247,14 +247,14 @@ def test_statistics_count_events_tensors_and_bytes(tmp_path: Path) -> None:
     timeline = Timeline(str(tmp_path / "t.json"), mark_cycles=True)
     run_one_tensor(timeline, "allreduce.a")
     run_one_tensor(timeline, "allreduce.b")
-    assert timeline.statistics()["events_written"] + timeline.statistics()["events_buffered"] == 2 * 12
+    assert timeline.statistics().events_written + timeline.statistics().events_buffered == 2 * 12
     timeline.close()
     stats = timeline.statistics()
-    assert stats["tensors_seen"] == 2
-    assert stats["events_written"] == 2 * 12  # per tensor: metadata, cycle mark, 10 events
-    assert stats["events_buffered"] == 0 and stats["events_dropped"] == 0
-    assert stats["bytes_written"] == os.path.getsize(timeline.path)
-    assert stats["flushes"] >= 1
+    assert stats.tensors_seen == 2
+    assert stats.events_written == 2 * 12  # per tensor: metadata, cycle mark, 10 events
+    assert stats.events_buffered == 0 and stats.events_dropped == 0
+    assert stats.bytes_written == os.path.getsize(timeline.path)
+    assert stats.flushes >= 1
     assert "closed" in repr(timeline) and "t.json" in repr(timeline)
 
 
@@ -276,25 +276,18 @@ def test_unwritable_file_raises_config_error() -> None:
 def test_a_write_error_stops_the_timeline_and_is_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    class BrokenFile:
-        def write(self, text: str) -> int:
-            raise OSError(28, "No space left on device")
-
-        def flush(self) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    timeline = Timeline(str(tmp_path / "t.json"))
-    timeline._file.close()  # type: ignore[union-attr]
-    timeline._file = BrokenFile()  # type: ignore[assignment]
+    # A real write error: the timeline writes into a pipe whose reader then goes away (EPIPE).
+    fifo = str(tmp_path / "t.fifo")
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    timeline = Timeline(fifo)
+    os.close(reader)
     with caplog.at_level(logging.ERROR, logger="unison.engine.timeline"):
         run_one_tensor(timeline)
         timeline.flush()
         timeline.flush()
     assert timeline.state == "failed"
-    assert timeline.statistics()["events_dropped"] > 0
-    assert len(caplog.records) == 1 and "No space left" in caplog.records[0].getMessage()
+    assert timeline.statistics().events_dropped > 0
+    assert len(caplog.records) == 1 and "Broken pipe" in caplog.records[0].getMessage()
     timeline.close()
     assert timeline.state == "failed"

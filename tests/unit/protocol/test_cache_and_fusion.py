@@ -29,7 +29,7 @@ def test_hit_miss_invalid() -> None:
     assert cache.lookup(req("a")) == (CacheState.HIT, slot)
     assert cache.lookup(req("a", shape=(5,))) == (CacheState.INVALID, slot)
     assert cache.lookup(req("a", reduce_op=ReduceOp.MAX)) == (CacheState.INVALID, slot)
-    assert cache.statistics()["hits"] == 1 and cache.statistics()["invalid"] == 2
+    assert cache.statistics().hits == 1 and cache.statistics().invalid == 2
 
 
 def test_lru_eviction_and_lowest_free_slot_reuse() -> None:

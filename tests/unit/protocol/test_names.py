@@ -109,5 +109,5 @@ def test_coordinator_unnamed_calls_of_other_process_sets_do_not_interfere() -> N
     c = Coordinator(3, {1: (0, 1)})
     assert c.handle([[req("allreduce.noname.1", 0, process_set_id=1)], [],
                      [req("allreduce.noname.5", 2)]], now=0.0) == []
-    assert c.statistics()["errors"] == 0
+    assert c.statistics().errors == 0
 

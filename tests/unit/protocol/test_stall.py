@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unison.errors import ConfigError
-from unison.protocol.stall import StallInspector, StallReport
+from unison.protocol.stall import StallInspector, StallReport, StallStatistics
 
 Pending = Mapping[str, tuple[frozenset[int], frozenset[int]]]
 
@@ -32,7 +32,7 @@ def test_no_report_before_check_seconds() -> None:
     inspector = StallInspector(CHECK, 600)
     for now in (0.0, 1.0, 30.0, 59.9):
         assert inspector.observe(now, ONE) is None
-    assert inspector.statistics()["warnings"] == 0
+    assert inspector.statistics().warnings == 0
 
 
 def test_report_when_a_tensor_has_waited_check_seconds() -> None:
@@ -50,7 +50,7 @@ def test_report_when_a_tensor_has_waited_check_seconds() -> None:
         "  rank 1 has not submitted: allreduce.grad/fc1.weight (waiting 60.0 s, submitted by ranks [0, 2])",
         "The job will stop if this lasts 600 s (UNISON_STALL_SHUTDOWN_TIME_SECONDS); 0 disables.",
     ]
-    assert inspector.statistics()["warnings"] == 1
+    assert inspector.statistics().warnings == 1
 
 
 def test_pending_time_counts_from_the_first_observation() -> None:
@@ -66,7 +66,7 @@ def test_warnings_back_off_exponentially() -> None:
     reported = [now for now in range(1000) if inspector.observe(float(now), ONE) is not None]
     # check, then +2*check, +4*check, +8*check after the previous warning.
     assert reported == [60, 180, 420, 900]
-    assert inspector.statistics()["warnings"] == 4
+    assert inspector.statistics().warnings == 4
 
 
 def test_no_second_report_before_the_backoff_and_one_at_three_times_check() -> None:
@@ -91,7 +91,7 @@ def test_completed_tensors_are_forgotten() -> None:
     inspector = StallInspector(CHECK, 0)
     inspector.observe(0.0, ONE)
     assert inspector.observe(30.0, {}) is None  # it completed
-    assert inspector.statistics()["tensors_tracked"] == 0
+    assert inspector.statistics().tensors_tracked == 0
     assert inspector.observe(40.0, ONE) is None  # a new stall under the same name starts now
     assert inspector.observe(99.0, ONE) is None
     report = inspector.observe(100.0, ONE)
@@ -116,8 +116,8 @@ def test_young_tensors_are_not_reported_with_old_ones() -> None:
     young = {**ONE, **waiting_for({1}, {0}, "allreduce.young")}
     report = inspector.observe(60.0, young)
     assert report is not None and [w[0] for w in report.waiting] == ["allreduce.grad/fc1.weight"]
-    assert inspector.statistics()["tensors_tracked"] == 2
-    assert inspector.statistics()["tensors_stalled"] == 1
+    assert inspector.statistics().tensors_tracked == 2
+    assert inspector.statistics().tensors_stalled == 1
 
 
 def test_report_groups_names_by_missing_rank_and_caps_them() -> None:
@@ -187,8 +187,8 @@ def test_shutdown_is_reported_at_once_regardless_of_backoff() -> None:
     assert "  rank 2 has not submitted: allreduce.later (waiting 59.0 s" not in report.text  # too young
     again = inspector.observe(121.0, pending)
     assert again is not None and again.shutdown  # every observation while it holds
-    assert inspector.statistics()["shutdown_reports"] == 2
-    assert inspector.statistics()["warnings"] == 1
+    assert inspector.statistics().shutdown_reports == 2
+    assert inspector.statistics().warnings == 1
 
 
 def test_shutdown_names_every_rank_past_the_limit() -> None:
@@ -221,14 +221,10 @@ def test_statistics_and_repr() -> None:
     inspector = StallInspector(CHECK, 600)
     inspector.observe(0.0, ONE)
     inspector.observe(75.5, ONE)
-    assert inspector.statistics() == {
-        "observations": 2,
-        "warnings": 1,
-        "shutdown_reports": 0,
-        "tensors_tracked": 1,
-        "tensors_stalled": 1,
-        "longest_pending_seconds": 75.5,
-    }
+    assert inspector.statistics() == StallStatistics(
+        observations=2, warnings=1, shutdown_reports=0, tensors_tracked=1, tensors_stalled=1,
+        longest_pending_seconds=75.5,
+    )
     assert repr(inspector) == (
         "<StallInspector check_seconds=60 shutdown_seconds=600 tracked=1 stalled=1 warnings=1>"
     )
