@@ -9,7 +9,10 @@ Example:
     >>> hvd.broadcast_optimizer_state(opt, root_rank=0)                    # doctest: +SKIP
 """
 
+from pathlib import Path as _Path
+
 from ._collectives import barrier, poll
+from ._elastic import elastic_getattr as _elastic_getattr
 from ._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
 from ._runtime import (
     ccl_built,
@@ -145,3 +148,8 @@ __all__ = [
     "stop_timeline",
     "synchronize",
 ]
+
+# `hvd.elastic` and `import unison.torch.elastic` say that elastic training is not available yet
+# (never an AttributeError). This module is one file, so its submodules live in unison/_torch.
+__path__ = [str(_Path(__file__).with_name("_torch"))]
+__getattr__ = _elastic_getattr(__name__)

@@ -1,5 +1,6 @@
 """``import unison.keras as hvd``: Horovod's Keras API for Keras 3, on the tensorflow or torch backend."""
 
+from .._elastic import elastic_getattr as _elastic_getattr
 from .._objects import add_process_set, remove_process_set
 from .._runtime import (
     ccl_built,
@@ -78,3 +79,6 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
 ]
+
+# `hvd.elastic` says that elastic training is not available yet (never an AttributeError).
+__getattr__ = _elastic_getattr(__name__)

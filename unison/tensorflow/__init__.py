@@ -1,5 +1,6 @@
 """``import unison.tensorflow as hvd``: Horovod's TensorFlow API on unison (eager and tf.function)."""
 
+from .._elastic import elastic_getattr as _elastic_getattr
 from .._objects import add_process_set, remove_process_set
 from .._runtime import (
     ccl_built,
@@ -113,3 +114,6 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
 ]
+
+# `hvd.elastic` says that elastic training is not available yet (never an AttributeError).
+__getattr__ = _elastic_getattr(__name__)

@@ -1,5 +1,6 @@
 """``import unison.tensorflow.keras as hvd``: the same Keras 3 API as ``unison.keras`` (TensorFlow backend)."""
 
+from ..._elastic import elastic_getattr as _elastic_getattr
 from ...keras import (
     Adasum,
     Average,
@@ -81,3 +82,6 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
 ]
+
+# `hvd.elastic` says that elastic training is not available yet (never an AttributeError).
+__getattr__ = _elastic_getattr(__name__)

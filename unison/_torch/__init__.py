@@ -1,0 +1,1 @@
+"""Submodules of `unison.torch`, which is a single file: its ``__path__`` points here."""
