@@ -6,8 +6,10 @@ from ..adapters.keras.callbacks import (
     LearningRateWarmupCallback,
     MetricAverageCallback,
 )
+from ..adapters.keras.checkpoint import KerasBestModelCheckpoint as BestModelCheckpoint
 
 __all__ = [
+    "BestModelCheckpoint",
     "BroadcastGlobalVariablesCallback",
     "LearningRateScheduleCallback",
     "LearningRateWarmupCallback",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -20,8 +19,6 @@ __all__ = [
     "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback",
     "MetricAverageCallback", "broadcast_variables_numpy",
 ]
-
-log = logging.getLogger(__name__)
 
 
 def broadcast_variables_numpy(variables: list[Any], root_rank: int, name: str) -> None:
@@ -194,4 +191,5 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1 and self.verbose > 0:
             lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-            log.info("Epoch %d: finished gradual learning rate warmup to %g.", epoch + 1, lr)
+            # User-facing progress output, worded and placed as Horovod's (after Keras's progress bar).
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")

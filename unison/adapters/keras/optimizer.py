@@ -58,6 +58,25 @@ _XLA_ERROR = (
     "the cross-rank reduction runs in Python. Compile the step with jit_compile=False."
 )
 
+# Keras 2 arguments of Model.compile that Horovod's examples pass and Keras 3 refuses; dropped once
+# with a warning each, since they never changed the result (TF 2.0-2.3 needed them for the wrapper).
+_KERAS2_COMPILE_ARGUMENTS = ("experimental_run_tf_function",)
+_warned_arguments: set[str] = set()
+
+
+def _drop_keras2_arguments(kwargs: dict[str, Any]) -> None:
+    """Remove Keras 2-only compile arguments from `kwargs`, warning once per argument and process."""
+    for name in _KERAS2_COMPILE_ARGUMENTS:
+        if name not in kwargs:
+            continue
+        value = kwargs.pop(name)
+        if name not in _warned_arguments:
+            _warned_arguments.add(name)
+            warnings.warn(
+                f"unison: model.compile({name}={value!r}) is a Keras 2 argument that Keras 3 does not "
+                f"accept; unison drops it (it changes nothing with unison's DistributedOptimizer). "
+                f"Remove it from the call to silence this warning.", UserWarning, stacklevel=3)
+
 
 def _backend() -> str:
     return keras.backend.backend()
@@ -176,11 +195,15 @@ def _average_partial(settings: _Settings, variables: list[Any]) -> None:
 
 
 def _install_compile_hook() -> None:
-    """Once per process: after `Model.compile`, turn XLA off (with one warning) for models using a wrapped optimizer.
+    """Once per process: wrap `Model.compile` to drop Keras 2 arguments and to turn XLA off for wrapped optimizers.
 
     Keras resolves ``jit_compile`` at compile time and the optimizer is often first built inside the
-    traced step, too late to switch; so the check runs right after compile. It acts only on models
-    whose optimizer (or the inner optimizer of a LossScaleOptimizer) is wrapped by unison.
+    traced step, too late to switch; so the check runs right after compile (with one warning). It
+    acts only on models whose optimizer (or the inner optimizer of a LossScaleOptimizer) is wrapped
+    by unison. Before compile, Keras 2's ``experimental_run_tf_function`` is dropped (with a
+    warning once per process): Horovod's Keras examples pass it. The hook is installed when this
+    module is imported, because ``model.compile(optimizer=hvd.DistributedOptimizer(...), ...)``
+    looks up ``compile`` before it wraps the optimizer.
     """
     from keras.src.trainers.trainer import Trainer
 
@@ -190,6 +213,7 @@ def _install_compile_hook() -> None:
 
     @functools.wraps(original)
     def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _drop_keras2_arguments(kwargs)
         result = original(self, *args, **kwargs)
         optimizer = getattr(self, "optimizer", None)
         inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -200,6 +224,9 @@ def _install_compile_hook() -> None:
 
     compile._unison_hook = True  # type: ignore[attr-defined]
     Trainer.compile = compile
+
+
+_install_compile_hook()
 
 
 class _DistributedMixin:

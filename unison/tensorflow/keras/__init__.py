@@ -1,11 +1,11 @@
-"""``import unison.tensorflow.keras as hvd``: the same Keras 3 API as ``unison.keras`` (TensorFlow backend)."""
+"""``import unison.tensorflow.keras as hvd``: unison.keras's Keras 3 API in horovod.tensorflow.keras's signatures (TensorFlow backend)."""
 
 from ..._elastic import elastic_getattr as _elastic_getattr
+from ...adapters.keras.optimizer import DistributedOptimizer
 from ...keras import (
     Adasum,
     Average,
     Compression,
-    DistributedOptimizer,
     PartialDistributedOptimizer,
     ProcessSet,
     Sum,
@@ -14,7 +14,6 @@ from ...keras import (
     allreduce,
     broadcast,
     broadcast_global_variables,
-    callbacks,
     ccl_built,
     cross_rank,
     cross_size,
@@ -41,6 +40,7 @@ from ...keras import (
     start_timeline,
     stop_timeline,
 )
+from . import callbacks
 
 __all__ = [
     "Adasum",
