@@ -33,7 +33,8 @@ from ..adapters.keras.functions import (
     broadcast_global_variables,
     reducescatter,
 )
-from ..adapters.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer
+from ..adapters.keras.optimizer import PartialDistributedOptimizer
+from ..adapters.keras.orders import KerasDistributedOptimizer as DistributedOptimizer
 from ..adapters.keras.saving import load_model
 from ..ops import Adasum, Average, Sum
 from ..process_sets import ProcessSet, global_process_set

@@ -27,7 +27,7 @@ from .._runtime import (
     stop_timeline,
 )
 from ..adapters.array_compression import Compression
-from ..adapters.keras.optimizer import DistributedOptimizer
+from ..adapters.keras.orders import TensorFlowDistributedOptimizer as DistributedOptimizer
 from ..adapters.tensorflow.collectives import (
     allgather,
     allreduce,
@@ -43,6 +43,7 @@ from ..adapters.tensorflow.collectives import (
 from ..adapters.tensorflow.functions import (
     allgather_object,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
     local_rank_op,
     local_size_op,
@@ -78,6 +79,7 @@ __all__ = [
     "broadcast_",
     "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "cross_rank",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from ._bridge import no_autograph as _no_autograph
 from .collectives import broadcast_
 
 __all__ = [
-    "allgather_object", "broadcast_object", "broadcast_variables", "local_rank_op", "local_size_op",
+    "allgather_object", "broadcast_object", "broadcast_object_fn", "broadcast_variables", "local_rank_op", "local_size_op",
     "process_set_included_op", "rank_op", "size_op",
 ]
 
@@ -53,6 +53,21 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return `root_rank`'s Python object on every rank (pickled; trusted peers only). Eager only."""
     return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
+    """Return a function of one object that `broadcast_object`s it with these arguments.
+
+    Example:
+        >>> share = hvd.broadcast_object_fn(root_rank=0)   # doctest: +SKIP
+        >>> config = share(config)                         # doctest: +SKIP
+    """
+
+    def broadcast(obj: Any) -> Any:
+        return broadcast_object(obj, root_rank, session, name, process_set)
+
+    return broadcast
 
 
 @_no_autograph

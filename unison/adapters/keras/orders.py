@@ -1,0 +1,67 @@
+"""The Keras DistributedOptimizer in horovod.keras's and horovod.tensorflow's positional orders.
+
+Horovod has three signatures for one wrapper: horovod.tensorflow.keras's (the order of
+`optimizer.DistributedOptimizer`), horovod.keras's (`num_groups` and `groups` right after `op`, no
+aggregation or process-set arguments) and horovod.tensorflow's (`use_locking` third, then its own
+order). A script that passes them by position must reach the same parameters under unison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ..array_compression import Compression
+from .optimizer import DistributedOptimizer
+
+__all__ = ["KerasDistributedOptimizer", "TensorFlowDistributedOptimizer"]
+
+
+def KerasDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                              device_sparse: str = "", compression: Any = Compression.none,
+                              sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                              op: Any = ReduceOp.AVERAGE, num_groups: int = 0, groups: Any = None, *,
+                              backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                              process_set: ProcessSet = global_process_set,
+                              scale_local_gradients: bool = True) -> Any:
+    """`DistributedOptimizer` in horovod.keras's order; ``unison.keras.DistributedOptimizer`` is this.
+
+    horovod.keras's wrapper stops at `groups`; the aggregation and process-set arguments of
+    horovod.tensorflow.keras are accepted here by keyword.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))   # doctest: +SKIP
+    """
+    return DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                                compression=compression, sparse_as_dense=sparse_as_dense,
+                                gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                backward_passes_per_step=backward_passes_per_step,
+                                average_aggregated_gradients=average_aggregated_gradients,
+                                num_groups=num_groups, groups=groups, process_set=process_set,
+                                scale_local_gradients=scale_local_gradients)
+
+
+def TensorFlowDistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
+                                   device_dense: str = "", device_sparse: str = "",
+                                   compression: Any = Compression.none, sparse_as_dense: bool = False,
+                                   backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
+                                   gradient_predivide_factor: float = 1.0,
+                                   average_aggregated_gradients: bool = False, num_groups: int = 0,
+                                   groups: Any = None, process_set: ProcessSet = global_process_set,
+                                   scale_local_gradients: bool = True) -> Any:
+    """`DistributedOptimizer` in horovod.tensorflow's order; ``unison.tensorflow.DistributedOptimizer`` is this.
+
+    It wraps Keras 3 optimizers (TensorFlow 2 has no other kind); `use_locking` belonged to TF1's
+    optimizers and is accepted without effect.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))   # doctest: +SKIP
+    """
+    return DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                                compression=compression, sparse_as_dense=sparse_as_dense,
+                                gradient_predivide_factor=gradient_predivide_factor, op=op,
+                                backward_passes_per_step=backward_passes_per_step,
+                                average_aggregated_gradients=average_aggregated_gradients,
+                                num_groups=num_groups, groups=groups, process_set=process_set,
+                                scale_local_gradients=scale_local_gradients)
