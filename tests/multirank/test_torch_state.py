@@ -86,6 +86,55 @@ def test_broadcast_optimizer_state_for_every_optimizer(cls) -> None:
     assert same_on_every_rank(params, f"params.{cls.__name__}")
 
 
+@pytest.mark.parametrize("cls", [c for c in all_optimizer_classes() if c is not torch.optim.LBFGS],
+                         ids=lambda c: c.__name__)
+def test_broadcast_optimizer_state_gives_every_trainable_parameter_a_grad(cls) -> None:
+    """As after Horovod's: a zero .grad where there was none; nothing else changes, bit for bit."""
+    torch.manual_seed(hvd.rank())
+    sparse = cls.__name__ == "SparseAdam"
+    model = torch.nn.Embedding(5, 3, sparse=True) if sparse else torch.nn.Linear(3, 2, bias=cls.__name__ != "Muon")
+    frozen = torch.nn.Parameter(torch.ones(2, 3), requires_grad=False)
+    opt = make(cls, [*model.parameters(), frozen])
+    if hvd.rank() == 0:
+        for _ in range(2):
+            out = model(torch.tensor([1, 2])) if sparse else model(torch.randn(4, 3))
+            out.pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()  # set_to_none: the root has state but no grads, the others neither
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    existing = None
+    if not sparse:
+        existing = model.weight.grad = torch.full_like(model.weight, hvd.rank() + 0.5)
+    values = [p.detach().clone() for p in model.parameters()]
+    root_state = fingerprint(opt) if hvd.rank() == 0 else None
+    states_before = len(opt.state)
+
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    for p in model.parameters():
+        assert p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == p.dtype
+        assert p.grad.is_sparse == sparse  # as Horovod's: SparseAdam's zero gradients are sparse
+        if p.grad is not existing:
+            assert not p.grad.to_dense().any()
+    if existing is not None:  # a gradient that was there is left alone
+        assert model.weight.grad is existing
+        assert torch.equal(existing, torch.full_like(existing, hvd.rank() + 0.5))
+    assert frozen.grad is None
+    assert all(torch.equal(p.detach(), v) for p, v in zip(model.parameters(), values))
+    assert same_on_every_rank(fingerprint(opt), f"grad.fp.{cls.__name__}")
+    if root_state is not None:
+        assert torch.equal(fingerprint(opt), root_state) and len(opt.state) == states_before
+    # backward() accumulates into the zero gradients and the next step runs as usual
+    out = model(torch.tensor([0, 3])) if sparse else model(torch.ones(2, 3))
+    out.pow(2).sum().backward()
+    if existing is not None:
+        model.weight.grad = None  # the rank-specific gradient above is not part of training
+        model(torch.ones(2, 3)).pow(2).sum().backward()
+    opt.step()
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert same_on_every_rank(params, f"grad.params.{cls.__name__}")
+
+
 def test_broadcast_parameters_forms_and_errors() -> None:
     torch.manual_seed(hvd.rank())
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))

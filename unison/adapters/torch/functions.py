@@ -5,6 +5,8 @@ state): the root's ``state_dict()`` travels as one pickled skeleton (hyperparame
 shape/dtype of every state tensor) plus one in-place broadcast per state tensor; the other ranks
 build the same ``state_dict`` and call ``load_state_dict``. State that the root has not created yet
 (before the first step) is therefore cleared on the other ranks too, so every rank ends identical.
+Afterwards every parameter that requires a gradient has a ``.grad``, zeros where it had none, as
+after Horovod's dummy step: code that reads ``p.grad`` right after the call keeps working.
 """
 
 from __future__ import annotations
@@ -121,3 +123,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         c.synchronize(handle)
     if not is_root:
         optimizer.load_state_dict({"state": state, "param_groups": skeleton["param_groups"]})
+    _zero_missing_grads(optimizer)
+
+
+def _zero_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Give each trainable parameter without a ``.grad`` a zero one (sparse for SparseAdam, as Horovod).
+
+    Gradients that exist are left alone, and nothing else is touched: no step, no state.
+    """
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zeros = torch.zeros_like(p, memory_format=torch.preserve_format)
+                p.grad = zeros.to_sparse() if sparse else zeros
