@@ -27,6 +27,7 @@ test: venv
 	$(VPY) tests/run_multirank.py -n 1
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
+	$(VPY) tests/run_multirank.py -n 4 tests/multirank/test_adasum.py
 	UNISON_CONTROLLER=grpc UNISON_SERVICE_HOST_AGGREGATION=0 $(VPY) tests/run_multirank.py -n 2
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3
 

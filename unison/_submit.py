@@ -17,6 +17,7 @@ import numpy as np
 from . import _runtime
 from ._runtime import Job, job
 from .dtypes import DType, check_supported, dtype_of
+from .engine.adasum import is_power_of_two
 from .engine.executor import Entry, Handle
 from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind, ReduceOp
@@ -24,7 +25,7 @@ from .process_sets import ProcessSet, global_process_set
 from .protocol.messages import Request
 
 __all__ = [
-    "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
+    "check_adasum", "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
     "register_handle", "resolve_op", "set_rank", "set_size", "submit", "synchronize",
 ]
 
@@ -51,11 +52,24 @@ def resolve_op(op: Any, average: Any) -> ReduceOp:
         raise InvalidArgumentError(
             f"op must be one of Average, Sum, Adasum, Min, Max, Product. Got op={op!r}."
         ) from None
-    if resolved is ReduceOp.ADASUM:
-        raise UnisonNotImplementedError(
-            "op=Adasum is not implemented in unison yet; use op=Average or op=Sum."
-        )
     return resolved
+
+
+def check_adasum(set_id: int, members: Sequence[int], dtypes: Sequence[DType]) -> None:
+    """Adasum's limits, with Horovod's errors: the global set, a power-of-two size, floating point."""
+    if set_id != 0:
+        raise UnisonNotImplementedError("Adasum does not support non-global process sets yet.")
+    if not is_power_of_two(len(members)):
+        raise UnisonNotImplementedError(
+            f"Running Adasum with non-power of 2 ranks is not supported yet. Got {len(members)} ranks; "
+            "run on 1, 2, 4, 8, ... ranks or use op=Average."
+        )
+    for dtype in dtypes:
+        if not dtype.is_float:
+            raise InvalidArgumentError(
+                f"Adasum combines floating-point tensors (float16, bfloat16, float32, float64). "
+                f"Got {dtype.value}; use op=Sum for integers."
+            )
 
 
 def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
@@ -191,6 +205,8 @@ def submit(
             if not buf.flags.c_contiguous:
                 raise InvalidArgumentError("Tensor is required to be contiguous.")
         check_supported(kind, dtype)
+        if kind is CollectiveKind.ALLREDUCE and op is ReduceOp.ADASUM:
+            check_adasum(set_id, members, [dtype])
         tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
         request = Request(
             tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,

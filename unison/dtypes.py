@@ -44,6 +44,11 @@ class DType(enum.Enum):
         return self in (DType.FLOAT16, DType.BFLOAT16)
 
     @property
+    def is_float(self) -> bool:
+        """True for the floating-point types."""
+        return self in (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
+
+    @property
     def is_integer(self) -> bool:
         """True for the integer types (scaled through float64 and truncated, as Horovod does)."""
         return self.value.startswith(("int", "uint"))

@@ -25,6 +25,7 @@ from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Request, Response
 from ..protocol.negotiation import reducescatter_rows
+from .adasum import adasum_
 
 __all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle"]
 
@@ -277,6 +278,8 @@ class Executor:
         self._stats["bytes"] += total * dtype.itemsize
         names = response.names
         single = entries[0] if len(entries) == 1 else None
+        if response.reduce_op is ReduceOp.ADASUM:
+            return self._adasum(response, entries, pre, post)
         if dtype.is_half:
             return self._allreduce_half(response, entries, pre, post, total)
         if single is not None:
@@ -357,6 +360,46 @@ class Executor:
         self.backend.allreduce_pieces_(buf, combine, response.process_set_id)
         self._mark(names, None)
         return self._fusion_out(buf, entries, response)
+
+    def _adasum(self, response: Response, entries: Sequence[Entry | None], pre: float,
+                 post: float) -> list[Any]:
+        """Adasum of each tensor (`unison.engine.adasum`), in float64 for float64 and float32 otherwise."""
+        names, dtype = response.names, response.dtype
+        lengths = [_elements(shape) for shape in response.shapes]
+        work = np.zeros(sum(lengths), np.float64 if dtype is DType.FLOAT64 else np.float32)
+        self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
+        offset = 0
+        for entry, count in zip(entries, lengths):
+            if entry is not None:  # a joined rank contributes zeros, which leave the others unchanged
+                assert entry.input is not None
+                source = entry.input.reshape(-1)
+                work[offset : offset + count] = _widen(source, dtype) if dtype.is_half else source
+            offset += count
+        if pre != 1.0:
+            work *= work.dtype.type(pre)
+        self._mark(names, "ADASUM_ALLREDUCE")
+        me, set_size = self._set_rank(response)
+        adasum_(work, lengths, self.backend, me, set_size, response.process_set_id)
+        if post != 1.0:
+            work *= work.dtype.type(post)
+        self._mark(names, "MEMCPY_OUT_FUSION_BUFFER")
+        results: list[Any] = []
+        offset = 0
+        for entry, count in zip(entries, lengths):
+            part = work[offset : offset + count]
+            offset += count
+            if entry is None or entry.output is None:
+                results.append(None)
+                continue
+            if dtype is DType.BFLOAT16:
+                np.copyto(_raw(entry.output), float32_to_bfloat16(part))
+            elif dtype is DType.FLOAT16:
+                np.copyto(_raw(entry.output), _round_to_float16(np.ascontiguousarray(part)))
+            else:
+                np.copyto(entry.output.reshape(-1), part)
+            results.append(entry.output)
+        self._mark(names, None)
+        return results
 
     def _allgather(self, response: Response, entry: Entry) -> np.ndarray:
         assert entry.input is not None
