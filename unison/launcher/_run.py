@@ -14,6 +14,7 @@ from ..errors import AbortedError, LaunchError, ShutdownError
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._reaper import JobDirectory
+from ._run_options import plan
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["run"]
@@ -26,33 +27,58 @@ class RemoteTraceback(Exception):
         return str(self.args[0]) if self.args else ""
 
 
-def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-        np: int = 2, *, timeout: float | None = None, env: Mapping[str, str] | None = None,
-        mpiexec: str = "", mpi_args: str = "") -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` on `np` local processes; return the results in rank order.
+def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+        num_proc: int | None = None, min_num_proc: int | None = None, max_num_proc: int | None = None,
+        slots: int | None = None, reset_limit: int | None = None, cooldown_range: Any = None,
+        hosts: str | None = None, hostfile: str | None = None, host_discovery_script: str | None = None,
+        start_timeout: float | None = None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
+        disable_cache: bool | None = None, output_filename: str | None = None, verbose: int | None = None,
+        use_gloo: bool | None = None, use_mpi: bool | None = None, mpi_args: str | None = None,
+        network_interface: str | None = None, network_interfaces: Any = None, executable: str | None = None,
+        np: int | None = None, min_np: int | None = None, max_np: int | None = None, *,
+        timeout: float | None = None, env: Mapping[str, str] | None = None, mpiexec: str = "") -> list[Any]:
+    """Run ``func(*args, **kwargs)`` on `num_proc` local processes; return the results in rank order.
 
     Each process is an MPI rank started by the mpiexec that matches mpi4py (as `unisonrun` does);
-    `fn` calls ``unison.init()`` itself, like a training script would. `fn`, its arguments and its
+    `func` calls ``unison.init()`` itself, like a training script would. `func`, its arguments and its
     result travel by pickle through files in a private temporary directory: this is meant for local
-    processes of the same user, never for untrusted data. `fn` must therefore be importable by name:
+    processes of the same user, never for untrusted data. `func` must therefore be importable by name:
     a module-level function. A function defined in the script you run works too, because each rank
     re-imports that script under the name ``__mp_main__``, so guard the script's entry point with
     ``if __name__ == "__main__":`` (the rule of `multiprocessing`'s spawn mode).
 
-    If `fn` raises on any rank, every rank is stopped and the first failing rank's exception is
+    If `func` raises on any rank, every rank is stopped and the first failing rank's exception is
     re-raised here, with a note naming the rank and its traceback chained as the cause.
 
+    It takes every argument of ``horovod.run``, in the same order. Those that concern elastic
+    training, Gloo, or other machines are refused with an error that says what to do; those that
+    only matter for other machines or for Horovod's own launcher are accepted and change nothing
+    (docs/migrating-from-horovod.md has the table).
+
     Args:
-        fn: the function to run on every rank.
-        args: positional arguments for `fn`.
-        kwargs: keyword arguments for `fn`.
-        np: number of processes.
+        func: the function to run on every rank.
+        args: positional arguments for `func`.
+        kwargs: keyword arguments for `func`.
+        num_proc: number of processes (default: the slots of `hosts`/`hostfile`, else 2).
+        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script,
+            min_np, max_np: elastic training; refused (InvalidArgumentError) unless None.
+        hosts: ``"localhost:N"``; every host named must be this machine (use `unisonrun -H` for others).
+        hostfile: a file of such hosts, ``host:N`` or ``host slots=N`` per line.
+        start_timeout: seconds each rank's ``init()`` waits for the others to arrive.
+        ssh_port, ssh_identity_file, disable_cache, verbose, network_interface, network_interfaces:
+            accepted; no effect on processes of this machine.
+        output_filename: a directory for each rank's output files, instead of this process's streams.
+        use_gloo: must not be true (unison has no Gloo backend).
+        use_mpi: must not be false (the ranks run under mpiexec).
+        mpi_args: extra mpiexec arguments, as one string.
+        executable: the Python that runs each rank (default: this one); unison must be installed there.
+        np: Horovod's deprecated name for `num_proc`.
         timeout: stop the job and raise `LaunchError` after this many seconds.
         env: extra environment variables for the ranks.
         mpiexec: path of the mpiexec to use (default: the one matching mpi4py).
-        mpi_args: extra mpiexec arguments, as one string.
 
     Raises:
+        InvalidArgumentError: an argument that unison.run cannot honour.
         LaunchError: the job could not start, timed out, or a rank died without a result.
 
     Example:
@@ -60,14 +86,20 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
         ...     import unison, numpy as np
         ...     unison.init()
         ...     return float(unison.allreduce(np.ones(1) * scale, op=unison.Sum)[0])
-        >>> unison.run(work, args=(2.0,), np=2)                # doctest: +SKIP
+        >>> unison.run(work, args=(2.0,), num_proc=2)          # doctest: +SKIP
         [4.0, 4.0]
     """
     import shlex
 
-    if np < 1:
-        raise LaunchError(f"np must be at least 1. Got np={np}.")
+    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "slots": slots,
+               "reset_limit": reset_limit, "cooldown_range": cooldown_range,
+               "host_discovery_script": host_discovery_script, "min_np": min_np, "max_np": max_np}
+    decided = plan(num_proc=num_proc, np=np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
+                   output_filename=output_filename, use_gloo=use_gloo, use_mpi=use_mpi,
+                   executable=executable, elastic=elastic)
+    np = decided.num_proc
     found = find_mpiexec(mpiexec)
+    fn = func
     main = sys.modules.get("__main__")
     main_path = ""
     if getattr(fn, "__module__", None) == "__main__":
@@ -77,6 +109,8 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
                 f"unison.run needs an importable function; {getattr(fn, '__qualname__', fn)!r} was defined "
                 "interactively. Put it in a module (or a script file) and import it."
             )
+    if decided.output_dir:
+        os.makedirs(decided.output_dir, exist_ok=True)
     with JobDirectory("unison-run-") as job_directory:
         job = job_directory.path
         directory = str(job)
@@ -84,10 +118,12 @@ def run(fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, A
         with open(job / "job.pkl", "wb") as f:
             pickle.dump({"fn": fn, "args": tuple(args), "kwargs": dict(kwargs or {})}, f)
         run_env = dict(os.environ)
+        run_env.update(decided.env)
         run_env.update(env or {})
         run_env[LAUNCHER_DIR_VARIABLE] = directory
-        program = keeper_command([sys.executable, "-m", "unison.launcher._bootstrap", directory])
-        cmd = found.command(np, program, extra=shlex.split(mpi_args))
+        python = decided.executable or sys.executable
+        program = keeper_command([python, "-m", "unison.launcher._bootstrap", directory])
+        cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[Any] = []
         errors: dict[int, dict[str, Any]] = {}

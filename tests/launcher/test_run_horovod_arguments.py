@@ -1,0 +1,97 @@
+"""unison.run takes horovod.run's arguments: those that apply are used, the others refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from unison.errors import InvalidArgumentError, LaunchError
+from unison.launcher import run
+from unison.launcher._run_options import DEFAULT_NUM_PROC, ELASTIC_ARGUMENTS, RunPlan, parse_hosts, plan
+
+from . import _run_work
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_num_proc_starts_that_many_processes() -> None:
+    assert run(_run_work.rank_size_and_start_timeout, num_proc=2, start_timeout=30, timeout=90) == [
+        (0, 2, "30.0"), (1, 2, "30.0")]
+
+
+def test_horovod_style_call_with_hosts_and_harmless_arguments() -> None:
+    # Positional as in horovod.run(fn, args, kwargs, num_proc); hosts on this machine only; the
+    # arguments that concern other machines or Horovod's own launcher change nothing here.
+    results = run(_run_work.rank_size_and_start_timeout, (), None, None, hosts="localhost:2", use_mpi=True,
+                  use_gloo=False, ssh_port=22, ssh_identity_file="~/.ssh/id", disable_cache=True, verbose=2,
+                  network_interface="lo", network_interfaces=["lo"], mpi_args="", timeout=90)
+    assert [(rank, size) for rank, size, _ in results] == [(0, 2), (1, 2)]
+
+
+def test_num_proc_default_and_its_alias() -> None:
+    assert plan() == RunPlan(num_proc=DEFAULT_NUM_PROC, env={})
+    assert plan(np=3).num_proc == 3 and plan(num_proc=3, np=3).num_proc == 3
+    with pytest.raises(InvalidArgumentError, match=r"num_proc and its deprecated alias np disagree: "
+                       r"num_proc=2, np=3. Pass num_proc only."):
+        plan(num_proc=2, np=3)
+    with pytest.raises(LaunchError, match=r"num_proc must be at least 1. Got num_proc=0."):
+        plan(num_proc=0)
+    with pytest.raises(InvalidArgumentError, match=r"num_proc is a number of processes \(an int\). Got num_proc='2'."):
+        plan(num_proc="2")
+
+
+@pytest.mark.parametrize("name", ELASTIC_ARGUMENTS)
+def test_elastic_arguments_are_refused(name: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"unison.run got {name}=: elastic training \(a changing "
+                       r"number of processes\) is not available in unison yet. Pass a fixed num_proc=N"):
+        plan(elastic={name: 2})
+    assert plan(elastic=dict.fromkeys(ELASTIC_ARGUMENTS)).num_proc == DEFAULT_NUM_PROC
+
+
+def test_elastic_argument_is_refused_by_run_before_anything_starts() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got max_num_proc=, min_num_proc=: elastic"):
+        run(_run_work.rank_size_and_start_timeout, num_proc=2, min_num_proc=1, max_num_proc=4)
+
+
+def test_gloo_and_no_mpi_are_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got use_gloo=True, but unison has no Gloo "
+                       r"backend: .* Leave use_gloo unset."):
+        plan(use_gloo=True)
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got use_mpi=False, but unison's ranks always "
+                       r"run under mpiexec. Leave use_mpi unset \(or True\)."):
+        plan(use_mpi=False)
+    assert plan(use_gloo=False, use_mpi=True).num_proc == DEFAULT_NUM_PROC
+
+
+def test_hosts_of_this_machine_give_the_slots(tmp_path) -> None:
+    assert plan(hosts="localhost:2,127.0.0.1:1").num_proc == 3
+    assert plan(hosts="localhost:4", num_proc=2).num_proc == 2
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# this machine\nlocalhost slots=2\n\n127.0.0.1\n")
+    assert plan(hostfile=str(hostfile)).num_proc == 3
+    assert parse_hosts(["::1", "box:2"], "hosts") == [("::1", 1), ("box", 2)]
+
+
+def test_bad_hosts_say_what_to_do(tmp_path) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"unison.run starts processes on this machine only, but "
+                       r"hosts='localhost:1,far-away-1:2' names other machines: far-away-1. For a job across "
+                       r"machines use `unisonrun -np N -H far-away-1:SLOTS python train.py`"):
+        plan(hosts="localhost:1,far-away-1:2")
+    with pytest.raises(InvalidArgumentError, match=r"num_proc=3 is more than the 2 slots that hosts/hostfile give"):
+        plan(hosts="localhost:2", num_proc=3)
+    with pytest.raises(InvalidArgumentError, match=r"Pass hosts= or hostfile=, not both"):
+        plan(hosts="localhost:2", hostfile="hosts")
+    with pytest.raises(InvalidArgumentError, match=r"hostfile='.*missing' could not be read"):
+        plan(hostfile=str(tmp_path / "missing"))
+    with pytest.raises(InvalidArgumentError, match=r"hosts='localhost:0': each host is NAME, NAME:SLOTS or "
+                       r"\(in a hostfile\) NAME slots=SLOTS, with SLOTS >= 1. Got 'localhost:0'."):
+        plan(hosts="localhost:0")
+
+
+def test_start_timeout_and_output_filename_and_executable(tmp_path) -> None:
+    decided = plan(start_timeout=45, output_filename=str(tmp_path), executable="/usr/bin/python3")
+    assert decided == RunPlan(num_proc=DEFAULT_NUM_PROC, env={"UNISON_START_TIMEOUT_SECONDS": "45.0"},
+                              output_dir=str(tmp_path), executable="/usr/bin/python3")
+    for bad in (0, -1.0, float("nan"), "30", True):
+        with pytest.raises(InvalidArgumentError, match=r"start_timeout is a positive number of seconds. "
+                           rf"Got start_timeout={bad!r}."):
+            plan(start_timeout=bad)

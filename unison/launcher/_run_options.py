@@ -1,0 +1,184 @@
+"""`horovod.run`'s arguments for `unison.run`: which apply, which are refused, and what they turn into.
+
+A pure decision: `plan` takes the arguments as given and returns a frozen `RunPlan` (number of
+processes, extra environment, output directory, Python executable) or raises an error that names
+the argument and says what to do. `unison.run` starts processes on this machine only, so host
+arguments are accepted when every host they name is this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import InvalidArgumentError, LaunchError
+
+__all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "local_names", "parse_hosts", "plan"]
+
+# unison.run started 2 processes when not told otherwise before it took horovod.run's arguments.
+DEFAULT_NUM_PROC = 2
+
+# Elastic training's arguments: not available in unison yet.
+ELASTIC_ARGUMENTS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
+                     "host_discovery_script", "min_np", "max_np")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What `unison.run` does with the arguments it was given.
+
+    Attributes:
+        num_proc: the number of processes to start.
+        env: variables to add to every rank's environment.
+        output_dir: the directory for each rank's output files ("" for the caller's streams).
+        executable: the Python that runs each rank ("" for this one).
+    """
+
+    num_proc: int
+    env: dict[str, str]
+    output_dir: str = ""
+    executable: str = ""
+
+
+def local_names() -> frozenset[str]:
+    """The names that mean this machine."""
+    names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        if name:
+            names.add(name)
+    return frozenset(names)
+
+
+def parse_hosts(entries: Iterable[str], where: str) -> list[tuple[str, int]]:
+    """``host``, ``host:N`` and hostfile lines ``host slots=N`` as (host, slots); 1 slot when unsaid.
+
+    Example:
+        >>> parse_hosts(["localhost:2", "127.0.0.1 slots=3", "box"], "hosts")
+        [('localhost', 2), ('127.0.0.1', 3), ('box', 1)]
+    """
+    hosts = []
+    for raw in entries:
+        entry = raw.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        host, slots = entry, "1"
+        if "slots=" in entry:
+            host, _, slots = entry.partition("slots=")
+        elif entry.count(":") == 1:
+            host, _, slots = entry.partition(":")
+        host = host.strip()
+        if not host or not slots.strip().isdigit() or int(slots) < 1:
+            raise InvalidArgumentError(
+                f"{where}: each host is NAME, NAME:SLOTS or (in a hostfile) NAME slots=SLOTS, with "
+                f"SLOTS >= 1. Got {raw.strip()!r}."
+            )
+        hosts.append((host, int(slots)))
+    return hosts
+
+
+def _read_hostfile(path: str) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError as exc:
+        raise InvalidArgumentError(f"hostfile={path!r} could not be read: {exc}.") from exc
+
+
+def _local_slots(hosts: str | None, hostfile: str | None) -> int | None:
+    """The slots that `hosts`/`hostfile` give this machine (None when neither is given)."""
+    if hosts and hostfile:
+        raise InvalidArgumentError("Pass hosts= or hostfile=, not both (as in horovod.run).")
+    if hosts:
+        where, entries = f"hosts={hosts!r}", hosts.split(",")
+    elif hostfile:
+        where, entries = f"hostfile={hostfile!r}", _read_hostfile(hostfile)
+    else:
+        return None
+    parsed = parse_hosts(entries, where)
+    if not parsed:
+        raise InvalidArgumentError(f"{where} names no host.")
+    here = local_names()
+    remote = sorted({host for host, _ in parsed if host not in here})
+    if remote:
+        raise InvalidArgumentError(
+            f"unison.run starts processes on this machine only, but {where} names other machines: "
+            f"{', '.join(remote)}. For a job across machines use `unisonrun -np N -H {','.join(remote)}:SLOTS "
+            "python train.py` (or its --hostfile); for this machine pass hosts='localhost:N'."
+        )
+    return sum(slots for _, slots in parsed)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} is a number of processes (an int). Got {name}={value!r}.")
+    if value < 1:
+        raise LaunchError(f"{name} must be at least 1. Got {name}={value}.")
+    return value
+
+
+def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, hostfile: str | None = None,
+         start_timeout: Any = None, output_filename: str | None = None, use_gloo: Any = None,
+         use_mpi: Any = None, executable: str | None = None, elastic: dict[str, Any] | None = None) -> RunPlan:
+    """Check `unison.run`'s Horovod arguments and decide what they do.
+
+    Args:
+        num_proc: number of processes; None: the slots of `hosts`/`hostfile`, else `DEFAULT_NUM_PROC`.
+        np: Horovod's deprecated name for `num_proc`.
+        hosts: ``"localhost:N"``-style hosts, all of them this machine.
+        hostfile: a file of such hosts, one per line (``host:N`` or ``host slots=N``).
+        start_timeout: seconds each rank's `init()` waits for the others (UNISON_START_TIMEOUT_SECONDS).
+        output_filename: directory for each rank's output files.
+        use_gloo: refused when true: unison has no Gloo backend.
+        use_mpi: refused when false: unison's ranks always run under mpiexec.
+        executable: the Python that runs each rank.
+        elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); any not None is refused.
+
+    Raises:
+        InvalidArgumentError: an argument unison.run cannot honour; the message says what to do.
+        LaunchError: a number of processes below 1.
+    """
+    given = sorted(name for name, value in (elastic or {}).items() if value is not None)
+    if given:
+        raise InvalidArgumentError(
+            f"unison.run got {', '.join(f'{n}=' for n in given)}: elastic training (a changing number "
+            "of processes) is not available in unison yet. Pass a fixed num_proc=N and restart the job "
+            "from a checkpoint if a rank fails; see docs/migrating-from-horovod.md."
+        )
+    if use_gloo:
+        raise InvalidArgumentError(
+            "unison.run got use_gloo=True, but unison has no Gloo backend: its ranks run under mpiexec "
+            "(set UNISON_CONTROLLER=grpc in env= for the gRPC control plane). Leave use_gloo unset."
+        )
+    if use_mpi is not None and not use_mpi:
+        raise InvalidArgumentError(
+            f"unison.run got use_mpi={use_mpi!r}, but unison's ranks always run under mpiexec. Leave "
+            "use_mpi unset (or True)."
+        )
+    if num_proc is not None and np is not None and num_proc != np:
+        raise InvalidArgumentError(
+            f"num_proc and its deprecated alias np disagree: num_proc={num_proc!r}, np={np!r}. Pass num_proc only."
+        )
+    slots = _local_slots(hosts, hostfile)
+    if num_proc is not None:
+        count = _count("num_proc", num_proc)
+    elif np is not None:
+        count = _count("np", np)
+    else:
+        count = slots if slots is not None else DEFAULT_NUM_PROC
+    if slots is not None and count > slots:
+        raise InvalidArgumentError(
+            f"num_proc={count} is more than the {slots} slots that hosts/hostfile give. Give more slots "
+            "(hosts='localhost:N') or fewer processes."
+        )
+    env: dict[str, str] = {}
+    if start_timeout is not None:
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, int | float) or not (
+                math.isfinite(start_timeout) and start_timeout > 0):
+            raise InvalidArgumentError(
+                f"start_timeout is a positive number of seconds. Got start_timeout={start_timeout!r}."
+            )
+        env["UNISON_START_TIMEOUT_SECONDS"] = str(float(start_timeout))
+    return RunPlan(num_proc=count, env=env, output_dir=output_filename or "", executable=executable or "")
