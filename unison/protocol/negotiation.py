@@ -17,7 +17,7 @@ from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
 from .names import kind_conflict, split_name, unnamed_drift, unnamed_index
 
-__all__ = ["Coordinator", "CoordinatorStatistics", "reducescatter_rows"]
+__all__ = ["Coordinator", "CoordinatorStatistics", "join_conflict", "reducescatter_rows"]
 
 _WORLD_KINDS = frozenset(
     {CollectiveKind.ADD_PROCESS_SET, CollectiveKind.REMOVE_PROCESS_SET}
@@ -44,6 +44,28 @@ def reducescatter_rows(dim0: int, size: int) -> list[int]:
         [2, 2, 1]
     """
     return split_counts(dim0, size)
+
+
+def join_conflict(kind: CollectiveKind, members: Iterable[int], joined: Iterable[int]) -> str:
+    """Return why `kind` cannot run in a set of `members` while `joined` ranks have joined, or ''.
+
+    A joined rank contributes zeros to reductions, but has nothing to gather, scatter or receive, so
+    allgather, alltoall, broadcast and reducescatter fail (on the ranks that called them, once all of
+    those did) while one of the set's members has joined. A joined rank outside the set is no part
+    of the collective and does not count.
+
+    Example:
+        >>> join_conflict(CollectiveKind.BROADCAST, members=(0, 1, 2), joined={2})
+        'Broadcast is not supported with Join at this time. Joined rank [2].'
+        >>> join_conflict(CollectiveKind.BROADCAST, members=(0, 1), joined={2})
+        ''
+    """
+    if kind not in _NOT_WITH_JOIN:
+        return ""
+    joined_members = set(joined).intersection(members)
+    if not joined_members:
+        return ""
+    return f"{_NOT_WITH_JOIN[kind]} Joined {_fmt_ranks(joined_members)}."
 
 
 def _fmt_ranks(ranks: Iterable[int]) -> str:
@@ -344,10 +366,9 @@ class Coordinator:
         problem = self._disagreement(name, by_rank, first, entry.distinct)
         if problem:
             return self._error((name,), problem + _FIX_HINT)
-        if kind in _NOT_WITH_JOIN and self._joined:
-            return self._error(
-                (name,), f"{_NOT_WITH_JOIN[kind]} Joined {_fmt_ranks(self._joined)}."
-            )
+        conflict = join_conflict(kind, self._sets.get(first.process_set_id, ()), self._joined)
+        if conflict:
+            return self._error((name,), conflict)
         if kind is CollectiveKind.ADD_PROCESS_SET:
             return self._add_process_set(name, first)
         if kind is CollectiveKind.REMOVE_PROCESS_SET:
