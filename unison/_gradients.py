@@ -46,7 +46,7 @@ __all__ = [
 
 
 class Framework(enum.Enum):
-    """Whose Horovod rules a wrapper follows: torch accepts every op but Adasum, TensorFlow and
+    """Whose Horovod rules a wrapper follows: torch accepts every op (Adasum as a delta step), TensorFlow and
     Keras only Average and Sum; each runs a different subset of the compression exchanges."""
 
     TORCH = "torch"

@@ -59,3 +59,13 @@ def test_synthetic_benchmarks_report_throughput(script: str) -> None:
     out = run2(script, "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2",
                "--batch-size", "8")
     assert re.search(r"Img/sec per rank: [\d.]+", out), out
+
+
+def test_pytorch_adasum_digits_compares_average_and_adasum() -> None:
+    out = run2("examples/pytorch_adasum_digits.py", "--lrs", "0.1,1.0")
+    table = {(op, float(lr)): float(loss)
+             for op, lr, loss in re.findall(r"^(Average|Adasum)\s+([\d.]+)\s+([\d.]+)", out, re.MULTILINE)}
+    assert len(table) == 4, out
+    # at a small learning rate Adasum moves further per step; at a large one it is first to overshoot
+    assert table[("Adasum", 0.1)] < 0.8 * table[("Average", 0.1)], table
+    assert table[("Average", 1.0)] < table[("Adasum", 1.0)], table

@@ -299,3 +299,61 @@ def test_wrapper_shares_state_with_the_wrapped_instance() -> None:
     model(torch.ones(1, 2) * hvd.rank()).sum().backward()
     opt.step()
     np.testing.assert_allclose(model.bias.grad.numpy(), [1.0])
+
+
+def _adasum_tree(deltas: list[torch.Tensor]) -> torch.Tensor:
+    """Adasum of one tensor's per-rank values written out: pairs (0,1), (2,3), ..., then the results."""
+    level = [d.double() for d in deltas]
+    while len(level) > 1:
+        nxt = []
+        for a, b in zip(level[0::2], level[1::2]):
+            dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
+            ca = 1.0 - dot / aa / 2 if aa >= 1e-8 else 1.0
+            cb = 1.0 - dot / bb / 2 if bb >= 1e-8 else 1.0
+            nxt.append(ca * a + cb * b)
+        level = nxt
+    return level[0].float()
+
+
+def test_adasum_steps_locally_then_moves_by_the_adasum_of_the_ranks_changes() -> None:
+    size, per = hvd.size(), GLOBAL_BATCH // hvd.size()
+    if size & (size - 1):
+        pytest.skip("Adasum needs 1, 2, 4, ... ranks")
+    # the reference: every rank's model and Adam state in this process
+    models = [make_model() for _ in range(size)]
+    opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in models]
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    for step in range(3):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+        before = [p.detach().clone() for p in models[0].parameters()]
+        for r, (m, o) in enumerate(zip(models, opts)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x[r * per:(r + 1) * per]), y[r * per:(r + 1) * per]).backward()
+            o.step()
+        with torch.no_grad():
+            for i, old in enumerate(before):
+                moved = old + _adasum_tree([list(m.parameters())[i].detach() - old for m in models])
+                for m in models:
+                    list(m.parameters())[i].copy_(moved)
+    for got, want in zip(model.parameters(), models[0].parameters()):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6)
+    gathered = hvd.allgather(torch.cat([p.detach().reshape(1, -1) for p in model.parameters()], 1))
+    assert all(torch.equal(gathered[0], row) for row in gathered), "ranks hold different parameters"
+    if size > 1:
+        assert opt.statistics()["grouped_allreduces"] == 3 and opt.statistics()["allreduces"] == 0
+        with pytest.raises(ValueError, match=r"skip_synchronize\(\) cannot be used with op=Adasum"):
+            with opt.skip_synchronize():
+                pass
+
+
+def test_adasum_optimizer_refuses_a_size_that_is_not_a_power_of_two() -> None:
+    if hvd.size() & (hvd.size() - 1) == 0:
+        pytest.skip("needs a size that is not a power of two")
+    model = make_model()
+    with pytest.raises(NotImplementedError, match=r"Running Adasum with non-power of 2 ranks is not supported yet"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)

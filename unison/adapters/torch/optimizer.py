@@ -17,6 +17,12 @@ threshold; `unison.compression`) sends (index, value) pairs by allgather and kee
 error feedback; PowerSGD (`Compression.powersgd`) reduces all gradients together, as low-rank
 factors, in two grouped allreduces at ``synchronize()``; `Compression.partial` reduces no gradient,
 and after each ``step()`` averages one rotating slice of the parameters.
+
+With ``op=Adasum`` (on more than one rank) no gradient is reduced: each rank takes the wrapped
+optimizer's step on its own gradients, and the parameters then move by the Adasum of every rank's
+change (one grouped allreduce of the deltas per step), as Horovod's Adasum optimizer does. Adasum
+adapts the combination to how much the ranks' updates agree, so the learning rate is the one for a
+single rank's batch.
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class _DistributedOptimizer:
                               "payload_bytes": 0}
         set_members = current.engine.process_sets.get(process_set.process_set_id or 0, ())
         self._unison_enabled = current.size > 1 and current.rank in set_members
+        self._unison_adasum = policy.op is ReduceOp.ADASUM and current.size > 1
+        if self._unison_adasum:
+            core.check_adasum(process_set.process_set_id or 0, set_members, [])
         self._unison_hooks = []
         if self._unison_enabled:
             for p in self._unison_params:
@@ -142,7 +151,7 @@ class _DistributedOptimizer:
     def _unison_launch(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if self._unison_exchange is Exchange.PARTIAL:
+        if self._unison_exchange is Exchange.PARTIAL or self._unison_adasum:
             return  # the local gradient is applied as is; step() averages a slice of the parameters
         if self._unison_exchange is Exchange.ALLGATHER:
             self._unison_launch_sparsified(p)
@@ -336,6 +345,11 @@ class _DistributedOptimizer:
             >>> opt.synchronize(); scaler.unscale_(opt); clip(...)       # doctest: +SKIP
             >>> with opt.skip_synchronize(): scaler.step(opt)             # doctest: +SKIP
         """
+        if self._unison_adasum:
+            raise InvalidArgumentError(
+                "skip_synchronize() cannot be used with op=Adasum: its step() reduces the parameters' "
+                "change after the local step, not the gradients. Drop the skip_synchronize() block."
+            )
         self._should_synchronize = False
         try:
             yield
@@ -349,10 +363,32 @@ class _DistributedOptimizer:
             self.synchronize()
         self._synchronized = False
         self._unison_stats["steps"] += 1
+        if self._unison_adasum:
+            return self._unison_adasum_step(closure)
         result = super().step(closure)  # type: ignore[misc]
         if self._unison_exchange is Exchange.PARTIAL and self._unison_enabled:
             with torch.no_grad():
                 self._unison_average_slice()
+        return result
+
+    def _unison_adasum_step(self, closure: Any) -> Any:
+        """Step locally, then move every parameter by the Adasum of the ranks' changes."""
+        params = self._unison_params
+        before = [p.detach().clone() for p in params]
+        result = super().step(closure)  # type: ignore[misc]
+        with torch.no_grad():
+            deltas = [(p.detach() - old).contiguous() for p, old in zip(params, before)]
+            pairs = [self._compression.compress(d) for d in deltas]
+            self._unison_stats["dense_bytes"] += sum(payload_bytes(d) for d in deltas)
+            self._unison_stats["payload_bytes"] += sum(payload_bytes(t) for t, _ in pairs)
+            names = [str(self._parameter_names.get(p)) for p in params]
+            handle = c.submit_tensors(CollectiveKind.ALLREDUCE, [t for t, _ in pairs],
+                                      f"adasum.{gradient_group_name(names)}", self._unison_process_set,
+                                      grouped=True, in_place=True, op=ReduceOp.ADASUM)
+            self._unison_stats["grouped_allreduces"] += 1
+            c.synchronize(handle)
+            for p, old, (t, ctx) in zip(params, before, pairs):
+                p.copy_(old + self._compression.decompress(t, ctx))
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -477,7 +513,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
             feedback); or ``Compression.partial(fraction)`` (local steps, one rotating slice of the
             parameters averaged per step). Stateful schemes: one instance per optimizer.
         backward_passes_per_step: backward passes accumulated locally before each reduction.
-        op: `Average` (default) or `Sum` (Adasum is not implemented).
+        op: `Average` (default), `Sum`, or `Adasum` (each rank steps locally; the parameters move by
+            the Adasum of the ranks' changes; 1, 2, 4, ... ranks, the global process set).
         gradient_predivide_factor: Average as prescale ``1/f``, postscale ``f/size``.
         num_groups, groups: reduce parameters in groups (an int, or explicit lists of parameters).
         sparse_as_dense: reduce sparse gradients as dense tensors instead of by allgather.
