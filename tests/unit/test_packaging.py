@@ -27,4 +27,4 @@ def test_the_wheel_is_typed_and_carries_the_service_stubs(tmp_path: Path) -> Non
     (wheel,) = tmp_path.glob("unison-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"unison/py.typed", "unison/service/coordinator_pb2.pyi", "unison/service/coordinator.proto",
-            "unison/service/coordinator_pb2.py", "unison/torch.py"} <= names
+            "unison/service/coordinator_pb2.py", "unison/torch/__init__.py"} <= names

@@ -9,12 +9,10 @@ Example:
     >>> hvd.broadcast_optimizer_state(opt, root_rank=0)                    # doctest: +SKIP
 """
 
-from pathlib import Path as _Path
-
-from ._collectives import barrier, poll
-from ._elastic import elastic_getattr as _elastic_getattr
-from ._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
-from ._runtime import (
+from .._collectives import barrier, poll
+from .._elastic import elastic_getattr as _elastic_getattr
+from .._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
+from .._runtime import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -38,7 +36,7 @@ from ._runtime import (
     start_timeline,
     stop_timeline,
 )
-from .adapters.torch.autograd import (
+from ..adapters.torch.autograd import (
     allgather,
     allreduce,
     alltoall,
@@ -48,7 +46,7 @@ from .adapters.torch.autograd import (
     grouped_reducescatter,
     reducescatter,
 )
-from .adapters.torch.collectives import (
+from ..adapters.torch.collectives import (
     allgather_async,
     allreduce_,
     allreduce_async,
@@ -66,14 +64,14 @@ from .adapters.torch.collectives import (
     sparse_allreduce_async,
     synchronize,
 )
-from .adapters.torch.compression import Compression, Compressor
-from .adapters.torch.functions import broadcast_optimizer_state, broadcast_parameters
-from .adapters.torch.join import join
-from .adapters.torch.optimizer import DistributedOptimizer
-from .adapters.torch.sync_batch_norm import SyncBatchNorm
-from .errors import GradientCountError, HorovodInternalError, MissingGradientError, UnisonError
-from .ops import Adasum, Average, Max, Min, Product, Sum
-from .process_sets import ProcessSet, global_process_set
+from ..adapters.torch.compression import Compression, Compressor
+from ..adapters.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from ..adapters.torch.join import join
+from ..adapters.torch.optimizer import DistributedOptimizer
+from ..adapters.torch.sync_batch_norm import SyncBatchNorm
+from ..errors import GradientCountError, HorovodInternalError, MissingGradientError, UnisonError
+from ..ops import Adasum, Average, Max, Min, Product, Sum
+from ..process_sets import ProcessSet, global_process_set
 
 __all__ = [
     "Adasum",
@@ -150,6 +148,5 @@ __all__ = [
 ]
 
 # `hvd.elastic` and `import unison.torch.elastic` say that elastic training is not available yet
-# (never an AttributeError). This module is one file, so its submodules live in unison/_torch.
-__path__ = [str(_Path(__file__).with_name("_torch"))]
+# (never an AttributeError).
 __getattr__ = _elastic_getattr(__name__)
