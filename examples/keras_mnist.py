@@ -1,6 +1,8 @@
 """Keras 3 model.fit on scikit-learn's bundled 8x8 digits, data-parallel with unison.
 
 Run: ``mpiexec -n 2 python examples/keras_mnist.py`` (any backend: KERAS_BACKEND=tensorflow or torch).
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/keras_mnist.py``)
 """
 
 from __future__ import annotations

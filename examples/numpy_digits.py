@@ -1,6 +1,8 @@
 """Train softmax regression on scikit-learn's digits, data-parallel over unison's NumPy API.
 
 Run: mpiexec -n 2 python examples/numpy_digits.py [--steps 150] [--lr 1.0]
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/numpy_digits.py``)
 
 Every rank holds the same weights and a disjoint shard of the training set (rows rank::size). Each
 step a rank computes the *sum* of its shard's per-example gradients; summing those across ranks and

@@ -2,6 +2,8 @@
 
 Run: mpiexec -n 2 python examples/pytorch_mnist.py [--epochs 8] [--checkpoint checkpoints/pytorch_digits.pt]
                                                   [--compression none|fp16|bf16|topk|powersgd|partial]
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/pytorch_mnist.py``)
 
 Each rank trains on its own shard of the training set (rows rank::size); DistributedOptimizer
 averages gradients, rank 0 prints per-epoch loss/accuracy (summed over every rank's shard, then

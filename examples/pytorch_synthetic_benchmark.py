@@ -1,6 +1,8 @@
 """Synthetic training throughput with unison.torch (img/sec), after Horovod's synthetic benchmark.
 
 Run: mpiexec -n 2 python examples/pytorch_synthetic_benchmark.py [--batch-size 32] [--num-iters 10]
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/pytorch_synthetic_benchmark.py``)
 
 The model is defined here (a small ResNet-style convnet) so nothing is downloaded.
 """

@@ -1,6 +1,8 @@
 """A TensorFlow 2 GradientTape loop on scikit-learn's bundled 8x8 digits, data-parallel with unison.
 
 Run: ``mpiexec -n 2 python examples/tensorflow2_mnist.py``
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/tensorflow2_mnist.py``)
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Synthetic TensorFlow 2 training throughput with unison (Horovod's tensorflow2_synthetic_benchmark).
 
 Run: ``mpiexec -n 2 python examples/tensorflow2_synthetic_benchmark.py --batch-size 32``
+(with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
+``.venv/bin/mpiexec -n 2 .venv/bin/python examples/tensorflow2_synthetic_benchmark.py``)
 """
 
 from __future__ import annotations
