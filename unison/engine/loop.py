@@ -12,8 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,9 +77,10 @@ def _user_name(name: str) -> str:
 class EngineStatistics:
     """A snapshot of an `Engine`'s counters and those of the parts it drives.
 
-    `queued` counts submissions waiting for the engine thread, `held` those inside `batch()` blocks
-    still open. `backend` holds the selected backend's own counters (they differ by backend: bytes moved,
-    liveness probes, service calls); `coordinator` and `stall` are present on rank 0 only.
+    `dataclasses.asdict` turns it into plain, JSON-ready data. `queued` counts submissions waiting
+    for the engine thread, `held` those inside `batch()` blocks still open. `backend` holds the
+    selected backend's own counters (they differ by backend: bytes moved, liveness probes, service
+    calls); `coordinator` and `stall` are present on rank 0 only.
     """
 
     cycles: int
@@ -93,7 +93,7 @@ class EngineStatistics:
     held: int
     cache: CacheStatistics
     executor: ExecutorStatistics
-    backend: Mapping[str, float]
+    backend: dict[str, float]
     coordinator: CoordinatorStatistics | None = None
     stall: StallStatistics | None = None
 
@@ -222,7 +222,7 @@ class Engine:
             held=held,
             cache=self.cache.statistics(),
             executor=self.executor.statistics(),
-            backend=MappingProxyType(dict(self.backend.statistics())),
+            backend=dict(self.backend.statistics()),
             coordinator=None if self.coordinator is None else self.coordinator.statistics(),
             stall=None if self.stall is None else self.stall.statistics(),
         )

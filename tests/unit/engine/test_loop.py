@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable
 
@@ -165,7 +166,10 @@ def test_cache_mismatch_after_steady_state_is_caught(job2: Job) -> None:
             wait(entry)
 
     job2.run_ranks(work)
-    assert job2.engines[0].statistics().cache_hits_executed >= 2
+    stats = job2.engines[0].statistics()
+    assert stats.cache_hits_executed >= 2
+    plain = json.loads(json.dumps(dataclasses.asdict(stats)))  # a snapshot of plain data
+    assert plain["cache"]["hits"] == stats.cache.hits and plain["backend"] == stats.backend
 
 
 def test_join_contributes_zeros_and_returns_last_rank() -> None:
