@@ -105,6 +105,21 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "it, as Horovod does. Off (the default): they are reduced together when step() or "
             "synchronize() is called, which is faster when the ranks' computation keeps every core busy, "
             "as it does in CPU training."),
+    Setting("autotune", "UNISON_AUTOTUNE", "HOROVOD_AUTOTUNE", "bool", False,
+            "Tune the fusion threshold, cycle time, chunk size and cache use during the first steps of "
+            "training, scored by bytes reduced per second; rank 0 decides and every rank applies the "
+            "same parameters at the same cycle (see Autotune below)."),
+    Setting("autotune_log", "UNISON_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "str", "",
+            "CSV file where rank 0 writes one row per autotune sample and a last row with the chosen "
+            "parameters."),
+    Setting("autotune_warmup_samples", "UNISON_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+            "int", 3, "Autotune samples discarded at the start, before any parameter is changed."),
+    Setting("autotune_steps_per_sample", "UNISON_AUTOTUNE_STEPS_PER_SAMPLE",
+            "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", 10,
+            "Cycles that reduced something in one autotune sample (at least 1)."),
+    Setting("autotune_max_samples", "UNISON_AUTOTUNE_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+            "int", 20, "Autotune samples measured after the warm-up before the best parameters are kept "
+            "(at least 1)."),
     Setting("mpi_threads_disable", "UNISON_MPI_THREADS_DISABLE", "HOROVOD_MPI_THREADS_DISABLE",
             "bool", False, "Ask MPI for MPI_THREAD_SERIALIZED instead of MPI_THREAD_MULTIPLE."),
 )
@@ -145,6 +160,11 @@ class Settings:
     mpi_threads_disable: bool = False
     hierarchical_allreduce: bool = False
     cpu_overlap: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_max_samples: int = 20
 
 
 # Settings every rank must share: each rank plans fusion, chunks MPI calls and keeps its response
@@ -152,7 +172,7 @@ class Settings:
 # or mix up buffers, so init() compares them first (`disagreement`).
 JOB_WIDE_SETTINGS = ("fusion_threshold_bytes", "fusion_max_tensor_bytes", "chunk_bytes", "cache_capacity",
                      "controller", "service_host_aggregation", "hierarchical_allreduce",
-                     "disable_group_fusion", "dynamic_process_sets", "cpu_operations")
+                     "disable_group_fusion", "dynamic_process_sets", "cpu_operations", "autotune")
 
 
 def job_wide_values(settings: Settings) -> dict[str, Any]:
@@ -235,18 +255,21 @@ def load_settings(
     env = os.environ if environ is None else environ
     known = {s.field: s for s in SETTINGS_TABLE}
     values: dict[str, Any] = {}
+    source: dict[str, str] = {}  # field -> the keyword or variable it came from, for errors
     for name, value in overrides.items():
         if name not in known:
             raise ConfigError(
                 f"Unknown setting {name!r}. Known settings: {', '.join(sorted(known))}."
             )
         values[name] = _parse(known[name], name, str(value)) if isinstance(value, str) else value
+        source[name] = name
     for setting in SETTINGS_TABLE:
         if setting.field in values:
             continue
         for variable in (setting.env, setting.alias):
             if variable and variable in env:
                 values[setting.field] = _parse(setting, variable, env[variable])
+                source[setting.field] = variable
                 break
     settings = Settings(**values)
     if settings.service_addr:
@@ -256,6 +279,10 @@ def load_settings(
             "UNISON_STALL_SHUTDOWN_TIME_SECONDS must be 0 or at least UNISON_STALL_CHECK_TIME_SECONDS. "
             f"Got {settings.stall_shutdown_seconds} < {settings.stall_check_seconds}."
         )
+    for name in ("autotune_steps_per_sample", "autotune_max_samples"):
+        if getattr(settings, name) < 1:
+            variable = source.get(name, known[name].env)
+            raise ConfigError(f"{variable} must be at least 1. Got {variable}={getattr(settings, name)}.")
     return settings
 
 

@@ -84,7 +84,8 @@ class TextEnum(str, enum.Enum):
 
 class ResponseKind(TextEnum):
     """What a response tells every rank to do: run a collective (the `CollectiveKind` of the same
-    value), fail some tensors (``ERROR``), or stop the job (``ABORT``, ``STALL``).
+    value), fail some tensors (``ERROR``), stop the job (``ABORT``, ``STALL``), or apply the
+    autotuner's next parameters at the end of the cycle (``TUNE``, see `unison.protocol.autotune`).
 
     A `str` mixin, so a kind compares equal to its value (``ResponseKind.ALLREDUCE == "allreduce"``)
     and formats as it.
@@ -103,6 +104,7 @@ class ResponseKind(TextEnum):
     ERROR = "error"
     ABORT = "abort"
     STALL = "stall"
+    TUNE = "tune"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +122,9 @@ class Response:
         shapes: one shape per name (the common shape; allgather/alltoall: rank 0's).
         reduce_op, root_rank, prescale, postscale, process_set_id, device: as in `Request`.
         sizes: per-rank data in set-rank order: allgather's dim-0 sizes ``(d0, d1, ...)``, or
-            alltoall's split matrix ``((row of rank 0), (row of rank 1), ...)``, wrapped in a 1-tuple.
-        message: the error text for "error"/"abort" responses.
+            alltoall's split matrix ``((row of rank 0), (row of rank 1), ...)``, wrapped in a 1-tuple;
+            a TUNE response's parameters (`unison.protocol.autotune.tune_response`).
+        message: the error text for "error"/"abort" responses; "trial" or "settled" for "tune".
         last_joined: the JOIN response's last joined rank; the process set id for add/remove.
         ranks: members of a process set being added.
     """
