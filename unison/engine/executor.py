@@ -219,6 +219,18 @@ class Executor:
         """Counters: responses and tensors executed, fused responses, bytes reduced or moved."""
         return ExecutorStatistics(**self._stats, fusion_buffer_bytes=self._fusion.nbytes)
 
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        """Make the data plane split later reductions into chunks of `chunk_bytes` (the autotuner's knob).
+
+        Only how a buffer is split into calls changes, never its contents, so ranks may switch at
+        different points without harm; the engine switches them at the same cycle anyway. Backends
+        that chunk keep the size in a ``chunk_bytes`` attribute (the MPI backend, and the gRPC
+        backend's MPI data plane, ``data``); the others reduce each buffer whole and are left alone.
+        """
+        for part in (self.backend, getattr(self.backend, "data", None)):
+            if part is not None and hasattr(part, "chunk_bytes"):
+                part.chunk_bytes = chunk_bytes
+
     def _mark(self, names: Sequence[str], activity: str | None) -> None:
         if self.activity is not None:
             self.activity(names, activity)

@@ -21,6 +21,7 @@ from ..backends.base import Abandoned, Backend
 from ..config import Settings
 from ..errors import (
     AbortedError,
+    ConfigError,
     DuplicateNameError,
     HorovodInternalError,
     MismatchError,
@@ -28,6 +29,18 @@ from ..errors import (
     StallError,
 )
 from ..ops import CollectiveKind
+from ..protocol.autotune import (
+    DEFAULT_GRID,
+    LOG_COLUMNS,
+    AutotuneStatistics,
+    Meter,
+    Parameters,
+    Proposal,
+    Tuner,
+    csv_line,
+    split_tuning,
+    tune_response,
+)
 from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
 from ..protocol.cycle import (
     Votes,
@@ -61,11 +74,25 @@ log = logging.getLogger(__name__)
 _MAX_BACKOFF_SECONDS = 1e-3
 _STALL_PERIOD_SECONDS = 1.0
 _CACHEABLE = CollectiveKind.ALLREDUCE.value
+_REDUCING = (CollectiveKind.ALLREDUCE.value, CollectiveKind.REDUCESCATTER.value)  # what autotune scores
 _SHUTDOWN = CollectiveKind.SHUTDOWN.value
 _JOIN = CollectiveKind.JOIN.value
 _BARRIER = CollectiveKind.BARRIER.value
 _ADD_SET = CollectiveKind.ADD_PROCESS_SET.value
 _REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
+
+
+def _open_tune_log(path: str) -> Any:
+    """Open the autotune log (rank 0) and write its header; the error names the setting."""
+    try:
+        log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed when the engine stops
+    except OSError as exc:
+        raise ConfigError(
+            f"UNISON_AUTOTUNE_LOG must name a file rank 0 can write. Got UNISON_AUTOTUNE_LOG={path!r} "
+            f"({exc.strerror})."
+        ) from exc
+    log_file.write(",".join(LOG_COLUMNS) + "\n")
+    return log_file
 
 
 def _user_name(name: str) -> str:
@@ -80,7 +107,8 @@ class EngineStatistics:
     `dataclasses.asdict` turns it into plain, JSON-ready data. `queued` counts submissions waiting
     for the engine thread, `held` those inside `batch()` blocks still open. `backend` holds the
     selected backend's own counters (they differ by backend: bytes moved, liveness probes, service
-    calls); `coordinator` and `stall` are present on rank 0 only.
+    calls); `coordinator` and `stall` are present on rank 0 only; `autotune` on every rank when
+    ``UNISON_AUTOTUNE`` is on (the same on every rank: changes are applied at the same cycle).
     """
 
     cycles: int
@@ -96,6 +124,7 @@ class EngineStatistics:
     backend: dict[str, float]
     coordinator: CoordinatorStatistics | None = None
     stall: StallStatistics | None = None
+    autotune: AutotuneStatistics | None = None
 
 
 class EngineState(TextEnum):
@@ -135,6 +164,26 @@ class Engine:
             self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
         self.policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
                                    group_only=settings.disable_group_fusion)
+        # The knobs the autotuner may change while the job runs; every rank applies a change at the
+        # end of the cycle whose responses carry it (`_apply_tuning`), so plans and caches stay equal.
+        self.parameters = Parameters(settings.fusion_threshold_bytes, settings.cycle_time_seconds,
+                                     settings.chunk_bytes, settings.cache_capacity > 0)
+        self._autotune_state = "tuning" if settings.autotune else "off"
+        self._tune_changes = 0
+        self._tuner: Tuner | None = None  # rank 0 only: the search, its meter and its log
+        self._meter: Meter | None = None
+        self._tune_due: Proposal | None = None  # decided, to be sent with the next cycle's responses
+        self._tune_log: Any = None
+        self._tune_rows_written = 0
+        if settings.autotune and self.rank == 0:
+            grid = dict(DEFAULT_GRID)
+            if settings.cache_capacity <= 0:
+                grid["cache_enabled"] = ()
+            self._tuner = Tuner(self.parameters, warmup_samples=settings.autotune_warmup_samples,
+                                max_samples=settings.autotune_max_samples, grid=grid)
+            self._meter = Meter(settings.autotune_steps_per_sample)
+            if settings.autotune_log:
+                self._tune_log = _open_tune_log(settings.autotune_log)
         self.timeline = None
         self._lock = threading.Lock()
         self._event = threading.Event()
@@ -225,6 +274,8 @@ class Engine:
             backend=dict(self.backend.statistics()),
             coordinator=None if self.coordinator is None else self.coordinator.statistics(),
             stall=None if self.stall is None else self.stall.statistics(),
+            autotune=None if self._autotune_state == "off" else AutotuneStatistics(
+                self._autotune_state, self.parameters, self._tune_changes),
         )
 
     def enqueue(self, entries: Sequence[Entry]) -> None:
@@ -374,20 +425,22 @@ class Engine:
             try:
                 if self.timeline is not None:
                     self.timeline.close()
+                if self._tune_log is not None:
+                    self._tune_log.close()
             finally:
                 self.backend.close()
 
     def _wait_for_work(self) -> None:
-        if self.settings.cycle_time_seconds:
-            # UNISON_CYCLE_TIME / HOROVOD_CYCLE_TIME: a minimum time between cycle starts, which lets
-            # more tensors gather into each cycle at the cost of latency.
-            left = self._cycle_started + self.settings.cycle_time_seconds - time.monotonic()
+        if self.parameters.cycle_time_seconds:
+            # UNISON_CYCLE_TIME / HOROVOD_CYCLE_TIME (or the autotuner): a minimum time between cycle
+            # starts, which lets more tensors gather into each cycle at the cost of latency.
+            left = self._cycle_started + self.parameters.cycle_time_seconds - time.monotonic()
             if left > 0:
                 time.sleep(left)
         with self._lock:
             ready = bool(self._queue) or (self._shutdown_requested and not self._shutdown_sent)
             ready = ready or (bool(self._abort_reason) and not self._abort_sent)
-        if ready or self._news or self._unsent:
+        if ready or self._news or self._unsent or self._tune_due is not None:
             self._backoff = 50e-6
             return
         if self._pending:
@@ -403,14 +456,14 @@ class Engine:
 
     def _admit(self, group: list[Entry]) -> None:
         """Classify newly drained entries against the cache."""
-        capacity = self.settings.cache_capacity
+        cache_on = self._cache_on()
         slots: list[int] = []
         any_miss = False
         for entry in group:
             self._pending[entry.request.name] = entry
             if entry.request.kind is CollectiveKind.JOIN:
                 self._joined = True
-            if capacity <= 0 or entry.request.kind.value != _CACHEABLE:
+            if not cache_on or entry.request.kind.value != _CACHEABLE:
                 slots.append(-1)
                 any_miss = True
                 continue
@@ -427,6 +480,9 @@ class Engine:
             entry.slot = -1 if any_miss else slot
             if entry.slot < 0:
                 self._unsent.append(entry)
+
+    def _cache_on(self) -> bool:
+        return self.settings.cache_capacity > 0 and self.parameters.cache_enabled
 
     def _foreign(self) -> int:
         """Cache slots of process sets this rank is not in (it votes for them, never blocks them)."""
@@ -485,7 +541,9 @@ class Engine:
                 if entry.slot >= 0:
                     hits |= 1 << entry.slot
             hits |= self._foreign()
-        row = encode_status_row(joined=self._joined, news=bool(self._news), payload_bytes=len(payload),
+        # A parameter change of the autotuner is news too: it travels with this cycle's responses.
+        news = bool(self._news) or self._tune_due is not None
+        row = encode_status_row(joined=self._joined, news=news, payload_bytes=len(payload),
                                 hits=hits, invalid=self._invalid, words=words)
         matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
 
@@ -500,6 +558,7 @@ class Engine:
 
         # 3. Slow path, only when some rank has requests the cache could not answer.
         fresh: list[Response] = []
+        tuning: Proposal | None = None
         if needs_slow_path(matrix):
             self._stats["slow_cycles"] += 1
             gathered = self.backend.gather_bytes(payload, [row[1] for row in matrix])
@@ -507,17 +566,22 @@ class Engine:
             if self.coordinator is not None:
                 assert gathered is not None
                 data = encode_responses(self._negotiate(gathered, now))
-            fresh = decode_responses(self.backend.broadcast_bytes(data))
+            fresh, tuning = split_tuning(decode_responses(self.backend.broadcast_bytes(data)))
         else:
             self._stats["fast_cycles"] += 1
 
         # 4. Execute, in the same order on every rank.
         executed = 0
+        reduced_bytes = 0
+        measuring = self._meter is not None and self._autotune_state == "tuning"
         responses = cached + fresh
         for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
             executed += 1
             if self.on_response is not None:
                 self.on_response(response)
+            if measuring and response.kind in _REDUCING and \
+                    self.rank in self.process_sets.get(response.process_set_id, ()):
+                reduced_bytes += response.num_bytes()
             if not self._execute(response):
                 return
         self._progress = progress or executed > 0
@@ -527,11 +591,17 @@ class Engine:
         if votes.invalid:
             self.cache.erase(bits(votes.invalid))
         cacheable = [r for r in fresh if r.kind == _CACHEABLE and len(r.names) == 1]
-        if self.settings.cache_capacity > 0:
+        if self._cache_on():
             for response in cacheable:
                 self.cache.put(response)
         if votes.invalid or cacheable:
             self._revalidate()
+
+        # 6. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
+        if tuning is not None:
+            self._apply_tuning(tuning)
+        if measuring:
+            self._measure(reduced_bytes, now, restart=tuning is not None)
 
     def _negotiate(self, gathered: list[bytes], now: float) -> list[Response]:
         """Rank 0: decide this cycle's responses from every rank's payload.
@@ -548,6 +618,9 @@ class Engine:
                 self._news = ""
             else:
                 responses = self.coordinator.handle(lists, now)
+                if self._tune_due is not None:
+                    responses.append(tune_response(self._tune_due))
+                    self._tune_due = None
             self._timeline_negotiation(lists, responses)
         except WireError as exc:
             log.error("%s", exc)
@@ -558,6 +631,53 @@ class Engine:
                 f"unison stopped the job: its coordinator on rank 0 failed: {type(exc).__name__}: {exc}"
             )
         return responses
+
+    # -- autotune -----------------------------------------------------------------------------------
+
+    def _apply_tuning(self, proposal: Proposal) -> None:
+        """Switch to the autotuner's parameters; every rank calls this at the end of the same cycle.
+
+        Fusion plans are made from the same responses with the same threshold on every rank, so they
+        stay equal. Turning the cache off erases every slot on every rank (the caches stay equal,
+        empty) and sends pending hits back through negotiation; the chunk size only changes how the
+        data plane splits a buffer.
+        """
+        old, new = self.parameters, proposal.parameters
+        self.parameters = new
+        self.policy = dataclasses.replace(self.policy, threshold_bytes=new.fusion_threshold_bytes)
+        if new.chunk_bytes != old.chunk_bytes:
+            self.executor.set_chunk_bytes(new.chunk_bytes)
+        if old.cache_enabled and not new.cache_enabled:
+            self.cache.erase(self.cache.slots())
+            self._revalidate()
+        self._tune_changes += 1
+        if proposal.final:
+            self._autotune_state = "settled"
+            if self.rank == 0:
+                log.info("autotune settled on %s", new)
+        elif self._autotune_state == "off":
+            self._autotune_state = "tuning"
+
+    def _measure(self, reduced_bytes: int, started: float, restart: bool) -> None:
+        """Rank 0: add this cycle to the current sample; feed finished samples to the search."""
+        assert self._meter is not None and self._tuner is not None
+        if restart:  # the parameters changed at the end of this cycle: measure them from the next
+            self._meter.restart()
+            return
+        if self._tune_due is not None or self._tuner.chosen is not None:
+            return  # a change is on its way; cycles until it lands belong to no sample
+        sample = self._meter.cycle(reduced_bytes, started, time.monotonic())
+        if sample is None:
+            return
+        proposal = self._tuner.add_sample(*sample)
+        if self._tune_log is not None:
+            rows = self._tuner.rows
+            for row in rows[self._tune_rows_written:]:
+                self._tune_log.write(csv_line(row) + "\n")
+            self._tune_rows_written = len(rows)
+            self._tune_log.flush()
+        if proposal is not None:
+            self._tune_due = proposal
 
     # -- execution ----------------------------------------------------------------------------------
 
