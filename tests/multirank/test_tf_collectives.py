@@ -308,3 +308,21 @@ def test_tape_refuses_predivide_with_sum_and_partial_sync() -> None:
 def test_broadcast_global_variables_is_tf1_only() -> None:
     with pytest.raises(RuntimeError, match=r"does not support eager execution"):
         hvd.broadcast_global_variables(0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_adasum(mode: str) -> None:
+    size = hvd.size()
+    values = [np.random.default_rng(r).standard_normal(9) for r in range(size)]
+    x = tf.constant(values[hvd.rank()])
+    if size & (size - 1):
+        with pytest.raises(Exception, match=r"Running Adasum with non-power of 2 ranks is not supported yet"):
+            call(mode, lambda t: hvd.allreduce(t, op=hvd.Adasum, name=f"tf_adasum_{mode}"), x)
+        return
+    if size != 2:
+        pytest.skip("the reference below is written out for 2 ranks")
+    got = call(mode, lambda t: hvd.allreduce(t, op=hvd.Adasum, name=f"tf_adasum_{mode}"), x).numpy()
+    a, b = values
+    dot = a @ b
+    want = (1 - dot / (a @ a) / 2) * a + (1 - dot / (b @ b) / 2) * b
+    np.testing.assert_allclose(got, want, rtol=1e-12)

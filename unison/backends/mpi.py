@@ -44,7 +44,7 @@ def import_mpi() -> Any:
     except ImportError as exc:  # pragma: no cover - exercised only without mpi4py
         raise MissingDependencyError(
             "unison needs mpi4py to run more than one process. Install it with "
-            "`pip install 'unison[mpi]'` (brings mpi4py and the mpich wheel with mpiexec)."
+            "`pip install mpi4py mpich` (the `mpi` extra of unison: `pip install -e '.[mpi]'` in a checkout)."
         ) from exc
     return MPI
 

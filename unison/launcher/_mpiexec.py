@@ -56,8 +56,8 @@ def loaded_library() -> str:
         raise LaunchError("Probing the MPI library through mpi4py took over 60 s.") from exc
     if done.returncode != 0:
         raise LaunchError(
-            "unisonrun needs mpi4py and an MPI library: `pip install 'unison[mpi]'` (brings mpi4py and the "
-            f"mpich wheel with its mpiexec). Probing mpi4py failed:\n{done.stderr.strip()}"
+            "unisonrun needs mpi4py and an MPI library: `pip install mpi4py mpich` (the `mpi` extra of "
+            f"unison; the mpich wheel brings mpiexec). Probing mpi4py failed:\n{done.stderr.strip()}"
         )
     return done.stdout.strip()
 
@@ -144,7 +144,7 @@ def find_mpiexec(explicit: str = "", check: bool = True) -> MpiExec:
         if found is None:
             raise LaunchError(
                 "No mpiexec found next to this Python or on PATH. Install the mpich wheel with "
-                "`pip install 'unison[mpi]'`, or pass --mpiexec PATH."
+                "`pip install mpi4py mpich` (the `mpi` extra), or pass --mpiexec PATH."
             )
         path = found
     version = _version_of(path)

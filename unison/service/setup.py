@@ -32,7 +32,8 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
         from .server import CoordinatorServer  # noqa: F401 - fail here, with the hint, if grpc is missing
     except ImportError as exc:
         raise MissingDependencyError(
-            "UNISON_CONTROLLER=grpc needs grpcio and protobuf: `pip install 'unison[grpc]'`."
+            "UNISON_CONTROLLER=grpc needs grpcio and protobuf: `pip install grpcio protobuf` "
+            "(the `grpc` extra of unison: `pip install -e '.[grpc]'` in a checkout)."
         ) from exc
     from ..backends.mpi import MpiBackend
 

@@ -91,7 +91,7 @@ def _import_mpi() -> Any:
         from mpi4py import MPI
     except ImportError as exc:
         raise pytest.UsageError(
-            "unison.testing.pytest_plugin needs mpi4py. Install it with `pip install 'unison[mpi]'` "
+            "unison.testing.pytest_plugin needs mpi4py. Install it with `pip install mpi4py mpich` (the `mpi` extra) "
             f"(brings mpi4py and the mpich wheel with mpiexec). ({exc})"
         ) from None
     return MPI
