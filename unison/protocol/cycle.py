@@ -6,7 +6,7 @@ the whole matrix (one row per rank):
     [flags, payload bytes, hit word 0 .. hit word W-1, invalid word 0 .. invalid word W-1]
 
 ``flags`` holds `FLAG_JOINED` (the rank has joined: it votes for every cache slot) and `FLAG_NEWS`
-(rank 0 has a stall report to announce); ``payload bytes`` is the length of the rank's uncached
+(rank 0 has a stall report or the autotuner's next parameters to announce); ``payload bytes`` is the length of the rank's uncached
 request list; the hit words are the cache slots the rank's pending work is waiting in, and the
 invalid words the slots it found stale, each a little-endian bit mask over W 64-bit words.
 
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 FLAG_JOINED = 1
-FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown): force the slow path
+FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown, autotune parameters): force the slow path
 _HEADER = 2  # flags, payload length
 _WORD = (1 << 64) - 1
 
