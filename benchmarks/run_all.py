@@ -37,7 +37,7 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 RANKS = 2
 # Benchmark name -> whether it runs under mpiexec; in the order they run.
 BENCHMARKS = {"allreduce": True, "train_torch": True, "train_tensorflow": True, "compression": True,
-              "coordinator_scale": False}
+              "coordinator_scale": False, "autotune": True}
 TIMEOUT_SECONDS = 900
 KiB, MiB = 1024, 1024 * 1024
 Results = dict[str, Any]  # one benchmark's JSON
@@ -272,6 +272,10 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
         for case in (c for c in cases if c["size"] == largest):
             rows.append(("coordinator_scale", f"N={largest}, {case['mode']} cycle: p50; master CPU per cycle",
                          f"{case['p50_ms']:.2f} ms; {case['master_cpu_ms_per_cycle']:.2f} ms", "–", "–"))
+    for name, model in results.get("autotune", {}).get("models", {}).items():
+        rate = model["median_samples_per_second"]
+        rows.append(("autotune", f"{name}, samples/s with UNISON_AUTOTUNE=1 vs the defaults",
+                     f"{rate['tuned']:.1f}", f"{rate['default']:.1f}", f"{model['tuned_over_default']:.2f}x"))
     return rows
 
 
