@@ -619,7 +619,7 @@ class Engine:
             else:
                 responses = self.coordinator.handle(lists, now)
                 if self._tune_due is not None:
-                    responses.append(tune_response(self._tune_due))
+                    responses = [*responses, tune_response(self._tune_due)]
                     self._tune_due = None
             self._timeline_negotiation(lists, responses)
         except WireError as exc:
