@@ -34,6 +34,19 @@ def _zeros_for(dys: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
     return [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
 
 
+def _gradient_name(name: str | None, suffix: str = "grad") -> str | None:
+    """The name of a collective in a gradient: None eagerly (or for an unnamed forward op), else
+    ``<forward name>_<suffix>`` made unique in the graph like any graph name.
+
+    Each gradient computation builds its own ops (``tf.gradients`` twice on one output, or once per
+    loss), and one Session.run may run them together: a name fixed per forward op would put two
+    collectives in flight under one name.
+    """
+    if name is None or tf.executing_eagerly():
+        return None
+    return graph_name("HorovodGradient", f"{name}_{suffix}")
+
+
 def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
     for output, shape in zip(outputs, shapes):
         output.set_shape(shape)
@@ -88,7 +101,7 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
                               [x.shape for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
-            grad_name = None if name is None or tf.executing_eagerly() else f"{name}_grad"
+            grad_name = _gradient_name(name)
             return _allreduce_group(_zeros_for(dys, inputs), op, prescale, postscale, grad_name,
                                     process_set, grouped)
 
@@ -188,12 +201,10 @@ def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: Proc
 
         def grad(*dys: Any) -> list[tf.Tensor]:
             # Horovod: average the gradient over ranks, then keep this rank's rows.
-            eager = tf.executing_eagerly()
             reduced = _allreduce_group(_zeros_for(dys, outputs), ReduceOp.AVERAGE, 1.0, 1.0,
-                                       None if eager or name is None else f"{name}_grad",
-                                       process_set, grouped=True)
+                                       _gradient_name(name), process_set, grouped=True)
             dims = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])
-            sizes = _allgather_group([dims], None if eager or name is None else f"{name}_grad_sizes",
+            sizes = _allgather_group([dims], _gradient_name(name, "grad_sizes"),
                                      process_set, grouped=False)[0]
             sizes = tf.reshape(sizes, [-1, len(inputs)])
             index = set_rank(process_set)
@@ -265,7 +276,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
         y = _broadcast_many([x], root_rank, [fixed], process_set)[0]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            grad_name = None if fixed is None or tf.executing_eagerly() else f"{fixed}_grad"
+            grad_name = _gradient_name(fixed)
             reduced = _allreduce_group([dy], ReduceOp.AVERAGE, 1.0, 1.0, grad_name, process_set,
                                        grouped=False)[0]
             return reduced if job().rank == int(root_rank) else reduced * 0
@@ -310,8 +321,7 @@ def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
 
         def grad(dy: Any, _dsplits: Any = None) -> Any:
             dy = tf.zeros_like(output) if dy is None else dy
-            back, _ = _alltoall(dy, received, None if name is None or tf.executing_eagerly()
-                                else f"{name}_grad", process_set)
+            back, _ = _alltoall(dy, received, _gradient_name(name), process_set)
             return (back, *([None] * len(split_args)))
 
         return (output, received), grad
@@ -354,8 +364,8 @@ def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, 
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
-            gathered = _allgather_group(_zeros_for(dys, outputs), None if name is None or tf.executing_eagerly()
-                                        else f"{name}_grad", process_set, grouped=True)
+            gathered = _allgather_group(_zeros_for(dys, outputs), _gradient_name(name), process_set,
+                                        grouped=True)
             factor = prescale * postscale
             if op is ReduceOp.AVERAGE:
                 factor /= set_size(process_set)
