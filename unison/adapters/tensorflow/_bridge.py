@@ -1,18 +1,22 @@
-"""Run a NumPy-level collective on TensorFlow tensors: directly when eager, through tf.numpy_function in graphs.
+"""Run a NumPy-level collective on TensorFlow tensors: directly when eager, as one stateful op in graphs.
 
-Two rules make graph execution safe across ranks. Every bridge op is *stateful*, so inside a
+Three rules make graph execution safe across ranks. Every bridge op is *stateful*, so inside a
 `tf.function` TensorFlow's automatic control dependencies run them in program order on every rank
-(no rank can block in collective B while its peer waits in A). And graph-mode names are fixed when
-the function is traced, from the input tensor's name and the graph's own unique-name counter, which
-are the same on every rank that traces the same code; a fixed name also lets the engine's response
-cache skip negotiation from the second step on.
+(no rank can block in collective B while its peer waits in A). A ``tf.compat.v1`` graph run by
+``Session.run`` has no such order, so there a collective waits off the executor's thread pool
+(`_off_pool`), and any number of independent collectives complete in whatever order each rank's
+executor starts them. And graph-mode names are fixed when the graph is built, from the input
+tensor's name and the graph's own unique-name counter, which are the same on every rank that builds
+the same code; a fixed name also lets the engine's response cache skip negotiation from the second
+step on.
 
 Errors: eagerly, unison errors surface as the `tf.errors` types Horovod's TensorFlow ops raise
 (mismatches as `FailedPreconditionError`, bad arguments as `InvalidArgumentError`, shutdown as
 `UnknownError`); the raised object is also an instance of the unison error, so either handler works.
-Inside a graph TensorFlow converts Python exceptions itself: `ValueError` subclasses become
-`InvalidArgumentError`, `NotImplementedError` becomes `UnimplementedError`, everything else
-`UnknownError`, with unison's message kept.
+Inside a graph TensorFlow converts the exception of a Python kernel itself, and no stock kernel can
+fail with a chosen code: `ValueError` subclasses become `InvalidArgumentError`, `NotImplementedError`
+becomes `UnimplementedError`, everything else (mismatches included) `UnknownError`, with unison's
+message kept.
 """
 
 from __future__ import annotations
@@ -100,11 +104,63 @@ def _numpy_args(tensors: Sequence[Any]) -> list[np.ndarray]:
     return [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in tensors]
 
 
+def _off_pool(graph_fn: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Tensor],
+              output_dtypes: Sequence[tf.DType], name: str) -> list[tf.Tensor]:
+    """One graph op that calls `graph_fn` off the executor's inter-op thread pool.
+
+    Why: a ``tf.compat.v1`` graph run by ``Session.run`` has no automatic control dependencies, so
+    each rank's executor starts independent collectives in an order of its own. A collective run by
+    a plain numpy_function holds an inter-op thread until every rank has submitted it. Once every
+    thread of one rank waits in a collective its peer has not reached, while every thread of the
+    peer waits in another, the ops that would release them are queued behind the blocked ones and
+    the step never ends. The pool has as many threads as cores by default (two on a two-core
+    machine), so a handful of independent collectives in one graph is enough; no naming or ordering
+    on unison's side can prevent it, because the order is the executor's.
+
+    TensorFlow's asynchronous kernels return their thread to the pool while they wait. Here the
+    collective is the map function of a one-element dataset, read by ``MakeIterator`` and
+    ``IteratorGetNext``, asynchronous kernels that do their work on background threads of their
+    own; the map function runs on the iterator's threads too, never on the inter-op pool. So every
+    collective of a step gets started on every rank, whatever the pool's size and the order each
+    executor picks, and the engine, which pairs collectives by name, completes them all.
+
+    The price is building the iterator every step (about 2 ms on a two-core machine), which is why
+    `run` takes this path only where the order is free: inside `tf.function`, automatic control
+    dependencies already run stateful ops in program order on every rank.
+    """
+    if inputs:
+        dataset = tf.data.Dataset.from_tensors(tuple(inputs))
+    else:
+        dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int8))
+
+    def call(*xs: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        args = list(xs) if inputs else []
+        results = tf.numpy_function(graph_fn, args, list(output_dtypes), stateful=True)
+        return tuple(results) if isinstance(results, (list, tuple)) else (results,)
+
+    # Autotuning and the default rewrites would run for each iterator, that is every step.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.apply_default_optimizations = False
+    dataset = dataset.map(call).with_options(options)
+    types = [spec.dtype for spec in dataset.element_spec]
+    shapes = [spec.shape for spec in dataset.element_spec]
+    with tf.name_scope(name):
+        iterator = tf.raw_ops.AnonymousIteratorV3(output_types=types, output_shapes=shapes)
+        start = tf.raw_ops.MakeIterator(dataset=tf.data.experimental.to_variant(dataset),
+                                        iterator=iterator)
+        with tf.control_dependencies([start]):
+            return list(tf.raw_ops.IteratorGetNext(iterator=iterator, output_types=types,
+                                                   output_shapes=shapes))
+
+
 def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
-        op_name: str = "UnisonCollective") -> list[tf.Tensor]:
+        op_name: str = "UnisonCollective", blocking: bool = True) -> list[tf.Tensor]:
     """Call ``fn(*numpy_inputs) -> list of arrays`` on tensors and return tensors of `output_dtypes`.
 
-    Eagerly `fn` runs at once in this thread; in a graph it becomes one stateful numpy_function op.
+    Eagerly `fn` runs at once in this thread. Inside `tf.function` it becomes one stateful
+    numpy_function op. In a ``tf.compat.v1`` graph, an `fn` that may wait for other ranks
+    (`blocking`) runs off the inter-op pool (`_off_pool`).
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if executing_eagerly():
@@ -119,6 +175,8 @@ def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[t
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outputs, output_dtypes)]
 
     name = _UNSAFE.sub("_", op_name)[:200] or "UnisonCollective"
+    if blocking and not tf.inside_function():
+        return _off_pool(graph_fn, inputs, output_dtypes, name)
     results = tf.numpy_function(graph_fn, inputs, list(output_dtypes), stateful=True, name=name)
     if not isinstance(results, (list, tuple)):
         results = [results]
