@@ -128,21 +128,12 @@ def test_independent_collectives_of_every_kind_in_one_session_run() -> None:
 
 # -- errors ------------------------------------------------------------------------------------------
 
-# TensorFlow turns an exception raised inside a Python kernel (numpy_function, py_function) into
-# InvalidArgumentError (ValueError, TypeError), UnimplementedError (NotImplementedError) or
-# UnknownError (anything else), and offers no stock kernel that fails with a given code and message:
-# a mismatch, FailedPreconditionError eagerly, arrives as UnknownError in a graph, message intact.
-NO_FAILED_PRECONDITION_IN_GRAPHS = pytest.mark.xfail(
-    strict=True, raises=tf.errors.UnknownError,
-    reason="a Python kernel cannot fail with FailedPrecondition in a TensorFlow graph")
-
-
 @pytest.mark.min_ranks(2)
 @pytest.mark.parametrize("where", ["session", "function"])
-def test_mismatch_in_a_graph_keeps_the_message(where: str) -> None:
+def test_mismatch_in_a_graph_is_failed_precondition_with_the_message(where: str) -> None:
     odd = hvd.rank() == hvd.size() - 1
     x = tf.ones([6 if odd else 5, 2])
-    with pytest.raises(tf.errors.UnknownError,
+    with pytest.raises(tf.errors.FailedPreconditionError,
                        match=r"Mismatched ALLREDUCE tensor shapes for 'allreduce.graph_message_\w+': "
                              r"\[5, 2\] on ranks? \[0"):
         if where == "function":
@@ -155,7 +146,6 @@ def test_mismatch_in_a_graph_keeps_the_message(where: str) -> None:
                 run_before_deadline(sess, out)
 
 
-@NO_FAILED_PRECONDITION_IN_GRAPHS
 @pytest.mark.min_ranks(2)
 def test_shape_mismatch_in_session_is_failed_precondition() -> None:
     odd = hvd.rank() == hvd.size() - 1
@@ -167,7 +157,6 @@ def test_shape_mismatch_in_session_is_failed_precondition() -> None:
         run_before_deadline(sess, out)
 
 
-@NO_FAILED_PRECONDITION_IN_GRAPHS
 @pytest.mark.min_ranks(2)
 def test_dtype_mismatch_in_session_is_failed_precondition() -> None:
     odd = hvd.rank() == hvd.size() - 1
@@ -179,7 +168,6 @@ def test_dtype_mismatch_in_session_is_failed_precondition() -> None:
         run_before_deadline(sess, out)
 
 
-@NO_FAILED_PRECONDITION_IN_GRAPHS
 @pytest.mark.min_ranks(2)
 def test_shape_mismatch_in_function_is_failed_precondition() -> None:
     odd = hvd.rank() == hvd.size() - 1

@@ -10,13 +10,11 @@ tensor's name and the graph's own unique-name counter, which are the same on eve
 the same code; a fixed name also lets the engine's response cache skip negotiation from the second
 step on.
 
-Errors: eagerly, unison errors surface as the `tf.errors` types Horovod's TensorFlow ops raise
-(mismatches as `FailedPreconditionError`, bad arguments as `InvalidArgumentError`, shutdown as
-`UnknownError`); the raised object is also an instance of the unison error, so either handler works.
-Inside a graph TensorFlow converts the exception of a Python kernel itself, and no stock kernel can
-fail with a chosen code: `ValueError` subclasses become `InvalidArgumentError`, `NotImplementedError`
-becomes `UnimplementedError`, everything else (mismatches included) `UnknownError`, with unison's
-message kept.
+Errors: unison errors surface as the `tf.errors` types Horovod's TensorFlow ops raise (mismatches
+as `FailedPreconditionError`, bad arguments as `InvalidArgumentError`, shutdown as `UnknownError`).
+Eagerly the raised object is also an instance of the unison error, so either handler works. In a
+graph TensorFlow would turn an exception escaping the Python kernel into `UnknownError`, so the
+kernel files it instead and a status op fails with its code and message (`_status_op`).
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ from ...errors import (
     UnisonError,
     UnisonNotImplementedError,
 )
+from . import _status_op
 
 __all__ = ["executing_eagerly", "graph_name", "no_autograph", "run", "to_tf_error"]
 
@@ -63,14 +62,27 @@ def _combined(unison_cls: type[Exception], tf_cls: type[tf.errors.OpError]) -> t
     return type(unison_cls.__name__, (tf_cls, unison_cls), {"__module__": __name__})
 
 
+def _tf_class(error: Exception) -> type[tf.errors.OpError] | None:
+    for unison_cls, tf_cls in _TF_ERROR_FOR:
+        if isinstance(error, unison_cls):
+            return tf_cls
+    return None
+
+
 def to_tf_error(error: Exception) -> Exception:
     """Return the `tf.errors` equivalent of a unison error (unchanged if it is not one)."""
     if not isinstance(error, UnisonError) or isinstance(error, tf.errors.OpError):
         return error
-    for unison_cls, tf_cls in _TF_ERROR_FOR:
-        if isinstance(error, unison_cls):
-            return _combined(type(error), tf_cls)(None, None, str(error))  # type: ignore[arg-type]
-    return error
+    tf_cls = _tf_class(error)
+    if tf_cls is None:
+        return error
+    return _combined(type(error), tf_cls)(None, None, str(error))  # type: ignore[arg-type]
+
+
+def _error_code(error: Exception) -> int:
+    """The `tf.errors` code a graph op fails with for `error` (Unknown where none is mapped)."""
+    tf_cls = _tf_class(error) or tf.errors.UnknownError
+    return int(tf_cls(None, None, "").error_code)  # type: ignore[arg-type]
 
 
 def executing_eagerly() -> bool:
@@ -160,7 +172,9 @@ def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[t
 
     Eagerly `fn` runs at once in this thread. Inside `tf.function` it becomes one stateful
     numpy_function op. In a ``tf.compat.v1`` graph, an `fn` that may wait for other ranks
-    (`blocking`) runs off the inter-op pool (`_off_pool`).
+    (`blocking`) runs off the inter-op pool (`_off_pool`). In a graph a unison error does not
+    escape the Python kernel: it is filed, and the outputs are read after a status op that fails
+    with the error's `tf.errors` code (see `_status_op`), as eager mode raises it.
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if executing_eagerly():
@@ -170,14 +184,29 @@ def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[t
             raise to_tf_error(error) from error
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outputs, output_dtypes)]
 
+    with_status = _status_op.available()
+    dtypes = [*output_dtypes, tf.int64] if with_status else list(output_dtypes)
+
     def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        outputs = fn(*arrays)
-        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outputs, output_dtypes)]
+        try:
+            outputs = fn(*arrays)
+        except UnisonError as error:
+            if not with_status:
+                raise
+            error_id = _status_op.file_error(_error_code(error), str(error))
+            # Never read: the status op fails first and the outputs wait for it.
+            return [np.zeros(0, d.as_numpy_dtype) for d in output_dtypes] + [np.int64(error_id)]
+        arrays_out = [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outputs, output_dtypes)]
+        return arrays_out + [np.int64(0)] if with_status else arrays_out
 
     name = _UNSAFE.sub("_", op_name)[:200] or "UnisonCollective"
     if blocking and not tf.inside_function():
-        return _off_pool(graph_fn, inputs, output_dtypes, name)
-    results = tf.numpy_function(graph_fn, inputs, list(output_dtypes), stateful=True, name=name)
-    if not isinstance(results, (list, tuple)):
-        results = [results]
-    return list(results)
+        results = _off_pool(graph_fn, inputs, dtypes, name)
+    else:
+        ran = tf.numpy_function(graph_fn, inputs, dtypes, stateful=True, name=name)
+        results = list(ran) if isinstance(ran, (list, tuple)) else [ran]
+    if not with_status:
+        return results
+    status = _status_op.check(results[-1], name=f"{name}_status")
+    with tf.control_dependencies([status]):
+        return [tf.identity(r) for r in results[:-1]]
