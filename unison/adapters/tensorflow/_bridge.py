@@ -145,6 +145,7 @@ def _off_pool(graph_fn: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Ten
     else:
         dataset = tf.data.Dataset.from_tensors(tf.constant(0, tf.int8))
 
+    @no_autograph
     def call(*xs: tf.Tensor) -> tuple[tf.Tensor, ...]:
         args = list(xs) if inputs else []
         results = tf.numpy_function(graph_fn, args, list(output_dtypes), stateful=True)
