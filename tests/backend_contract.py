@@ -57,6 +57,18 @@ def check_allreduce(backend: Backend) -> None:
     np.testing.assert_array_equal(buf, sum(_values(r, 11) for r in range(size)))
 
 
+def check_chunk_size_changes_no_result(backend: Backend) -> None:
+    rank, size = backend.rank, backend.size
+    expected = sum(_values(r, 1000) for r in range(size))
+    for chunk_bytes in (64, 0, 4 * 1024 * 1024):  # tiny chunks, whole buffers, the default
+        backend.set_chunk_bytes(chunk_bytes)
+        seen: list[int] = []
+        buf = _values(rank, 1000)
+        backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=lambda chunk: seen.append(chunk.size))
+        np.testing.assert_array_equal(buf, expected)
+        assert sum(seen) == 1000
+
+
 def check_allreduce_pieces(backend: Backend) -> None:
     rank, size = backend.rank, backend.size
     buf = _values(rank, 7).astype(np.float32)
@@ -125,6 +137,7 @@ def check_statistics(backend: Backend) -> None:
 CHECKS: list[Callable[[Backend], None]] = [
     check_control_plane,
     check_allreduce,
+    check_chunk_size_changes_no_result,
     check_allreduce_pieces,
     check_allgatherv_broadcast_alltoallv_reducescatter,
     check_process_sets,

@@ -210,7 +210,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             {"trace": 5, "fatal": logging.CRITICAL}.get(settings.log_level, settings.log_level.upper())
         )
         mpi = None
-        timeline = None
+        timeline = tune_log = None
         if importlib.util.find_spec("mpi4py") is not None and (
             comm is not None or _launcher_size() > 1 or mpi_built()
         ):
@@ -237,6 +237,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 try:
                     _check_process_sets(process_sets, the_comm.Get_size())
                     timeline = _open_timeline(settings, the_comm.Get_rank())
+                    tune_log = _open_tune_log(settings, the_comm.Get_rank())
                 except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised here
                     problem = exc
             _start(the_comm, mpi, settings, problem, timeline)
@@ -253,6 +254,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 import_mpi()  # raises MissingDependencyError naming the extra
             _check_process_sets(process_sets, 1)
             timeline = _open_timeline(settings, 0)
+            tune_log = _open_tune_log(settings, 0)
             _configure_logging(settings, 0, 1)
             backend = create_backend("loopback", None, settings)
             topology = (0, 1, 0, 1, True)
@@ -269,7 +271,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             registered[set_id] = tuple(ranks)
             bind(ps, set_id, ranks, rank)
             sets[set_id] = ps
-        engine = Engine(backend, settings, registered, timeline)
+        engine = Engine(backend, settings, registered, timeline, tune_log)
         if settings.controller == "grpc" and mpi is not None:
             from .service.setup import watch_engine
 
@@ -303,6 +305,15 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
     from .engine.timeline import Timeline
 
     return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+
+
+def _open_tune_log(settings: Settings, rank: int) -> Any:
+    """Rank 0's autotune log, opened now for the same reason as the timeline."""
+    if rank != 0 or not settings.autotune or not settings.autotune_log:
+        return None
+    from .engine.loop import open_tune_log
+
+    return open_tune_log(settings.autotune_log)
 
 
 def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | None, timeline: Any) -> None:

@@ -4,6 +4,7 @@ MODE:
 - `raise`: rank 1 raises before init(); the others call init().
 - `setting`: rank 1 has a setting it cannot parse (UNISON_CYCLE_TIME=abc), the others do not.
 - `timeline`: every rank has UNISON_TIMELINE in a directory that does not exist (only rank 0 opens it).
+- `autotune_log`: the same with UNISON_AUTOTUNE_LOG (only rank 0 writes the autotune log).
 - `reinit`: both ranks init() and shut down; rank 1 then exits while rank 0 calls init() again.
 Every rank that gets past its own start writes PIDDIR/pid-R; what init() raised goes to PIDDIR/caught-R.
 """
@@ -22,6 +23,9 @@ if mode == "setting" and rank == 1:
     os.environ["UNISON_CYCLE_TIME"] = "abc"
 if mode == "timeline":
     os.environ["UNISON_TIMELINE"] = str(pid_dir / "no-such-dir" / "timeline.json")
+if mode == "autotune_log":
+    os.environ["UNISON_AUTOTUNE"] = "1"
+    os.environ["UNISON_AUTOTUNE_LOG"] = str(pid_dir / "no-such-dir" / "autotune.csv")
 
 import unison as hvd  # noqa: E402
 

@@ -34,6 +34,7 @@ def test_rank_raising_before_init(tmp_path: Path) -> None:
     [
         ("setting", 1, "ConfigError: UNISON_CYCLE_TIME must be"),  # a setting only rank 1 cannot parse
         ("timeline", 0, "ConfigError: The timeline file"),  # only rank 0 opens the timeline
+        ("autotune_log", 0, "ConfigError: UNISON_AUTOTUNE_LOG must name a file"),  # nor the autotune log
     ],
 )
 def test_local_set_up_that_fails_on_one_rank_only(tmp_path: Path, mode: str, failing: int, error: str) -> None:

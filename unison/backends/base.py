@@ -93,6 +93,13 @@ class Backend(Protocol):
     def remove_process_set(self, process_set_id: int) -> None:
         """Free the set's communicator (local)."""
 
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        """Split later data-plane reductions into calls of about `chunk_bytes` (0: whole buffers).
+
+        Only how a buffer is cut into calls changes, never a result; a backend that does not
+        chunk ignores it. The autotuner's knob.
+        """
+
     def abandon(self) -> None:
         """Make any current or future control-plane wait raise `Abandoned`."""
 

@@ -121,6 +121,9 @@ class GrpcBackend:
     def remove_process_set(self, process_set_id: int) -> None:
         self.data.remove_process_set(process_set_id)
 
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        self.data.set_chunk_bytes(chunk_bytes)  # the data plane is MPI's
+
     def abandon(self) -> None:
         """Peers did not answer shutdown: cancel the stream (and, on rank 0, stop the service) at once."""
         self._abandoned = True

@@ -69,6 +69,9 @@ class LoopbackBackend:
     def remove_process_set(self, process_set_id: int) -> None:
         return None
 
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        return None  # one process: nothing is reduced over a transport
+
     def abandon(self) -> None:
         return None
 
@@ -224,6 +227,9 @@ class ThreadBackend:
 
     def remove_process_set(self, process_set_id: int) -> None:
         return None
+
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        return None  # threads reduce each buffer whole
 
     def abandon(self) -> None:
         self.group.abandon()

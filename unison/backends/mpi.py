@@ -256,6 +256,9 @@ class MpiBackend:
         being aborted and this rank may be waiting for a peer that will never come)."""
         self._failure = reason
 
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+
     def abandon(self) -> None:
         self._abandoned = True
 

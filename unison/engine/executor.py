@@ -223,13 +223,9 @@ class Executor:
         """Make the data plane split later reductions into chunks of `chunk_bytes` (the autotuner's knob).
 
         Only how a buffer is split into calls changes, never its contents, so ranks may switch at
-        different points without harm; the engine switches them at the same cycle anyway. Backends
-        that chunk keep the size in a ``chunk_bytes`` attribute (the MPI backend, and the gRPC
-        backend's MPI data plane, ``data``); the others reduce each buffer whole and are left alone.
+        different points without harm; the engine switches them at the same cycle anyway.
         """
-        for part in (self.backend, getattr(self.backend, "data", None)):
-            if part is not None and hasattr(part, "chunk_bytes"):
-                part.chunk_bytes = chunk_bytes
+        self.backend.set_chunk_bytes(chunk_bytes)
 
     def _mark(self, names: Sequence[str], activity: str | None) -> None:
         if self.activity is not None:

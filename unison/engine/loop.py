@@ -67,7 +67,7 @@ from ..protocol.negotiation import Coordinator, CoordinatorStatistics
 from ..protocol.stall import StallInspector, StallStatistics
 from .executor import Entry, Executor, ExecutorStatistics
 
-__all__ = ["Engine", "EngineState", "EngineStatistics"]
+__all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ _ADD_SET = CollectiveKind.ADD_PROCESS_SET.value
 _REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
 
 
-def _open_tune_log(path: str) -> Any:
+def open_tune_log(path: str) -> Any:
     """Open the autotune log (rank 0) and write its header; the error names the setting."""
     try:
         log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed when the engine stops
@@ -150,7 +150,7 @@ class Engine:
 
     def __init__(self, backend: Backend, settings: Settings,
                  process_sets: dict[int, tuple[int, ...]] | None = None,
-                 timeline: Any = None) -> None:
+                 timeline: Any = None, tune_log: Any = None) -> None:
         self.backend = backend
         self.settings = settings
         self.rank: int = backend.rank
@@ -182,8 +182,10 @@ class Engine:
             self._tuner = Tuner(self.parameters, warmup_samples=settings.autotune_warmup_samples,
                                 max_samples=settings.autotune_max_samples, grid=grid)
             self._meter = Meter(settings.autotune_steps_per_sample)
-            if settings.autotune_log:
-                self._tune_log = _open_tune_log(settings.autotune_log)
+            if tune_log is not None:  # opened by init() before the start-up check (`open_tune_log`)
+                self._tune_log = tune_log
+            elif settings.autotune_log:
+                self._tune_log = open_tune_log(settings.autotune_log)
         self.timeline = None
         self._lock = threading.Lock()
         self._event = threading.Event()

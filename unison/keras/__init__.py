@@ -23,6 +23,7 @@ from .._runtime import (
     shutdown,
     size,
     start_timeline,
+    statistics,
     stop_timeline,
 )
 from ..adapters.array_compression import Compression
@@ -78,6 +79,7 @@ __all__ = [
     "shutdown",
     "size",
     "start_timeline",
+    "statistics",
     "stop_timeline",
 ]
 

@@ -24,6 +24,7 @@ from .._runtime import (
     shutdown,
     size,
     start_timeline,
+    statistics,
     stop_timeline,
 )
 from ..adapters.array_compression import Compression
@@ -114,6 +115,7 @@ __all__ = [
     "size",
     "size_op",
     "start_timeline",
+    "statistics",
     "stop_timeline",
 ]
 

@@ -34,6 +34,7 @@ from .._runtime import (
     shutdown,
     size,
     start_timeline,
+    statistics,
     stop_timeline,
 )
 from ..adapters.torch.autograd import (
@@ -143,6 +144,7 @@ __all__ = [
     "size",
     "sparse_allreduce_async",
     "start_timeline",
+    "statistics",
     "stop_timeline",
     "synchronize",
 ]

@@ -38,6 +38,7 @@ from ...keras import (
     shutdown,
     size,
     start_timeline,
+    statistics,
     stop_timeline,
 )
 from . import callbacks
@@ -80,6 +81,7 @@ __all__ = [
     "shutdown",
     "size",
     "start_timeline",
+    "statistics",
     "stop_timeline",
 ]
 
