@@ -46,8 +46,9 @@ __all__ = [
 
 
 class Framework(enum.Enum):
-    """Whose Horovod rules a wrapper follows: torch accepts every op (Adasum as a delta step), TensorFlow and
-    Keras only Average and Sum; each runs a different subset of the compression exchanges."""
+    """Whose Horovod rules a wrapper follows: torch accepts every op (Adasum as a delta step),
+    TensorFlow's tape Average, Sum and Adasum, Keras only Average and Sum; each runs a different
+    subset of the compression exchanges."""
 
     TORCH = "torch"
     TENSORFLOW = "tensorflow"
@@ -81,7 +82,7 @@ def gradient_policy(framework: Framework, *, op: Any, process_set: ProcessSet, c
         >>> gradient_policy(Framework.KERAS, op=0, process_set=global_process_set).op
         <ReduceOp.AVERAGE: 0>
     """
-    resolved = resolve_op(op, None) if framework is Framework.TORCH else _average_or_sum(op)
+    resolved = resolve_op(op, None) if framework is Framework.TORCH else _average_or_sum(op, framework)
     if gradient_predivide_factor != 1.0 and resolved is not ReduceOp.AVERAGE:
         raise InvalidArgumentError(
             "gradient_predivide_factor not supported with op != Average. "
@@ -111,11 +112,19 @@ def check_passes(passes: Any) -> None:
         raise InvalidArgumentError(f"backward_passes_per_step must be an integer >= 1. Got {passes!r}.")
 
 
-def _average_or_sum(op: Any) -> ReduceOp:
+def _average_or_sum(op: Any, framework: Framework) -> ReduceOp:
+    """Average or Sum; Adasum too for TensorFlow's gradient tape, never for Keras (Horovod's rules)."""
     try:
         resolved = ReduceOp(int(op))
     except (TypeError, ValueError):
         resolved = None
+    if resolved is ReduceOp.ADASUM:
+        if framework is Framework.TENSORFLOW:
+            return resolved
+        raise InvalidArgumentError(
+            "op == Adasum is not supported yet with Keras. Use op=hvd.Average, or a custom training "
+            "loop with hvd.DistributedGradientTape(tape, op=hvd.Adasum)."
+        )
     if resolved not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise InvalidArgumentError(
             f"op currently only supports Average and Sum. Got op={op!r}; use hvd.Average or hvd.Sum."
@@ -127,6 +136,11 @@ def _check_exchange(framework: Framework, exchange: Exchange, compression: Any, 
                     passes: int) -> None:
     if exchange is Exchange.ALLREDUCE:
         return
+    if op is ReduceOp.ADASUM:
+        raise InvalidArgumentError(
+            f"compression={compression!r} cannot be combined with op=Adasum: Adasum combines whole "
+            "tensors. Use Compression.none, fp16 or bf16 with it."
+        )
     if framework is Framework.TORCH:
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM) or (exchange is Exchange.PARTIAL
                                                          and op is not ReduceOp.AVERAGE):

@@ -252,7 +252,7 @@ def test_shape_mismatch_eager_is_failed_precondition() -> None:
 def test_dtype_mismatch_in_function_surfaces_with_message() -> None:
     odd = hvd.rank() == hvd.size() - 1
     fn = tf.function(lambda t: hvd.allreduce(t, name="tf_dtype"))
-    with pytest.raises(tf.errors.UnknownError, match=r"Mismatched data types"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match=r"Mismatched data types"):
         fn(tf.ones([3], tf.float64 if odd else tf.float32))
 
 
@@ -326,3 +326,37 @@ def test_allreduce_adasum(mode: str) -> None:
     dot = a @ b
     want = (1 - dot / (a @ a) / 2) * a + (1 - dot / (b @ b) / 2) * b
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tape_with_adasum_combines_each_gradient(mode: str) -> None:
+    if hvd.size() != 2:
+        pytest.skip("the reference below is written out for 2 ranks")
+    w, b = tf.Variable(tf.ones([3, 2], tf.float64)), tf.Variable(tf.zeros([2], tf.float64))
+    data = [np.random.default_rng(10 + r).standard_normal((4, 3)) for r in range(2)]
+
+    def local_grads(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(x @ w + b))
+        return tape, loss
+
+    def distributed(x):
+        tape, loss = local_grads(x)
+        return hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(loss, [w, b])
+
+    got = call(mode, distributed, tf.constant(data[hvd.rank()]))
+    per_rank = []
+    for x in data:
+        tape, loss = local_grads(tf.constant(x))
+        per_rank.append([g.numpy().reshape(-1) for g in tape.gradient(loss, [w, b])])
+    for index, g in enumerate(got):
+        a, c = per_rank[0][index], per_rank[1][index]
+        dot = a @ c
+        want = (1 - dot / (a @ a) / 2) * a + (1 - dot / (c @ c) / 2) * c
+        np.testing.assert_allclose(g.numpy().reshape(-1), want, rtol=1e-12)
+
+
+def test_keras_optimizer_refuses_adasum_as_horovod_does() -> None:
+    keras = pytest.importorskip("keras")
+    with pytest.raises(ValueError, match=r"op == Adasum is not supported yet with Keras"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)

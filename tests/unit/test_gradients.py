@@ -22,7 +22,7 @@ from unison._gradients import (
     split_local,
 )
 from unison.compression import Compression, Exchange
-from unison.errors import InvalidArgumentError, UnisonNotImplementedError
+from unison.errors import InvalidArgumentError
 from unison.ops import ReduceOp
 from unison.process_sets import global_process_set
 
@@ -48,17 +48,26 @@ def test_the_policy_is_frozen_and_keeps_the_resolved_values() -> None:
 
 
 @pytest.mark.parametrize("framework", [Framework.TENSORFLOW, Framework.KERAS])
-@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, ReduceOp.ADASUM, "x", None, 99])
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, "x", None, 99])
 def test_tensorflow_and_keras_accept_only_average_and_sum(framework: Framework, op: object) -> None:
     with pytest.raises(ValueError, match=r"op currently only supports Average and Sum\. Got op="):
         policy(framework, op=op)
 
 
+def test_adasum_is_for_the_tape_and_torch_not_keras_nor_with_a_sparsifier() -> None:
+    assert policy(Framework.TENSORFLOW, op=ReduceOp.ADASUM).op is ReduceOp.ADASUM
+    assert policy(Framework.TORCH, op=ReduceOp.ADASUM).op is ReduceOp.ADASUM
+    with pytest.raises(ValueError, match=r"op == Adasum is not supported yet with Keras"):
+        policy(Framework.KERAS, op=ReduceOp.ADASUM)
+    with pytest.raises(ValueError, match=r"cannot be combined with op=Adasum"):
+        policy(Framework.TORCH, op=ReduceOp.ADASUM, compression=Compression.topk(0.1))
+    with pytest.raises(ValueError, match=r"gradient_predivide_factor not supported with op != Average"):
+        policy(Framework.TENSORFLOW, op=ReduceOp.ADASUM, gradient_predivide_factor=2.0)
+
+
 @pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, ReduceOp.SUM])
-def test_torch_accepts_every_op_but_adasum(op: ReduceOp) -> None:
+def test_torch_accepts_every_op(op: ReduceOp) -> None:
     assert policy(op=int(op)).op is op
-    with pytest.raises(UnisonNotImplementedError, match=r"op=Adasum is not implemented"):
-        policy(op=ReduceOp.ADASUM)
     with pytest.raises(InvalidArgumentError, match=r"op must be one of Average, Sum"):
         policy(op="x")
 
