@@ -1,0 +1,40 @@
+"""The pure rules of steps: accepted pushes, completion, who holds a step up, staleness."""
+
+from __future__ import annotations
+
+from unison.ps._steps import AHEAD_STEPS, TrainerSeen, push_refusal, staleness, step_blockers, step_complete
+
+
+def test_push_rules() -> None:
+    assert push_refusal(step=4, version=4, trainer=0, already=False) == ""
+    assert push_refusal(step=4 + AHEAD_STEPS, version=4, trainer=0, already=False) == ""
+    assert "behind" in push_refusal(step=3, version=4, trainer=2, already=False)
+    assert "at most 2 steps ahead" in push_refusal(step=7, version=4, trainer=0, already=False)
+    assert push_refusal(step=4, version=4, trainer=1, already=True) == (
+        "trainer 1 pushed gradients of step 4 twice; push once per step.")
+
+
+def test_step_completes_with_every_trainer() -> None:
+    assert not step_complete({0, 2}, 3)
+    assert step_complete({0, 1, 2}, 3)
+
+
+def test_blockers_name_the_missing_trainer_that_is_gone() -> None:
+    seen = {0: TrainerSeen("a", 1, 100.0, 5), 1: TrainerSeen("b", 2, 99.0, 4),
+            2: TrainerSeen("c", 3, 80.0, 4, finished=True)}
+    assert step_blockers(5, {0}, seen, 3, 101.0, 5.0) == ["trainer 2 (c, pid 3) pushed steps up to 4 and finished"]
+    assert step_blockers(5, {0, 2}, seen, 3, 104.5, 5.0) == [
+        "trainer 1 (b, pid 2) pushed steps up to 4 and sent nothing for 5.5 s; it died or is stopped"]
+    assert step_blockers(5, {0, 1, 2}, seen, 3, 500.0, 5.0) == []
+
+
+def test_a_trainer_that_never_came_blocks_after_the_timeout() -> None:
+    seen = {0: TrainerSeen("a", 1, 100.0)}
+    assert step_blockers(0, {0}, seen, 2, 103.0, 5.0) == []
+    assert step_blockers(0, {0}, seen, 2, 106.0, 5.0) == ["trainer 1 never connected (6.0 s after the first)"]
+
+
+def test_staleness() -> None:
+    assert staleness(10, 7) == 3
+    assert staleness(3, 3) == 0
+    assert staleness(2, 5) == 0  # a server resumed from an older checkpoint

@@ -1,0 +1,1 @@
+"""Parameter-server mode: dense parameters and sparse tables held by servers, trained by pulling and pushing."""

@@ -1,0 +1,88 @@
+"""The rules of a server's steps, as pure functions: which push is accepted, when a step is complete, who holds it up.
+
+In synchronous mode a server's version is the number of steps it has applied; step `s` is applied
+once every trainer pushed its gradients of step `s`, and a trainer's pull of step `s` waits for
+version `s`. In asynchronous mode every push is applied when it arrives and the version counts pushes;
+a push's staleness is how many updates were applied between the pull it was computed from and it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Set
+
+__all__ = ["AHEAD_STEPS", "TrainerSeen", "push_refusal", "staleness", "step_blockers", "step_complete"]
+
+# A synchronous push may run this many steps ahead of the server's version (its gradients wait).
+AHEAD_STEPS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSeen:
+    """What a server knows of one trainer: where it runs, when it was last heard, how far it pushed."""
+
+    host: str = ""
+    pid: int = 0
+    last_seen: float = 0.0
+    pushed: int = -1  # the last step pushed (synchronous mode), -1 before any
+    finished: bool = False
+
+
+def push_refusal(*, step: int, version: int, trainer: int, already: bool) -> str:
+    """Why a synchronous push of `step` by `trainer` is refused, or "" when it is accepted.
+
+    Example:
+        >>> push_refusal(step=3, version=5, trainer=1, already=False)[:40]
+        'trainer 1 pushed gradients of step 3, bu'
+    """
+    if step < version:
+        return (f"trainer {trainer} pushed gradients of step {step}, but this server has applied steps up to "
+                f"{version - 1}; the trainer is behind (it restarted, or the server resumed from a newer "
+                "checkpoint). Restart the trainer so it pulls the current parameters.")
+    if step > version + AHEAD_STEPS:
+        return (f"trainer {trainer} pushed gradients of step {step}, but this server is at step {version}; a "
+                f"push may run at most {AHEAD_STEPS} steps ahead. Pull (which waits for the step) before pushing "
+                "again, or the server resumed from an older checkpoint: restart every trainer.")
+    if already:
+        return f"trainer {trainer} pushed gradients of step {step} twice; push once per step."
+    return ""
+
+
+def step_complete(contributors: Set[int], num_trainers: int) -> bool:
+    """Whether every trainer has pushed the step."""
+    return len(contributors) == num_trainers
+
+
+def step_blockers(step: int, contributors: Set[int], trainers: Mapping[int, TrainerSeen], num_trainers: int,
+                  now: float, timeout_seconds: float) -> list[str]:
+    """Why step `step` cannot complete: each missing trainer that is gone, as text; [] while it may yet.
+
+    A trainer is gone when it finished, or was not heard for `timeout_seconds`, or never arrived
+    within that long of the first.
+
+    Example:
+        >>> seen = {0: TrainerSeen("a", 10, 100.0, 3), 1: TrainerSeen("b", 11, 90.0, 2)}
+        >>> step_blockers(3, {0}, seen, 2, 101.0, 5.0)
+        ['trainer 1 (b, pid 11) pushed steps up to 2 and sent nothing for 11.0 s; it died or is stopped']
+    """
+    reasons = []
+    first_seen = min((t.last_seen for t in trainers.values() if t.pid), default=now)
+    for trainer in range(num_trainers):
+        if trainer in contributors:
+            continue
+        seen = trainers.get(trainer)
+        if seen is None or not seen.pid:
+            if now - first_seen > timeout_seconds:
+                reasons.append(f"trainer {trainer} never connected ({now - first_seen:.1f} s after the first)")
+            continue
+        where = f"trainer {trainer} ({seen.host}, pid {seen.pid}) pushed steps up to {seen.pushed}"
+        if seen.finished:
+            reasons.append(f"{where} and finished")
+        elif now - seen.last_seen > timeout_seconds:
+            reasons.append(f"{where} and sent nothing for {now - seen.last_seen:.1f} s; it died or is stopped")
+    return reasons
+
+
+def staleness(version: int, based_on: int) -> int:
+    """Updates applied between the pull a push was computed from and the push (0 when none)."""
+    return max(0, version - based_on)
