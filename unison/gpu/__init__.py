@@ -1,7 +1,13 @@
-"""The GPU data plane's device-neutral parts: which rank uses which GPU, and one NCCL communicator per set and device.
+"""The GPU data plane: responses on CUDA buffers run over NCCL (through CuPy), packed and scaled on the device.
 
-Nothing here imports CUDA, CuPy or NCCL: these are the decisions the data plane makes from plain data,
-unit-tested on CPU machines. `placement.py` checks the rank-to-GPU map (NCCL refuses two ranks on one
-device, with an error that does not say which ranks); `communicators.py` keeps the lazily made
-communicators, keyed by process set and device.
+Nothing here imports CUDA, CuPy or NCCL until a CUDA buffer arrives, so CPU machines never load them.
+The executor hands a response whose ``device`` is not ``"cpu"`` to `plane.GpuPlane`, made on first use.
+
+- `device`: the `Device` protocol and the arithmetic shared by the CuPy device and the fake one;
+- `ordering`: the stream rules (wait on the producer's event, publish an event the consumer waits on);
+- `plane`: running responses, over NCCL or staged through host memory;
+- `nccl`: the communicator protocol and its bounded set-up;
+- `communicators`, `placement`: one communicator per set and device; the rank -> GPU check;
+- `handoff`: CuPy on demand, one GPU per process, zero-copy wrapping; `build`: what is installed;
+- `cupy_device`: CUDA through CuPy; `fake`: a logging device and NCCL for tests without a GPU.
 """

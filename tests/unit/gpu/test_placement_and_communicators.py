@@ -8,18 +8,18 @@ import sys
 import pytest
 
 from unison.gpu.communicators import CommunicatorCache
-from unison.gpu.placement import Device, duplicate_devices, placement_error, placement_table
+from unison.gpu.placement import Placement, duplicate_devices, placement_error, placement_table
 
 
 def test_every_rank_on_its_own_gpu_is_fine() -> None:
-    devices = [Device("node1", 0, "0000:17:00.0"), Device("node1", 1, "0000:65:00.0"),
-               Device("node2", 0, "0000:17:00.0")]  # the same bus id on another host is another GPU
+    devices = [Placement("node1", 0, "0000:17:00.0"), Placement("node1", 1, "0000:65:00.0"),
+               Placement("node2", 0, "0000:17:00.0")]  # the same bus id on another host is another GPU
     assert duplicate_devices(devices) == {} and placement_error(devices) == ""
 
 
 def test_two_ranks_on_one_gpu_are_named_with_the_table() -> None:
-    devices = [Device("node1", 0, "0000:17:00.0"), Device("node1", 0, "0000:17:00.0"),
-               Device("node1", 1, "0000:65:00.0"), Device("node1", 1, "0000:65:00.0".upper())]
+    devices = [Placement("node1", 0, "0000:17:00.0"), Placement("node1", 0, "0000:17:00.0"),
+               Placement("node1", 1, "0000:65:00.0"), Placement("node1", 1, "0000:65:00.0".upper())]
     text = placement_error(devices)
     assert text.startswith("Several ranks use the same GPU, which NCCL refuses: ranks [0, 1] on node1 "
                            "(0000:17:00.0); ranks [2, 3] on node1 (0000:65:00.0).")
@@ -29,7 +29,7 @@ def test_two_ranks_on_one_gpu_are_named_with_the_table() -> None:
 
 
 def test_three_ranks_on_one_gpu() -> None:
-    table = placement_table([Device("h", 0, "b")] * 3)
+    table = placement_table([Placement("h", 0, "b")] * 3)
     assert table.splitlines()[0] == "rank 0: h cuda:0 (b)  <- shared with ranks [1, 2]"
 
 

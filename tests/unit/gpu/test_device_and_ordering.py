@@ -1,0 +1,138 @@
+"""Device arithmetic (the same code CuPy runs) and the stream rules, read from the fake device's log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.unit.gpu.fake_job import device_entry, make_planes
+from unison.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
+from unison.engine.executor import Executor
+from unison.gpu.device import DeviceBuffer
+from unison.gpu.fake import FakeDevice
+from unison.gpu.ordering import Retention, consume, mark_ready, publish, wait_for_inputs
+from unison.ops import CollectiveKind
+from unison.protocol.messages import Response
+
+AR = CollectiveKind.ALLREDUCE
+
+
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT32, DType.INT64, DType.UINT8], ids=lambda d: d.value)
+def test_integers_scale_through_float64_truncated_toward_zero(dtype: DType) -> None:
+    device = FakeDevice()
+    buf = np.array([7, 9, 100, 3], dtype=dtype.storage) * (1 if dtype is DType.UINT8 else -1)
+    device.scale_(buf, 0.5, dtype, device.stream())
+    assert buf.tolist() == [int(v * 0.5) for v in (np.array([7, 9, 100, 3]) * (1 if dtype is DType.UINT8 else -1))]
+
+
+def test_half_precision_scales_in_float32_and_rounds_once() -> None:
+    device = FakeDevice()
+    values = np.array([1.0, 3.0, 65504.0, -0.1], np.float32)
+    half = values.astype(np.float16)
+    device.scale_(half, 1 / 3, DType.FLOAT16, device.stream())
+    np.testing.assert_array_equal(half, (values.astype(np.float16).astype(np.float32) * np.float32(1 / 3)).astype(np.float16))
+    bits = float32_to_bfloat16(values)
+    device.scale_(bits, 1 / 3, DType.BFLOAT16, device.stream())
+    np.testing.assert_array_equal(bits, float32_to_bfloat16(bfloat16_to_float32(float32_to_bfloat16(values)) * np.float32(1 / 3)))
+
+
+def test_bfloat16_rounding_matches_the_host_conversion_including_nan_and_ties() -> None:
+    device = FakeDevice()
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80C000, 0x7FC00001, 0xFF800000, 0x00000001], np.uint32)
+    values = bits.view(np.float32)
+    assert device.narrow(values, DType.BFLOAT16).tolist() == float32_to_bfloat16(values).tolist()
+    assert np.isnan(bfloat16_to_float32(device.narrow(values[3:4], DType.BFLOAT16))).all()
+
+
+def test_pack_scales_and_fills_zeros_and_unpack_splits_back() -> None:
+    device = FakeDevice()
+    a, b = np.arange(3, dtype=np.float32), np.arange(4, dtype=np.float32).reshape(2, 2)
+    buf = np.full(9, -1, np.float32)
+    device.pack(buf, [a, None, b], [3, 2, 4], 2.0, DType.FLOAT32, device.stream())
+    assert buf.tolist() == [0, 2, 4, 0, 0, 0, 2, 4, 6]
+    out_a, out_b = np.empty(3, np.float32), np.empty((2, 2), np.float32)
+    device.unpack(buf, [out_a, None, out_b], [3, 2, 4], device.stream())
+    assert out_a.tolist() == [0, 2, 4] and out_b.tolist() == [[0, 2], [4, 6]]
+
+
+def test_the_four_stream_rules_in_order() -> None:
+    device = FakeDevice()
+    producer = device.current_stream()
+    first = mark_ready(device, np.ones(2))  # rule 1: an event on the framework's stream at submission
+    second = DeviceBuffer(np.ones(2), first.ready)  # the same event is waited on once
+    assert wait_for_inputs(device, device.stream(), [first, second, None]) == 1  # rule 2
+    event, (result, nothing) = publish(device, device.stream(), [np.zeros(2), None])  # rule 3
+    assert nothing is None and result is not None and result.ready is event
+    consume(device, result)  # rule 4
+    assert device.log == [("record", producer.name, first.ready.id), ("wait", "unison", first.ready.id),
+                          ("record", "unison", event.id), ("wait", "framework", event.id)]
+
+
+def test_nccl_reads_only_after_the_producer_and_the_consumer_waits_for_unison() -> None:
+    (plane,) = make_planes(1)
+    device = plane.device
+    assert isinstance(device, FakeDevice)
+    producer = device.current_stream()
+    device.hold(producer)  # the producer's kernels are still running
+    ready = device.record_event(producer)
+    entries = [device_entry(f"g{i}", AR, 0, np.full(3, float(i)), dtype=DType.FLOAT64, ready=ready) for i in range(2)]
+    device.log.clear()
+    results = plane.run(Response("allreduce", ("g0", "g1"), DType.FLOAT64, ((3,), (3,)), postscale=0.5, device="cuda"),
+                        entries)
+    ops = [(op, stream) for op, stream, _ in device.log if op != "allocate"]
+    assert ops == [("wait", "unison"), ("pack", "unison"), ("nccl.allreduce", "unison"), ("scale", "unison"),
+                   ("unpack", "unison"), ("record", "unison")]
+    assert "synchronize" not in device.operations()  # the host never waits on the NCCL path
+    assert plane.statistics()["retained"] == 1  # inputs kept while unison's stream may still use them
+    consume(device, results[0])
+    assert device.log[-1] == ("wait", "framework", results[0].ready.id)
+    device.finish(producer)
+    plane.run(Response("allreduce", ("g0",), DType.FLOAT64, ((3,),), device="cuda"), entries[:1])
+    assert plane.statistics()["retained"] == 1  # the first response's buffers were released
+
+
+def test_staging_waits_for_the_producer_before_copying_to_the_host() -> None:
+    (plane,) = make_planes(1, operations="mpi")
+    device = plane.device
+    assert isinstance(device, FakeDevice)
+    ready = device.record_event(device.current_stream())
+    device.log.clear()
+    plane.run(Response("allreduce", ("g",), DType.FLOAT32, ((2,),), device="cuda"),
+              [device_entry("g", AR, 0, np.ones(2, np.float32), dtype=DType.FLOAT32, ready=ready)])
+    assert device.operations()[:3] == ["wait", "to_host", "synchronize"]
+    assert device.operations()[-2:] == ["from_host", "record"]
+
+
+def test_retention_releases_in_order_and_stops_at_a_pending_event() -> None:
+    device = FakeDevice()
+    keep = Retention(device)
+    stream = device.stream()
+    keep.hold(device.record_event(stream), ["a"])
+    device.hold(stream)
+    keep.hold(device.record_event(stream), ["b"])
+    keep.hold(device.record_event(stream), ["c"])
+    assert keep.release() == 1 and len(keep) == 2
+    device.finish(stream)
+    assert keep.release() == 2 and len(keep) == 0
+
+
+def test_the_executor_routes_device_responses_to_the_plane_and_keeps_cpu_ones() -> None:
+    (plane,) = make_planes(1)
+    executor = Executor(plane.backend, 0, {0: (0,)})
+    executor.device_plane = plane
+    (out,) = executor.run(Response("allreduce", ("g",), DType.FLOAT32, ((2,),), device="cuda"),
+                          [device_entry("g", AR, 0, np.ones(2, np.float32), dtype=DType.FLOAT32)])
+    assert isinstance(out, DeviceBuffer) and plane.statistics()["responses"] == 1
+    executor.close()
+    assert plane.statistics()["communicators"] == 0
+
+
+def test_cpu_jobs_import_nothing_of_the_gpu_plane() -> None:
+    code = ("import sys, numpy as np, unison; from unison.engine.executor import Executor; "
+            "import unison.gpu.placement, unison.gpu.communicators, unison.gpu.build, unison.gpu.handoff; "
+            "print(sorted(m for m in sys.modules if m.startswith(('cupy', 'unison.gpu.plane', 'unison.gpu.cupy'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

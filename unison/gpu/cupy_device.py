@@ -1,0 +1,215 @@
+"""The CUDA device and NCCL of the GPU data plane, through CuPy; imported only once a CUDA buffer arrives.
+
+`CupyDevice` gives `ArrayDevice`'s arithmetic CuPy as its array module and issues every operation on
+one non-blocking stream per device (unison's stream) inside that device's context. `CupyLibrary` and
+`CupyComm` wrap ``cupy.cuda.nccl``: pointers and element counts go to NCCL, uneven gathers are
+grouped broadcasts, alltoall is grouped send/recv (NCCL has no alltoallv).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DType
+from ..ops import ReduceOp
+from .device import ArrayDevice
+from .handoff import import_cupy
+from .nccl import nccl_dtype, nccl_op
+
+__all__ = ["CupyComm", "CupyDevice", "CupyLibrary"]
+
+
+class CupyDevice(ArrayDevice):
+    """One CUDA device through CuPy; `stream()` is unison's stream on it, made on first use."""
+
+    def __init__(self, ordinal: int) -> None:
+        cupy = import_cupy("the GPU data plane")
+        self.xp = cupy
+        self.ordinal = ordinal
+        self.name = f"cuda:{ordinal}"
+        self._device = cupy.cuda.Device(ordinal)
+        self._stream: Any = None
+        self._pinned: Any = None  # one growing pinned staging buffer
+
+    def __repr__(self) -> str:
+        return f"<CupyDevice {self.name}>"
+
+    @contextmanager
+    def _on(self, stream: Any) -> Iterator[None]:
+        with self._device:
+            if stream is None:
+                yield
+            else:
+                with stream:
+                    yield
+
+    def stream(self) -> Any:
+        if self._stream is None:
+            with self._device:
+                self._stream = self.xp.cuda.Stream(non_blocking=True)
+        return self._stream
+
+    def current_stream(self) -> Any:
+        """The framework's current stream: torch's when torch is in use, else CuPy's."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            handle = torch.cuda.current_stream(self.ordinal).cuda_stream
+            return self.xp.cuda.ExternalStream(handle, self.ordinal)
+        with self._device:
+            return self.xp.cuda.get_current_stream()
+
+    def record_event(self, stream: Any) -> Any:
+        with self._device:
+            event = self.xp.cuda.Event(block=False, disable_timing=True)
+            event.record(stream)
+        return event
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        with self._device:
+            stream.wait_event(event)
+
+    def event_done(self, event: Any) -> bool:
+        return bool(event.done)
+
+    def synchronize_stream(self, stream: Any) -> None:
+        stream.synchronize()
+
+    def allocate(self, nbytes: int) -> Any:
+        with self._on(self.stream()):
+            return self.xp.empty(nbytes, dtype=self.xp.uint8)
+
+    def to_host(self, buf: Any, stream: Any) -> np.ndarray:
+        import cupyx  # part of CuPy
+
+        flat = buf.reshape(-1)
+        host = cupyx.empty_pinned(flat.shape, dtype=flat.dtype)
+        with self._on(stream):
+            flat.get(stream=stream, out=host)
+        stream.synchronize()  # the host reads these bytes next: the one wait staging needs
+        return np.array(host, copy=True)  # the pinned block is released when `host` goes
+
+    def from_host(self, dst: Any, host: np.ndarray, stream: Any) -> None:
+        with self._on(stream):
+            dst.reshape(-1).view(self.xp.uint8).set(np.ascontiguousarray(host).reshape(-1).view(np.uint8),
+                                                     stream=stream)
+        stream.synchronize()  # `host` may be freed by the caller as soon as this returns
+
+    def bus_id(self) -> str:
+        return str(self._device.pci_bus_id)
+
+
+class CupyComm:
+    """An ``NcclCommunicator`` behind the plane's `Comm` protocol."""
+
+    def __init__(self, comm: Any, nccl: Any, size: int, index: int) -> None:
+        self._comm = comm
+        self._nccl = nccl
+        self.size = size
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<CupyComm {self.index}/{self.size}>"
+
+    @staticmethod
+    def _ptr(array: Any) -> int:
+        return int(array.data.ptr)
+
+    def allreduce_(self, buf: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+        code = nccl_dtype(dtype)
+        if code is None:
+            raise ValueError(f"NCCL cannot reduce {dtype.value}")
+        ptr = self._ptr(buf)
+        self._comm.allReduce(ptr, ptr, buf.size, code, nccl_op(op), stream.ptr)
+
+    def allgather(self, send: Any, recv: Any, stream: Any) -> None:
+        self._comm.allGather(self._ptr(send), self._ptr(recv), send.nbytes, 1, stream.ptr)
+
+    def allgatherv(self, send: Any, recv: Any, counts: Sequence[int], stream: Any) -> None:
+        itemsize = recv.itemsize
+        base = self._ptr(recv)
+        self._nccl.groupStart()
+        try:
+            offset = 0
+            for root, count in enumerate(counts):
+                if count:
+                    source = self._ptr(send) if root == self.index else base + offset
+                    self._comm.broadcast(source, base + offset, count * itemsize, 1, root, stream.ptr)
+                offset += count * itemsize
+        finally:
+            self._nccl.groupEnd()
+
+    def broadcast_(self, buf: Any, root: int, stream: Any) -> None:
+        ptr = self._ptr(buf)
+        self._comm.broadcast(ptr, ptr, buf.nbytes, 1, root, stream.ptr)
+
+    def alltoallv(self, send: Any, send_counts: Sequence[int], recv: Any, recv_counts: Sequence[int],
+                  stream: Any) -> None:
+        itemsize = send.itemsize
+        self._nccl.groupStart()
+        try:
+            send_offset = recv_offset = 0
+            for peer in range(self.size):
+                if send_counts[peer]:
+                    self._comm.send(self._ptr(send) + send_offset, send_counts[peer] * itemsize, 1, peer,
+                                    stream.ptr)
+                if recv_counts[peer]:
+                    self._comm.recv(self._ptr(recv) + recv_offset, recv_counts[peer] * itemsize, 1, peer,
+                                    stream.ptr)
+                send_offset += send_counts[peer] * itemsize
+                recv_offset += recv_counts[peer] * itemsize
+        finally:
+            self._nccl.groupEnd()
+
+    def reducescatter(self, send: Any, recv: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+        code = nccl_dtype(dtype)
+        if code is None:
+            raise ValueError(f"NCCL cannot reduce {dtype.value}")
+        self._comm.reduceScatter(self._ptr(send), self._ptr(recv), recv.size, code, nccl_op(op), stream.ptr)
+
+    def close(self) -> None:
+        if self._comm is not None:
+            self._comm.destroy()
+            self._comm = None
+
+
+class CupyLibrary:
+    """NCCL as CuPy ships it (``cupy.cuda.nccl``)."""
+
+    def __init__(self) -> None:
+        cupy = import_cupy("NCCL collectives on GPU tensors")
+        from cupy.cuda import nccl
+
+        if not getattr(nccl, "available", True):
+            from ..errors import MissingDependencyError
+
+            raise MissingDependencyError(
+                f"CuPy {cupy.__version__} is installed without NCCL, which the GPU data plane needs. "
+                "Install a CuPy wheel for your CUDA version (pip install 'unison[gpu-cuda12]' or "
+                "'unison[gpu-cuda13]'), or set UNISON_GPU_OPERATIONS=MPI to stage through host memory."
+            )
+        self._nccl = nccl
+
+    def unique_id(self) -> bytes:
+        return bytes(b % 256 for b in self._nccl.get_unique_id())
+
+    def connect(self, unique_id: bytes, size: int, index: int, device: Any) -> CupyComm:
+        # get_unique_id returns signed chars; the id travels as bytes and goes back as signed values
+        signed = tuple(b - 256 if b > 127 else b for b in unique_id)
+        with self._device_context(device):
+            comm = self._nccl.NcclCommunicator(size, signed, index)
+        return CupyComm(comm, self._nccl, size, index)
+
+    @staticmethod
+    def _device_context(device: Any) -> Any:
+        import cupy
+
+        return cupy.cuda.Device(getattr(device, "ordinal", 0))
+
+    def version(self) -> int:
+        return int(self._nccl.get_version())

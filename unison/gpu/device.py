@@ -1,0 +1,237 @@
+"""What the GPU data plane needs from a device: memory, streams, events and the arithmetic on buffers.
+
+`Device` is the protocol; `ArrayDevice` implements everything that is arithmetic once, against an
+array module (`xp`: CuPy on a GPU, NumPy for the fake), so the numerics of device packing and
+scaling are the same code on CPU tests and on a GPU. Subclasses add streams and events: `CupyDevice`
+(`unison.gpu.cupy_device`, imported only when a CUDA buffer arrives) and `FakeDevice`
+(`unison.gpu.fake`, which records the order of operations for tests).
+
+Numerics match the host executor's rules where the wire allows: float32/float64 scale in their own
+precision, integers through float64 truncated toward zero, float16 and bfloat16 widened to float32,
+scaled and rounded once (bfloat16 travels as uint16 bits: CuPy has no bfloat16 dtype).
+
+A `DeviceBuffer` carries a device array through the engine together with the event after which its
+contents are valid: on the way in, an event on the framework's stream at submission; on the way out,
+an event on unison's stream after the result was written (see `unison.gpu.ordering`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..dtypes import DType
+
+__all__ = ["ArrayDevice", "Device", "DeviceBuffer", "raw"]
+
+
+@dataclasses.dataclass(eq=False)
+class DeviceBuffer:
+    """A device array on its way through the engine, with the event that makes it safe to read.
+
+    The attributes the submit path checks on a NumPy buffer (`shape`, `flags`, `dtype`, `nbytes`)
+    are the array's, so a `DeviceBuffer` travels where a NumPy buffer does.
+
+    Attributes:
+        array: the device array (CuPy, or NumPy under the fake device); bfloat16 as uint16 bits.
+        ready: an event recorded on the producing stream, or None when nothing is pending.
+        ordinal: the device the array lives on.
+    """
+
+    array: Any
+    ready: Any = None
+    ordinal: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def flags(self) -> Any:
+        return self.array.flags
+
+    @property
+    def dtype(self) -> Any:
+        return self.array.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+    @property
+    def size(self) -> int:
+        return int(self.array.size)
+
+    def __repr__(self) -> str:
+        return f"<DeviceBuffer device={self.ordinal} shape={self.shape} dtype={self.dtype}>"
+
+
+def raw(array: Any) -> Any:
+    """View a contiguous array as unsigned integers of its item size, flat (byte-moving ops only)."""
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize]
+    return array.reshape(-1).view(kind)
+
+
+class Device(Protocol):
+    """One GPU as the data plane uses it: allocation, copies, scaling, fusion packing, streams, events."""
+
+    name: str
+    ordinal: int
+    xp: Any
+
+    def stream(self) -> Any:
+        """unison's own stream on this device (one; all data-plane work is ordered on it)."""
+
+    def current_stream(self) -> Any:
+        """The calling thread's current stream (the framework's producer or consumer stream)."""
+
+    def record_event(self, stream: Any) -> Any:
+        """Record an event on `stream` and return it."""
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """Make later work on `stream` wait for `event`; the host does not wait."""
+
+    def event_done(self, event: Any) -> bool:
+        """Whether the work before `event` has finished (never blocks)."""
+
+    def synchronize_stream(self, stream: Any) -> None:
+        """Block the host until `stream` is idle (staging through host memory only)."""
+
+    def allocate(self, nbytes: int) -> Any:
+        """A new flat uint8 device array of `nbytes`."""
+
+    def empty(self, shape: Sequence[int], dtype: Any, stream: Any) -> Any:
+        """A new device array for results, allocated for use on `stream`."""
+
+    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+        """Copy the bytes of `src` into `dst` (same byte size) on `stream`."""
+
+    def scale_(self, buf: Any, factor: float, dtype: DType, stream: Any) -> None:
+        """Multiply `buf` in place by `factor` with the per-dtype rules, on `stream`."""
+
+    def copy_scaled_(self, dst: Any, src: Any, factor: float, dtype: DType, stream: Any) -> None:
+        """Write ``src * factor`` into `dst`, on `stream`."""
+
+    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Any) -> None:
+        """Copy `parts` (storage dtype) one after another into `buf`, scaled; a None part is `counts[i]` zeros
+        (a joined rank's contribution)."""
+
+    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+        """Copy consecutive pieces of `counts[i]` elements of `buf` into `outputs[i]` (None: skipped)."""
+
+    def to_host(self, buf: Any, stream: Any) -> np.ndarray:
+        """Copy `buf` into host memory (pinned on a GPU) and wait for it; returns a flat array."""
+
+    def from_host(self, dst: Any, host: np.ndarray, stream: Any) -> None:
+        """Copy `host` into `dst` on `stream`."""
+
+    def bus_id(self) -> str:
+        """The device's PCI bus id (unique on its host)."""
+
+
+class ArrayDevice:
+    """The arithmetic of `Device` over an array module; subclasses supply streams and events.
+
+    `_on(stream)` is the context in which an operation's kernels are issued (CuPy: ``with stream``);
+    `_note` is called with each operation's name and stream, before it is issued.
+    """
+
+    name = "array"
+    ordinal = 0
+    xp: Any = np
+
+    @contextmanager
+    def _on(self, stream: Any) -> Iterator[None]:
+        yield
+
+    def _note(self, operation: str, stream: Any, detail: Any = None) -> None:
+        """Hook for the fake device's log; a real device does nothing."""
+
+    # -- memory ---------------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> Any:
+        self._note("allocate", None, nbytes)
+        return self.xp.empty(nbytes, dtype=self.xp.uint8)
+
+    def empty(self, shape: Sequence[int], dtype: Any, stream: Any) -> Any:
+        with self._on(stream):
+            return self.xp.empty(tuple(shape), dtype=dtype)
+
+    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+        self._note("copy", stream)
+        with self._on(stream):
+            raw(dst)[...] = raw(src)
+
+    # -- arithmetic -----------------------------------------------------------------------------
+    def widen(self, values: Any, dtype: DType) -> Any:
+        """float16 values or bfloat16 bits -> float32 (a new array)."""
+        xp = self.xp
+        if dtype is DType.BFLOAT16:
+            return (values.astype(xp.uint32) << 16).view(xp.float32)
+        return values.view(xp.float16).astype(xp.float32)
+
+    def narrow(self, values: Any, dtype: DType) -> Any:
+        """float32 -> float16 values, or bfloat16 bits (round to nearest even; NaN stays NaN)."""
+        xp = self.xp
+        if dtype is DType.FLOAT16:
+            return values.astype(xp.float16)
+        bits = values.view(xp.uint32)
+        rounded = ((bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) >> 16).astype(xp.uint16)
+        nan = ((bits >> 16) | xp.uint32(0x0040)).astype(xp.uint16)  # quiet NaN, sign and payload kept
+        return xp.where(values != values, nan, rounded)
+
+    def _scaled(self, src: Any, factor: float, dtype: DType) -> Any:
+        xp = self.xp
+        if dtype.is_half:
+            wide = self.widen(src, dtype)
+            wide *= xp.float32(factor)
+            narrowed = self.narrow(wide, dtype)
+            return narrowed.view(src.dtype) if dtype is DType.FLOAT16 else narrowed
+        if dtype.is_integer:
+            return (src.astype(xp.float64) * factor).astype(src.dtype)
+        return src * src.dtype.type(factor)
+
+    def scale_(self, buf: Any, factor: float, dtype: DType, stream: Any) -> None:
+        if factor == 1.0:
+            return
+        self._note("scale", stream, factor)
+        with self._on(stream):
+            flat = buf.reshape(-1)
+            flat[...] = self._scaled(flat, factor, dtype)
+
+    def copy_scaled_(self, dst: Any, src: Any, factor: float, dtype: DType, stream: Any) -> None:
+        if factor == 1.0:
+            self.copy_(dst, src, stream)
+            return
+        self._note("copy_scaled", stream, factor)
+        with self._on(stream):
+            dst.reshape(-1)[...] = self._scaled(src.reshape(-1), factor, dtype)
+
+    # -- fusion ---------------------------------------------------------------------------------
+    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Any) -> None:
+        self._note("pack", stream, len(parts))
+        with self._on(stream):
+            offset = 0
+            for part, count in zip(parts, counts):
+                target = buf[offset : offset + count]
+                if part is None:
+                    target[...] = 0
+                elif factor == 1.0:
+                    raw(target)[...] = raw(part)
+                else:
+                    target[...] = self._scaled(part.reshape(-1), factor, dtype)
+                offset += count
+
+    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+        self._note("unpack", stream, len(outputs))
+        with self._on(stream):
+            offset = 0
+            for out, count in zip(outputs, counts):
+                if out is not None:
+                    raw(out)[...] = raw(buf[offset : offset + count])
+                offset += count

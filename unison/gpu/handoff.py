@@ -1,0 +1,110 @@
+"""How GPU arrays reach the engine: CuPy imported on demand, one GPU per process, zero-copy wrapping.
+
+Framework adapters call `device_for(ordinal)` for the `Device` of the tensor's GPU (the first call
+binds the process to that GPU; a tensor on another one is refused at submission, before any rank
+waits for it) and `mark_ready` (`unison.gpu.ordering`) to wrap the array for submission. CuPy arrays
+and any object with ``__cuda_array_interface__`` or ``__dlpack__`` become CuPy arrays without a copy
+through `as_cupy`. When CuPy is missing, the error names the pip extra that installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from ..errors import InvalidArgumentError, MissingDependencyError
+
+__all__ = ["EXTRAS", "as_cupy", "bound_ordinal", "device_for", "import_cupy", "missing_cupy", "reset"]
+
+# pip extras that install a CuPy build with NCCL, by CUDA major version (pyproject.toml).
+EXTRAS = {"12": "gpu-cuda12", "13": "gpu-cuda13"}
+
+_lock = threading.Lock()
+_bound: int | None = None
+_devices: dict[int, Any] = {}
+
+
+def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDependencyError:
+    """The error for a CUDA buffer when CuPy cannot be imported; it names the extras.
+
+    Example:
+        >>> str(missing_cupy("CUDA tensors")).split(";")[0]
+        'CUDA tensors need CuPy (with NCCL), which is not installed'
+    """
+    detail = f" ({type(cause).__name__}: {cause})" if cause is not None and not isinstance(
+        cause, ModuleNotFoundError) else ""
+    return MissingDependencyError(
+        f"{what} need CuPy (with NCCL), which is not installed{detail}; install the extra for your CUDA "
+        f"version: pip install 'unison[{EXTRAS['12']}]' (CUDA 12) or 'unison[{EXTRAS['13']}]' (CUDA 13). "
+        "Or move the tensors to the CPU."
+    )
+
+
+def import_cupy(what: str = "CUDA tensors") -> Any:
+    """Import CuPy, or raise `missing_cupy(what)`."""
+    try:
+        return importlib.import_module("cupy")
+    except ImportError as exc:
+        raise missing_cupy(what, exc) from exc
+
+
+def bound_ordinal() -> int | None:
+    """The GPU this process's collectives use, or None before the first GPU collective."""
+    return _bound
+
+
+def device_for(ordinal: int, make: Any = None) -> Any:
+    """The `Device` for GPU `ordinal`, binding the process to it on first use.
+
+    Args:
+        ordinal: the tensor's CUDA device number.
+        make: ordinal -> device (default: `CupyDevice`); tests pass `FakeDevice`.
+
+    Raises:
+        InvalidArgumentError: the process already uses another GPU (NCCL gives each rank one device).
+        MissingDependencyError: CuPy is not installed.
+    """
+    global _bound
+    with _lock:
+        if _bound is not None and ordinal != _bound:
+            raise InvalidArgumentError(
+                f"unison's GPU collectives use one GPU per process: this one uses cuda:{_bound} since its "
+                f"first GPU collective, and got a tensor on cuda:{ordinal}. Move the tensor to cuda:{_bound} "
+                "(one GPU per rank: torch.cuda.set_device(hvd.local_rank()) before creating tensors)."
+            )
+        device = _devices.get(ordinal)
+        if device is None:
+            if make is None:
+                from .cupy_device import CupyDevice
+
+                make = CupyDevice
+            device = _devices[ordinal] = make(ordinal)
+        _bound = ordinal
+        return device
+
+
+def reset() -> None:
+    """Forget the bound GPU and its device (at shutdown, and between tests)."""
+    global _bound
+    with _lock:
+        _bound = None
+        _devices.clear()
+
+
+def as_cupy(obj: Any) -> Any:
+    """`obj` as a CuPy array sharing its memory (a CuPy array, ``__cuda_array_interface__``, DLPack).
+
+    Raises:
+        InvalidArgumentError: `obj` is not a GPU array.
+        MissingDependencyError: CuPy is not installed.
+    """
+    cupy = import_cupy()
+    if isinstance(obj, cupy.ndarray):
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return cupy.asarray(obj)  # wraps the pointer, no copy
+    if hasattr(obj, "__dlpack__"):
+        return cupy.from_dlpack(obj)
+    raise InvalidArgumentError(f"Expected a GPU array (CuPy, __cuda_array_interface__ or DLPack). Got "
+                               f"{type(obj).__name__}.")
