@@ -211,6 +211,10 @@ class Executor:
         self._fusion = np.empty(0, dtype=np.uint8)
         self.activity: Callable[[Sequence[str], str | None], None] | None = None
         self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "bytes": 0}
+        # Responses on device buffers go to the GPU data plane (unison/gpu/plane.py), made on the first
+        # one with these keyword arguments (operations, init_timeout_seconds); CPU jobs never import it.
+        self.device_plane: Any = None
+        self.device_plane_options: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         return f"<Executor rank={self.rank} fusion_buffer_bytes={self._fusion.nbytes}>"
@@ -241,6 +245,8 @@ class Executor:
         (a joined rank, which contributes zeros). Returns one result per name."""
         self._stats["responses"] += 1
         self._stats["tensors"] += len(response.names)
+        if response.device != "cpu":
+            return self._run_on_device(response, entries)
         if response.kind == _ALLREDUCE:
             return self._allreduce(response, entries)
         kind = CollectiveKind(response.kind)
@@ -255,6 +261,21 @@ class Executor:
         if kind is CollectiveKind.REDUCESCATTER:
             return [self._reducescatter(response, entry)]
         raise ValueError(f"executor cannot run {response.kind!r}")
+
+    def _run_on_device(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
+        """Run a response on device buffers on the GPU data plane, made (importing CuPy) on first use."""
+        if self.device_plane is None:
+            from ..gpu.plane import create_device_plane
+
+            self.device_plane = create_device_plane(self.backend, self.rank, self.process_sets,
+                                                    **self.device_plane_options)
+        results: list[Any] = self.device_plane.run(response, entries)
+        return results
+
+    def close(self) -> None:
+        """Release the GPU data plane's communicators, if one was made (at shutdown)."""
+        if self.device_plane is not None:
+            self.device_plane.close()
 
     def _set_rank(self, response: Response) -> tuple[int, int]:
         members = self.process_sets[response.process_set_id]
