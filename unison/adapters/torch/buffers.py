@@ -1,4 +1,4 @@
-"""Map torch tensors to the engine's NumPy buffers and back, zero copy on the CPU."""
+"""Map torch tensors to the engine's buffers and back without copies: NumPy views on the CPU, CuPy via DLPack on GPUs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import torch
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, UnisonNotImplementedError, UnsupportedDtypeError
 
-__all__ = ["check_same_device", "dtype_of_tensor", "from_result", "to_buffer"]
+__all__ = [
+    "check_same_device", "cuda_buffer", "dtype_of_tensor", "from_device_result", "from_result", "to_buffer",
+]
 
 _DTYPES: dict[torch.dtype, DType] = {
     torch.uint8: DType.UINT8,
@@ -37,17 +39,50 @@ def dtype_of_tensor(tensor: torch.Tensor) -> DType:
     return found
 
 
-def cuda_buffer(tensor: torch.Tensor) -> Any:
-    """Hand a CUDA tensor to the GPU data plane through DLPack (the one place that would do it).
+def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, DType]:
+    """Hand a CUDA tensor to the GPU data plane as a CuPy array sharing its memory (DLPack, no copy).
 
-    The GPU data plane (NCCL through CuPy, ``cupy.from_dlpack(tensor)``, zero copy) is not part of
-    this build, so this raises a clear error instead of silently staging through host memory.
+    The returned `DeviceBuffer` carries an event recorded on torch's current stream, which unison's
+    stream waits on before NCCL reads the tensor (`unison.gpu.ordering`). The first CUDA tensor binds
+    the process to its GPU; a tensor on another GPU is refused here, before any rank waits for it.
+
+    Raises:
+        MissingDependencyError: CuPy is not installed (the message names the pip extra).
+        InvalidArgumentError: the tensor is on another GPU than earlier ones, or non-contiguous in place.
     """
-    raise UnisonNotImplementedError(
-        f"Got a tensor on device {tensor.device}: CUDA tensors need unison's GPU data plane "
-        "(NCCL through CuPy, handed over with DLPack), which this build does not have. Move the "
-        "tensor to the CPU (tensor.cpu()) or run on CPU tensors."
-    )
+    from ...gpu.handoff import device_for, import_cupy
+    from ...gpu.ordering import mark_ready
+
+    dtype = dtype_of_tensor(tensor)
+    cupy = import_cupy("CUDA tensors")
+    if tensor.is_sparse:
+        raise InvalidArgumentError(
+            "Sparse tensors cannot be reduced directly; use sparse_allreduce_async or to_dense()."
+        )
+    if not tensor.is_contiguous():
+        if in_place:
+            raise InvalidArgumentError("Tensor is required to be contiguous.")
+        tensor = tensor.contiguous()
+    ordinal = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    device = device_for(ordinal)
+    tensor = tensor.detach()
+    if dtype is DType.BFLOAT16:  # CuPy has no bfloat16: the bits travel as uint16
+        array = cupy.from_dlpack(tensor.view(torch.int16)).view(cupy.uint16)
+    else:
+        array = cupy.from_dlpack(tensor)
+    return mark_ready(device, array), dtype
+
+
+def from_device_result(result: Any, dtype: DType) -> torch.Tensor:
+    """Wrap a GPU data-plane result as a CUDA tensor without copying, after torch's current stream
+    waits for unison's (`unison.gpu.ordering.consume`)."""
+    from ...gpu.handoff import device_for
+    from ...gpu.ordering import consume
+
+    array = consume(device_for(result.ordinal), result)
+    if dtype is DType.BFLOAT16:
+        return torch.from_dlpack(array.view("int16")).view(torch.bfloat16)
+    return torch.from_dlpack(array)
 
 
 def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DType]:
@@ -62,7 +97,7 @@ def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DTyp
         )
     if tensor.device.type != "cpu":
         if tensor.device.type == "cuda":
-            return cuda_buffer(tensor)
+            return cuda_buffer(tensor, in_place=in_place)  # type: ignore[no-any-return]
         raise UnisonNotImplementedError(
             f"Tensors on device {tensor.device} are not supported; move them to the CPU first."
         )
@@ -83,6 +118,8 @@ def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DTyp
 
 def from_result(array: np.ndarray, dtype: DType) -> torch.Tensor:
     """Wrap an engine result array as a tensor without copying (bfloat16 bits become bfloat16)."""
+    if not isinstance(array, np.ndarray) and hasattr(array, "ready"):
+        return from_device_result(array, dtype)
     if dtype is DType.BFLOAT16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
