@@ -1,0 +1,99 @@
+"""The elastic driver's decisions on hand-written sequences of discovery results and epoch endings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from unison.elastic._membership import Ending, Epoch, Host, Limits, Membership, Stop, Wait, parse_discovery
+from unison.errors import LaunchError
+
+A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
+
+
+def test_parse_discovery_lines_and_errors() -> None:
+    assert parse_discovery("a:2\n\n# comment\nb:1  # trailing\na:5\nz:0\n") == (Host("a", 2), Host("b", 1))
+    assert parse_discovery("a\n", default_slots=3) == (Host("a", 3),)
+    with pytest.raises(LaunchError, match=r"'a' \(line 1\) without slots. Print 'host:slots' or pass --slots-per-host"):
+        parse_discovery("a\n")
+    with pytest.raises(LaunchError, match=r"printed 'a:x' \(line 2\); each line must be 'host:slots'"):
+        parse_discovery("b:1\na:x\n")
+
+
+def test_limits_are_checked() -> None:
+    with pytest.raises(LaunchError, match=r"--max-np must be at least --min-np. Got --min-np 3 --max-np 2"):
+        Limits(3, 2)
+    with pytest.raises(LaunchError, match="--blacklist-cooldown-range A B needs 0 <= A <= B"):
+        Limits(1, cooldown_range=(5.0, 1.0))
+
+
+def test_grow_to_max_np_keeping_running_hosts_first() -> None:
+    m = Membership(Limits(min_np=2, max_np=4))
+    first = m.plan((B, A), now=0)
+    assert first == Epoch(0, (B, A))
+    m.started(first)
+    assert not m.wants_change((B, A), now=0)
+    # Discovery reorders and adds a host: running hosts keep their places, the cap holds.
+    assert not m.wants_change((C, A, B), now=1)
+    assert m.ended(Ending.HOSTS_UPDATED, now=1) is None
+    m2 = Membership(Limits(min_np=2, max_np=5))
+    m2.started(Epoch(0, (A,)))
+    assert m2.wants_change((C, A), now=1)
+    assert m2.plan((C, A), now=1) == Epoch(1, (A, C))
+
+
+def test_removal_then_wait_then_timeout_message() -> None:
+    m = Membership(Limits(min_np=3))
+    m.started(m.plan((A, C), now=0))  # type: ignore[arg-type]
+    assert m.wants_change((A,), now=1)  # c left discovery
+    assert m.ended(Ending.HOSTS_UPDATED, now=1) is None
+    waiting = m.plan((A,), now=2)
+    assert waiting == Wait(2, 3, "2 ranks available, 3 needed (--min-np 3); discovered: a:2")
+
+
+def test_failed_host_blacklisted_for_good_and_every_host_blacklisted_stops() -> None:
+    m = Membership(Limits(min_np=1))
+    m.started(m.plan((A, B), now=0))  # type: ignore[arg-type]
+    assert m.ended(Ending.FAILED, failed_hosts=("a",), now=1) is None
+    assert m.plan((A, B), now=1e9) == Epoch(1, (B,))
+    m.started(Epoch(1, (B,)))
+    assert m.ended(Ending.FAILED, failed_hosts=("b",), now=2) is None
+    decision = m.plan((A, B), now=3)
+    assert isinstance(decision, Stop)
+    assert "every host the discovery script offers is blacklisted after failing (a:2, b:2)" in decision.message
+
+
+def test_cooldown_returns_a_host_after_its_draw() -> None:
+    m = Membership(Limits(min_np=1, cooldown_range=(10.0, 20.0)), rng=random.Random(1))
+    m.started(m.plan((A, B), now=0))  # type: ignore[arg-type]
+    m.ended(Ending.FAILED, failed_hosts=("a",), now=100)
+    until = m.blacklist["a"]
+    assert 110 <= until <= 120
+    assert m.plan((A, B), now=until - 0.1) == Epoch(1, (B,))
+    m.started(Epoch(1, (B,)))
+    assert m.wants_change((A, B), now=until)  # a is back: grow
+    assert m.plan((A, B), now=until) == Epoch(2, (B, A))
+    # All blacklisted but with a cooldown: wait, not stop.
+    m.ended(Ending.FAILED, failed_hosts=("a", "b"), now=until)
+    assert isinstance(m.plan((A, B), now=until + 1), Wait)
+
+
+@pytest.mark.parametrize("ending", [Ending.FAILED, Ending.HOSTS_UPDATED])
+def test_reset_limit(ending: Ending) -> None:
+    m = Membership(Limits(min_np=1, reset_limit=2, cooldown_range=(0.0, 0.0)))
+    m.started(m.plan((A,), now=0))  # type: ignore[arg-type]
+    assert m.ended(ending, now=1) is None
+    assert m.ended(ending, now=2) is None
+    stop = m.ended(ending, now=3)
+    assert isinstance(stop, Stop) and "needs reset 3" in stop.message and "--reset-limit is 2" in stop.message
+    assert m.ended(Ending.FINISHED) is None
+    assert m.statistics()["resets"] == 3
+
+
+def test_epoch_maps_ranks_to_hosts() -> None:
+    epoch = Epoch(4, (A, C, B))
+    assert epoch.np == 5 and epoch.hosts_argument() == "a:2,c:1,b:2"
+    assert [epoch.host_of(r) for r in range(5)] == ["a", "a", "c", "b", "b"]
+    with pytest.raises(ValueError, match="beyond this epoch's 5 ranks"):
+        epoch.host_of(5)

@@ -1,0 +1,56 @@
+"""The shared-memory commit store (atomic, newest wins) and the state encoding (tensors out of band)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unison.elastic import _codec
+from unison.elastic._store import CommitId, StateStore
+
+torch = pytest.importorskip("torch")
+
+
+def test_codec_round_trip_is_exact() -> None:
+    value = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "half": torch.tensor([1.5, -2.25]).bfloat16(),
+             "np": np.arange(5, dtype=np.int64), "step": 7, "nested": [torch.zeros(0), {"s": {1, 2}}],
+             "scalar": torch.tensor(3.0)}
+    parts = _codec.encode(value)
+    back = _codec.decode(bytearray(b"".join(parts)))
+    assert torch.equal(back["w"], value["w"]) and back["w"].dtype == torch.float32
+    assert back["half"].dtype == torch.bfloat16 and torch.equal(back["half"], value["half"])
+    assert np.array_equal(back["np"], value["np"]) and back["step"] == 7 and back["nested"][1] == {"s": {1, 2}}
+    assert back["scalar"].shape == () and back["scalar"].item() == 3.0
+    # The tensor bytes are referenced, not copied, by the encoding.
+    assert any(part.nbytes == 48 and part.obj is not None for part in parts)
+    assert _codec.total_bytes(parts) > 48 + 16 + 40
+
+
+def test_store_keeps_the_newest_complete_commit(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "host/1")
+    assert store.newest() is None and store.read() is None
+    store.write(CommitId(1, 0), [b"first", memoryview(b"-one")])
+    store.write(CommitId(2, 0), [b"second"])
+    assert store.newest() == CommitId(2, 0)
+    assert store.read() == (CommitId(2, 0), bytearray(b"second"))
+    store.write(CommitId(3, 1), [b"3"])  # shorter than the slot it reuses
+    assert store.read() == (CommitId(3, 1), bytearray(b"3"))
+    assert sorted(os.listdir(store.path)) == ["current", "slot-0", "slot-1"]
+    assert store.statistics() == {"writes": 3, "bytes_written": 16}
+    assert StateStore(tmp_path, "host/1").newest() == CommitId(3, 1)  # another process's view
+
+
+def test_a_torn_write_leaves_the_previous_commit(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "h")
+    store.write(CommitId(5, 2), [b"good"])
+    with pytest.raises(TypeError):  # the writer fails after part of the slot was written
+        store.write(CommitId(6, 2), [b"partial", 42])  # type: ignore[list-item]
+    assert store.read() == (CommitId(5, 2), bytearray(b"good"))
+
+
+def test_commit_order_prefers_more_commits_then_the_later_epoch() -> None:
+    assert max([CommitId(11, 3), CommitId(11, 4), CommitId(10, 9)]) == CommitId(11, 4)
+    assert max([CommitId(12, 1), CommitId(11, 4)]) == CommitId(12, 1)

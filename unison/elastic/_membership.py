@@ -1,0 +1,235 @@
+"""Decide each membership epoch's hosts from discovery, the blacklist, the np bounds and the resets (pure).
+
+The driver feeds `Membership` what it saw (the discovery script's hosts, how an epoch ended, the
+time) and acts on what it answers: an `Epoch` to launch, a `Wait` (too few slots for now) or a `Stop`
+(an error to report). Nothing here runs a process or reads a clock, so every sequence of events is
+unit-tested by hand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections.abc import Sequence
+
+from ..errors import LaunchError
+
+__all__ = ["Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait", "parse_discovery"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """A host and how many ranks it may run."""
+
+    name: str
+    slots: int
+
+
+def parse_discovery(text: str, default_slots: int | None = None) -> tuple[Host, ...]:
+    """The hosts a discovery script printed: one ``host:slots`` (or ``host``) per line.
+
+    A bare ``host`` takes `default_slots` (``--slots-per-host``). Blank lines and ``#`` comments are
+    skipped; a host listed twice keeps its first line.
+
+    Example:
+        >>> parse_discovery("h1:2\\nh2\\n", default_slots=1)
+        (Host(name='h1', slots=2), Host(name='h2', slots=1))
+    """
+    hosts: dict[str, Host] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, slots_text = line.rpartition(":") if ":" in line else (line, "", "")
+        if not sep:
+            if default_slots is None:
+                raise LaunchError(f"The host discovery script printed {raw.strip()!r} (line {number}) "
+                                  "without slots. Print 'host:slots' or pass --slots-per-host K.")
+            slots = default_slots
+        else:
+            try:
+                slots = int(slots_text)
+            except ValueError:
+                slots = -1
+        if not name or slots < 0:
+            raise LaunchError(f"The host discovery script printed {raw.strip()!r} (line {number}); each "
+                              "line must be 'host:slots' with slots a whole number >= 0, e.g. 'node1:4'.")
+        if slots > 0 and name not in hosts:
+            hosts[name] = Host(name, slots)
+    return tuple(hosts.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The bounds of an elastic job (unisonrun's --min-np, --max-np, --reset-limit, --blacklist-cooldown-range)."""
+
+    min_np: int
+    max_np: int | None = None  # None: as many as the hosts offer
+    reset_limit: int | None = None  # None: no limit
+    cooldown_range: tuple[float, float] | None = None  # None: a failed host stays blacklisted
+
+    def __post_init__(self) -> None:
+        if self.min_np < 1:
+            raise LaunchError(f"--min-np must be at least 1. Got --min-np {self.min_np}.")
+        if self.max_np is not None and self.max_np < self.min_np:
+            raise LaunchError(f"--max-np must be at least --min-np. Got --min-np {self.min_np} "
+                              f"--max-np {self.max_np}.")
+        if self.reset_limit is not None and self.reset_limit < 0:
+            raise LaunchError(f"--reset-limit must be >= 0. Got --reset-limit {self.reset_limit}.")
+        if self.cooldown_range is not None:
+            low, high = self.cooldown_range
+            if not 0 <= low <= high:
+                raise LaunchError("--blacklist-cooldown-range A B needs 0 <= A <= B (seconds). "
+                                  f"Got {low:g} {high:g}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+    """One launch: its number and its hosts in rank order (ranks fill each host's slots in turn)."""
+
+    number: int
+    hosts: tuple[Host, ...]
+
+    @property
+    def np(self) -> int:
+        return sum(host.slots for host in self.hosts)
+
+    def hosts_argument(self) -> str:
+        """mpiexec's host list, e.g. ``h1:2,h2:1``."""
+        return ",".join(f"{host.name}:{host.slots}" for host in self.hosts)
+
+    def host_of(self, rank: int) -> str:
+        """The host that runs `rank`."""
+        for host in self.hosts:
+            if rank < host.slots:
+                return host.name
+            rank -= host.slots
+        raise ValueError(f"rank {rank} is beyond this epoch's {self.np} ranks")
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """Too few slots for --min-np now; the driver polls discovery until --elastic-timeout."""
+
+    available: int
+    needed: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """The job cannot go on; `message` says why and what to change."""
+
+    message: str
+
+
+class Ending(enum.Enum):
+    """How an epoch's launch ended."""
+
+    FINISHED = "finished"  # every rank returned: the job is done
+    HOSTS_UPDATED = "hosts_updated"  # the ranks committed and stopped for a new host set
+    FAILED = "failed"  # a rank failed or vanished
+
+
+class Membership:
+    """The elastic driver's decisions: which hosts each epoch runs on, whom to blacklist, when to give up.
+
+    Example:
+        >>> m = Membership(Limits(min_np=2, max_np=4))
+        >>> plan = m.plan((Host("a", 2), Host("b", 4)), now=0.0)
+        >>> plan.hosts_argument(), plan.number
+        ('a:2,b:2', 0)
+        >>> m.started(plan)
+        >>> m.ended(Ending.FAILED, failed_hosts=("a",), now=1.0) is None
+        True
+        >>> m.plan((Host("a", 2), Host("b", 4)), now=2.0).hosts_argument()
+        'b:4'
+    """
+
+    def __init__(self, limits: Limits, rng: random.Random | None = None) -> None:
+        self.limits = limits
+        self.rng = rng or random.Random()
+        self.blacklist: dict[str, float] = {}  # host -> blacklisted until (inf: for good)
+        self.resets = 0
+        self.epochs = 0
+        self.current: Epoch | None = None
+
+    def __repr__(self) -> str:
+        return (f"Membership(epoch={self.current.number if self.current else None}, resets={self.resets}, "
+                f"blacklisted={sorted(self.blacklist)})")
+
+    def statistics(self) -> dict[str, int]:
+        return {"epochs": self.epochs, "resets": self.resets, "blacklisted": len(self.blacklist)}
+
+    def usable(self, discovered: Sequence[Host], now: float) -> tuple[Host, ...]:
+        """The discovered hosts not blacklisted at `now`."""
+        return tuple(host for host in discovered if self.blacklist.get(host.name, -1.0) <= now)
+
+    def desired(self, discovered: Sequence[Host], now: float) -> tuple[Host, ...]:
+        """The hosts (and slots) an epoch started now would use, before the --min-np check.
+
+        Hosts of the running epoch come first, in their order, so that the surviving ranks keep their
+        places and rank 0 stays where it was when it can; new hosts follow in discovery order. The
+        total is capped at --max-np.
+        """
+        usable = {host.name: host for host in self.usable(discovered, now)}
+        order = [h.name for h in self.current.hosts if h.name in usable] if self.current else []
+        order += [name for name in usable if name not in order]
+        room = self.limits.max_np if self.limits.max_np is not None else sum(h.slots for h in usable.values())
+        chosen = []
+        for name in order:
+            take = min(usable[name].slots, room)
+            if take <= 0:
+                break
+            chosen.append(Host(name, take))
+            room -= take
+        return tuple(chosen)
+
+    def plan(self, discovered: Sequence[Host], now: float) -> Epoch | Wait | Stop:
+        """What to launch next given the hosts discovery offers now."""
+        hosts = self.desired(discovered, now)
+        available = sum(host.slots for host in hosts)
+        if available >= self.limits.min_np:
+            return Epoch(self.epochs, hosts)
+        listed = ", ".join(f"{h.name}:{h.slots}" for h in discovered) or "none"
+        blocked = sorted(name for name in self.blacklist if self.blacklist[name] > now)
+        if discovered and not self.usable(discovered, now) and self.limits.cooldown_range is None:
+            return Stop(f"every host the discovery script offers is blacklisted after failing ({listed}); "
+                        f"{self.limits.min_np} ranks needed. Fix the hosts, or pass "
+                        "--blacklist-cooldown-range A B so that failed hosts are tried again.")
+        return Wait(available, self.limits.min_np,
+                    f"{available} ranks available, {self.limits.min_np} needed (--min-np "
+                    f"{self.limits.min_np}); discovered: {listed}"
+                    + (f"; blacklisted: {', '.join(blocked)}" if blocked else ""))
+
+    def started(self, epoch: Epoch) -> None:
+        """Record that `epoch` was launched."""
+        self.current = epoch
+        self.epochs = epoch.number + 1
+
+    def wants_change(self, discovered: Sequence[Host], now: float) -> bool:
+        """True when discovery now asks for other hosts than the running epoch's: the ranks should stop
+        at their next commit so the driver can relaunch (a host added, removed, or its slots changed)."""
+        return self.current is not None and self.desired(discovered, now) != self.current.hosts
+
+    def ended(self, ending: Ending, failed_hosts: Sequence[str] = (), now: float = 0.0) -> Stop | None:
+        """Record how the running epoch ended; a `Stop` when the job must not be reset again.
+
+        Hosts whose ranks failed are blacklisted, for good or, with a cooldown range, for a time drawn
+        uniformly from it. Every reset (a failure or a host change) counts against --reset-limit.
+        """
+        if ending is Ending.FINISHED:
+            return None
+        for name in failed_hosts:
+            cooldown = (self.rng.uniform(*self.limits.cooldown_range)
+                        if self.limits.cooldown_range is not None else float("inf"))
+            self.blacklist[name] = now + cooldown
+        self.resets += 1
+        limit = self.limits.reset_limit
+        if limit is not None and self.resets > limit:
+            why = "a rank failed" if ending is Ending.FAILED else "the hosts changed"
+            return Stop(f"the job needs reset {self.resets} ({why}), but --reset-limit is {limit}; "
+                        "stopping. Raise --reset-limit to allow more resets.")
+        return None
+
