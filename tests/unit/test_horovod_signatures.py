@@ -56,7 +56,9 @@ FORWARDED = {
 }
 
 ELASTIC_MODULES = sorted(m for m in SIGNATURES if m.endswith(".elastic"))
-ELASTIC = ("elastic training is a later piece of work: until then the module fails at import with "
+# Elastic modules not written yet: they fail at import with MissingDependencyError until they are.
+ELASTIC_PENDING = sorted({"horovod.tensorflow.elastic", "horovod.tensorflow.keras.elastic", "horovod.keras.elastic"})
+ELASTIC = ("this elastic module is a later piece of work: until then it fails at import with "
            "MissingDependencyError (test_elastic_modules_fail_clearly)", "Elastic training (unison.")
 _INTERNAL = ("a helper of Horovod's own implementation that its module imports for itself; no training "
              "script calls it through hvd")
@@ -86,8 +88,8 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
     # arguments (docs/launcher.md), and keeps that default.
     "horovod.run": ("num_proc defaults to None: the slots of hosts/hostfile, else 2 processes",
                     "parameter 'num_proc' defaults to None; Horovod's is 1"),
-    **{f"{m}.{name}": ELASTIC for m in ELASTIC_MODULES for name in SIGNATURES[m]},
-    **{f"{m.rsplit('.', 1)[0]}.elastic": ELASTIC for m in ELASTIC_MODULES},
+    **{f"{m}.{name}": ELASTIC for m in ELASTIC_PENDING for name in SIGNATURES[m]},
+    **{f"{m.rsplit('.', 1)[0]}.elastic": ELASTIC for m in ELASTIC_PENDING},
 }
 
 
@@ -221,7 +223,7 @@ def test_every_exception_is_explained_in_the_guide() -> None:
     assert all(f"`{unison_name(m)}`" in guide for m in ELASTIC_MODULES)
 
 
-@pytest.mark.parametrize("horovod_module", ELASTIC_MODULES)
+@pytest.mark.parametrize("horovod_module", ELASTIC_PENDING)
 def test_elastic_modules_fail_clearly(horovod_module: str) -> None:
     parent_name, _, _ = unison_name(horovod_module).rpartition(".")
     parent = importlib.import_module(parent_name)

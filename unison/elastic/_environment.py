@@ -1,0 +1,89 @@
+"""What the elastic driver tells each rank (read once from the environment), and how rank 0 asks it about hosts.
+
+Variables, all set by the driver in unisonrun for every epoch's launch: ``UNISON_ELASTIC_EPOCH`` (the
+membership epoch), ``UNISON_ELASTIC_DRIVER`` (``host:port`` of the driver's endpoint),
+``UNISON_ELASTIC_STORE`` (the job's shared-memory store directory) and ``UNISON_ELASTIC_HOSTS`` (this
+epoch's ``host:slots`` list, in rank order). Without them (plain ``mpiexec``) the elastic objects work
+as in Horovod without its driver: commits stay in memory and hosts never change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+from collections.abc import Mapping
+
+from ..errors import ConfigError
+
+__all__ = ["HOSTS_UPDATED_EXIT", "ElasticEnvironment", "ask_driver", "environment"]
+
+HOSTS_UPDATED_EXIT = 75  # a rank's exit status after committing for a host change
+_ASK_TIMEOUT_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticEnvironment:
+    """The elastic launch this process belongs to (`driver` empty: not launched by the elastic driver)."""
+
+    epoch: int = 0
+    driver: str = ""
+    store: str = ""
+    hosts: tuple[tuple[str, int], ...] = ()
+
+    def host_of(self, rank: int) -> str:
+        """The host name the driver assigned to `rank` (its store directory's name)."""
+        for name, slots in self.hosts:
+            if rank < slots:
+                return name
+            rank -= slots
+        return socket.gethostname()
+
+    def writes_store(self, rank: int) -> bool:
+        """True for the first rank of each host: the one that writes the host's commits."""
+        return bool(self.store) and (rank == 0 or self.host_of(rank) != self.host_of(rank - 1))
+
+
+def parse(environ: Mapping[str, str]) -> ElasticEnvironment:
+    """The `ElasticEnvironment` the variables in `environ` describe."""
+    try:
+        epoch = int(environ.get("UNISON_ELASTIC_EPOCH", "0"))
+    except ValueError:
+        raise ConfigError("UNISON_ELASTIC_EPOCH must be a whole number. Got "
+                          f"{environ['UNISON_ELASTIC_EPOCH']!r}.") from None
+    hosts = []
+    for item in filter(None, environ.get("UNISON_ELASTIC_HOSTS", "").split(",")):
+        name, _, slots = item.rpartition(":")
+        if not name or not slots.isdigit():
+            raise ConfigError(f"UNISON_ELASTIC_HOSTS must be 'host:slots,...'. Got {item!r}.")
+        hosts.append((name, int(slots)))
+    return ElasticEnvironment(epoch, environ.get("UNISON_ELASTIC_DRIVER", ""),
+                              environ.get("UNISON_ELASTIC_STORE", ""), tuple(hosts))
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> ElasticEnvironment:
+    """This process's `ElasticEnvironment`, read once."""
+    return parse(os.environ)
+
+
+def ask_driver(address: str, epoch: int) -> int:
+    """How many host changes the driver has announced to `epoch` (0: none).
+
+    Every message names its epoch; the driver answers ``STALE`` to an epoch it has left, which counts
+    as a change (this launch is being replaced). Unreachable driver: no change (the launch goes on;
+    if the driver is gone the job ends anyway).
+    """
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=_ASK_TIMEOUT_SECONDS) as conn:
+            conn.sendall(f"CHECK {epoch}\n".encode())
+            reply = conn.makefile("r").readline().split()
+    except (OSError, ValueError):
+        return 0
+    if reply[:1] == ["OK"] and len(reply) == 3 and reply[1] == str(epoch):
+        return int(reply[2])
+    if reply[:1] == ["STALE"]:
+        return 1 << 30
+    return 0

@@ -1,0 +1,286 @@
+"""Horovod's elastic State classes and the ``run`` wrapper, on one launch per membership epoch.
+
+Horovod resets a job in place (shutdown, init, restore). MPI cannot be initialized twice in one
+process, so in unison every reset is a new launch by the elastic driver: ``run`` restores the newest
+commit any host kept in shared memory when the launch begins, and ends the process (status
+`HOSTS_UPDATED_EXIT`) when ``commit()`` finds that the hosts changed. A failure propagates and ends
+the launch; the driver starts the next one on the hosts left.
+
+Example:
+    >>> state = hvd.elastic.TorchState(model, optimizer, epoch=0)          # doctest: +SKIP
+    >>> @hvd.elastic.run
+    ... def train(state):
+    ...     for state.epoch in range(state.epoch, 10):
+    ...         step(); state.commit()                                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..errors import HorovodInternalError
+from . import _codec
+from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
+from ._store import CommitId, StateStore
+
+__all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run_fn"]
+
+_ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The hosts of an elastic job changed; the job stops at this commit and goes on with the new hosts.
+
+    Raised by ``state.commit()`` and ``state.check_host_updates()`` on every rank at the same call.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of the elastic job changed; stopping at this commit so the job "
+                         "continues on the new hosts")
+        self.skip_sync = skip_sync
+
+
+class State:
+    """What an elastic job keeps across resets: subclasses say how to save, restore and sync it.
+
+    Horovod's interface: ``commit()`` saves and checks for host changes; ``restore()`` returns to the
+    last save; ``sync()`` makes every rank hold rank 0's values; ``register_reset_callbacks`` names
+    functions called after each reset (in unison: at the start of every launch after the first).
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
+        self._bcast_object = bcast_object
+        self._get_rank = get_rank
+        self._reset_callbacks: list[Callable[[], Any]] = []
+        self._known_updates = 0
+        self._driver_updates = 0
+        self._asked_at = float("-inf")
+        self.commits = 0  # commits since the job began (carried across launches)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(commits={self.commits}, epoch={environment().epoch})"
+
+    def statistics(self) -> dict[str, int]:
+        return {"commits": self.commits, "host_updates": self._known_updates}
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
+        """Call each of `callbacks` after every reset, in order (e.g. to scale the learning rate)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run `reset` and the registered callbacks."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: Any = None, update_res: Any = None) -> None:
+        """Horovod's listener hook; unison's rank 0 asks the driver instead, so it does nothing."""
+
+    def commit(self) -> None:
+        """Save the state (into this host's shared memory under the elastic driver), then check hosts.
+
+        Raises:
+            HostsUpdatedInterrupt: on every rank at once, after saving, when the hosts changed.
+        """
+        self.commits += 1
+        self._commit_state()
+        self.check_host_updates()
+
+    def _commit_state(self) -> None:
+        self.save()
+
+    def check_host_updates(self) -> None:
+        """Raise `HostsUpdatedInterrupt` on every rank when the driver announced a host change.
+
+        Rank 0 asks the driver (at most every 0.1 s) and broadcasts the answer, so every rank raises
+        at the same call.
+        """
+        env = environment()
+        if not env.driver:
+            return
+        if self._get_rank() == 0:
+            now = time.monotonic()
+            if now - self._asked_at >= _ASK_EVERY_SECONDS:
+                self._asked_at = now
+                self._driver_updates = ask_driver(env.driver, env.epoch)
+        seen = int(self._bcast_object(self._driver_updates if self._get_rank() == 0 else None))
+        if seen > self._known_updates:
+            self._known_updates = seen
+            raise HostsUpdatedInterrupt(False)
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook run after a reset, before the callbacks."""
+
+
+def _rank() -> int:
+    from .._runtime import rank
+
+    return rank()
+
+
+def _broadcast_bytes(data: bytearray | None, root_rank: int) -> memoryview:
+    """`root_rank`'s `data` on every rank (two broadcasts: the length, then the bytes)."""
+    from .._collectives import broadcast_
+
+    length = np.array([len(data) if data is not None else 0], dtype=np.int64)
+    broadcast_(length, root_rank, name="unison.elastic.state_bytes_length")
+    buffer = (np.frombuffer(data, dtype=np.uint8) if data is not None
+              else np.empty(int(length[0]), dtype=np.uint8))
+    if buffer.size:
+        broadcast_(buffer, root_rank, name="unison.elastic.state_bytes")
+    return memoryview(buffer.data)
+
+
+class SnapshotState(State):
+    """A State that can list its values (`_capture`) and take them back (`_apply`).
+
+    Under the elastic driver a commit on the first rank of each host writes the encoded values into
+    the host's shared memory (one copy, from the live values); every other rank keeps a copy in
+    memory for `restore`.
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
+        super().__init__(bcast_object, get_rank)
+        self._saved: Any = None
+        self._saved_in_store = False
+
+    def _capture(self) -> Any:
+        raise NotImplementedError
+
+    def _apply(self, values: Any) -> None:
+        raise NotImplementedError
+
+    def _store(self) -> StateStore | None:
+        env = environment()
+        rank = self._get_rank()
+        return StateStore(env.store, env.host_of(rank)) if env.writes_store(rank) else None
+
+    def save(self) -> None:
+        """Keep a copy of the current values for `restore`."""
+        self._saved = copy.deepcopy(self._capture())
+        self._saved_in_store = False
+
+    def _commit_state(self) -> None:
+        store = self._store()
+        if store is None:
+            self.save()
+            return
+        store.write(CommitId(self.commits, environment().epoch), _codec.encode(self._capture()))
+        self._saved, self._saved_in_store = None, True
+
+    def restore(self) -> None:
+        """Return to the values of the last commit (or save)."""
+        if self._saved_in_store:
+            store = self._store()
+            found = store.read() if store is not None else None
+            if found is None:
+                raise HorovodInternalError(f"the committed state of this host is gone from {store!r}")
+            self._apply(_codec.decode(found[1]))
+        elif self._saved is not None:
+            self._apply(copy.deepcopy(self._saved))
+
+    def sync(self, root_rank: int = 0) -> None:
+        """Give every rank `root_rank`'s current values, and keep them as the saved ones."""
+        data = bytearray(b"".join(_codec.encode(self._capture()))) if self._get_rank() == root_rank else None
+        received = _broadcast_bytes(data, root_rank)
+        if self._get_rank() != root_rank:
+            self._apply(_codec.decode(received))
+        self.save()
+
+    def _begin(self) -> None:
+        """At the start of a launch: take the newest commit of any host (or rank 0's values)."""
+        from .._objects import allgather_object
+
+        env = environment()
+        rank = self._get_rank()
+        mine = StateStore(env.store, env.host_of(rank)).newest() if env.store else None
+        found: list[CommitId | None] = allgather_object(mine, name="unison.elastic.commits")
+        newest = max((commit for commit in found if commit is not None), default=None)
+        if newest is None:
+            self.sync()
+        else:
+            root = found.index(newest)
+            data = None
+            if rank == root:
+                read = StateStore(env.store, env.host_of(rank)).read()
+                data = read[1] if read is not None else bytearray()
+            received = _broadcast_bytes(data, root)
+            store = self._store()
+            if store is not None and mine != newest:  # a new host: keep the commit here too
+                store.write(newest, [received])
+            self._apply(_codec.decode(received))
+            self.commits = newest.commit
+            if store is not None:
+                self._saved, self._saved_in_store = None, True
+            else:
+                self.save()
+        if env.epoch > 0:
+            self.on_reset()
+
+
+class ObjectState(SnapshotState):
+    """Picklable values kept as attributes: ``ObjectState(bcast, get_rank, epoch=0, batch=0)``.
+
+    Example:
+        >>> state = ObjectState(hvd.broadcast_object, hvd.rank, epoch=0)    # doctest: +SKIP
+        >>> state.epoch += 1; state.commit()                               # doctest: +SKIP
+    """
+
+    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(bcast_object, get_rank)
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def _capture(self) -> Any:
+        return {name: getattr(self, name) for name in self._names}
+
+    def _apply(self, values: Any) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., Any]:
+    """Wrap `func(state, ...)` for elastic training (what ``hvd.elastic.run`` returns).
+
+    At the start of each launch the state takes the newest commit of any host, or rank 0's values
+    when there is none, and after the first launch the reset callbacks run. When the hosts change,
+    the process ends with status `HOSTS_UPDATED_EXIT` after its commit, and the driver relaunches. A
+    failure (``HorovodInternalError``, a rank lost) propagates: the launch ends and the driver starts
+    the next from the last commit. `reset` is Horovod's in-process reset; unison resets by relaunching,
+    so it is not called.
+    """
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(state, SnapshotState):
+            state._begin()
+        else:
+            state.sync()
+        try:
+            return func(state, *args, **kwargs)
+        except HostsUpdatedInterrupt:
+            if not environment().driver:
+                raise
+            sys.stdout.flush()
+            sys.stderr.flush()
+            raise SystemExit(HOSTS_UPDATED_EXIT) from None
+
+    return wrapper
