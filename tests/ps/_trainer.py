@@ -1,0 +1,90 @@
+"""Trainer scenarios of the multi-process parameter-server tests: `python _trainer.py SCENARIO OUT`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import unison.ps as ps
+
+scenario, out = sys.argv[1], Path(sys.argv[2])
+
+
+def sync_torch() -> None:
+    """Half of each global batch, the model of tests/ps/test_ps_jobs.py's reference."""
+    import torch
+
+    import unison.ps.torch as pst
+    from tests.ps.reference import batches, make_model
+
+    client = ps.init()
+    model = make_model(lambda: pst.DistributedEmbedding("emb", 64, 8, mode="mean", initializer=ps.Initializer(
+        "uniform", 0.5, seed=3), optimizer=ps.SGD(0.5)))
+    opt = pst.ServerOptimizer(model, ps.Adam(0.01))
+    for ids, target in batches():
+        half = slice(client.trainer * len(ids) // 2, (client.trainer + 1) * len(ids) // 2)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(ids[half])), torch.from_numpy(target[half]))
+        loss.backward()
+        opt.step()
+    rows = ps.pull_sparse("emb", np.arange(64))
+    np.savez(out, rows=rows, **{k: v.detach().numpy() for k, v in model.named_parameters()})
+    ps.shutdown()
+
+
+def digits_async() -> None:
+    from sklearn.datasets import load_digits
+
+    client = ps.init()
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    order = np.random.default_rng(0).permutation(len(y))  # the same split on every trainer
+    test = order[1400:]
+    mine = order[:1400][client.trainer::client.num_trainers]
+    ps.declare_dense({"w": np.zeros((64, 10), np.float32), "b": np.zeros(10, np.float32)}, ps.Momentum(0.2))
+    rng = np.random.default_rng(client.trainer)
+    for _ in range(10):
+        for batch in np.array_split(rng.permutation(mine), 20):
+            p = ps.pull_dense()
+            logits = x[batch] @ p["w"] + p["b"]
+            probs = np.exp(logits - logits.max(1, keepdims=True))
+            probs /= probs.sum(1, keepdims=True)
+            probs[np.arange(len(batch)), y[batch]] -= 1
+            ps.push(dense={"w": x[batch].T @ probs / len(batch), "b": probs.mean(0)})
+    p = ps.pull_dense()
+    accuracy = float(((x[test] @ p["w"] + p["b"]).argmax(1) == y[test]).mean())
+    stats = ps.server_statistics()
+    out.write_text(json.dumps({"accuracy": accuracy, "servers": stats}))
+    ps.shutdown()
+
+
+def async_steps() -> None:
+    """Push small steps until OUT.stop exists; write the steps made to OUT."""
+    client = ps.init()
+    ps.declare_dense({"w": np.zeros(100, np.float32)}, ps.SGD(0.001))
+    steps = 0
+    while not Path(str(out) + ".stop").exists():
+        ps.pull_dense()
+        ps.push(dense={"w": np.ones(100, np.float32)})
+        steps += 1
+        time.sleep(0.01)
+    out.write_text(json.dumps({"steps": steps, "trainer": client.trainer}))
+    ps.shutdown()
+
+
+def sync_quit() -> None:
+    """Two synchronous steps, then leave without telling the servers (as a crash would)."""
+    ps.init()
+    ps.declare_dense({"w": np.zeros(4, np.float32)}, ps.SGD(0.1))
+    for _ in range(2):
+        ps.pull_dense()
+        ps.push(dense={"w": np.ones(4, np.float32)})
+    os._exit(0)
+
+
+{"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit}[scenario]()
