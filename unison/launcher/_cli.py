@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status", nargs="?", const="", default=None, metavar="PID|HOST:PORT",
                    help="print the live status table of your running job (started by unisonrun with "
                    "UNISON_CONTROLLER=grpc), or of the job with that unisonrun pid or service address")
+    p.add_argument("--pservers", type=int, default=0, metavar="N",
+                   help="also start N parameter servers on this host running the same program (its "
+                   "unison.ps.init() serves there); the -np processes are its trainers (docs/ps.md)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
 
@@ -145,6 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command and command[0] == "--":
             command = command[1:]
         hide_values(args.env)
+        if args.pservers:
+            from ._pservers import parameter_servers
+
+            with parameter_servers(args.pservers, args.np, command) as trainer_env:
+                return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile,
+                              tag_output=args.tag_output, output_dir=args.output_filename,
+                              env_pairs=env_pairs(args.env, os.environ), mpi_args=args.mpi_args,
+                              mpiexec=args.mpiexec, timeout=args.timeout, launcher_exec=args.launcher_exec,
+                              iface=args.iface, extra_env=trainer_env)
         return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
                       output_dir=args.output_filename, env_pairs=env_pairs(args.env, os.environ),
                       mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout,

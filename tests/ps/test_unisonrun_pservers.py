@@ -1,0 +1,36 @@
+"""`unisonrun -np 2 --pservers 2`: servers run the same script and stop in init(); trainers get ids 0 and 1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import sys
+import numpy as np
+import unison.ps as ps
+client = ps.init()
+ps.declare_dense({"w": np.zeros(3, np.float32)}, ps.SGD(1.0))
+for _ in range(3):
+    ps.pull_dense()
+    ps.push(dense={"w": np.ones(3)})
+print(f"trainer {client.trainer} of {client.num_trainers} with {client.num_servers} servers", flush=True)
+ps.shutdown()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_unisonrun_starts_servers_and_trainers(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    done = subprocess.run([sys.executable, "-m", "unison.launcher", "-np", "2", "--pservers", "2", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=80, env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("trainer")) == [
+        "trainer 0 of 2 with 2 servers", "trainer 1 of 2 with 2 servers"]
+    assert "returned on a server" not in done.stderr
