@@ -103,10 +103,18 @@ def test_nccl_codes() -> None:
 
 
 def test_connect_bounded_tells_how_far_the_setup_got() -> None:
-    state, comm, error = connect_bounded(lambda: time.sleep(5), 0.1, prepare=lambda: time.sleep(5))
+    closed: list[str] = []
+
+    def slow_connect() -> Any:
+        time.sleep(0.5)
+        return types.SimpleNamespace(close=lambda: closed.append("late"))
+
+    state, comm, error = connect_bounded(slow_connect, 0.1, prepare=lambda: time.sleep(0.3))
     assert (state, comm, error) == (InitState.NOT_STARTED, None, "")
-    state, comm, _ = connect_bounded(lambda: time.sleep(5), 0.1)
+    state, comm, _ = connect_bounded(slow_connect, 0.1)
     assert (state, comm) == (InitState.WAITING, None)
+    time.sleep(1.0)
+    assert closed == ["late", "late"]  # a communicator that arrives after the verdict is closed
     state, comm, error = connect_bounded(lambda: 1 / 0, 5.0)
     assert state is InitState.FAILED and error == "ZeroDivisionError: division by zero"
 
