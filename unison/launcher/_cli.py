@@ -13,6 +13,9 @@ from pathlib import Path
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..config import load_settings
 from ..errors import ConfigError, LaunchError
+from ._elastic_driver import add_arguments as add_elastic_arguments
+from ._elastic_driver import options_from as elastic_options
+from ._elastic_driver import run_elastic
 from ._environment import env_pairs, hide_values
 from ._jobs import register, show_status
 from ._keeper import command as keeper_command
@@ -67,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status", nargs="?", const="", default=None, metavar="PID|HOST:PORT",
                    help="print the live status table of your running job (started by unisonrun with "
                    "UNISON_CONTROLLER=grpc), or of the job with that unisonrun pid or service address")
+    add_elastic_arguments(p)
     p.add_argument("--pservers", type=int, default=0, metavar="N",
                    help="also start N parameter servers on this host running the same program (its "
                    "unison.ps.init() serves there); the -np processes are its trainers (docs/ps.md)")
@@ -148,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command and command[0] == "--":
             command = command[1:]
         hide_values(args.env)
+        elastic = elastic_options(args)
+        if elastic is not None:
+            return run_elastic(elastic, command, mpiexec=args.mpiexec, mpi_args=args.mpi_args,
+                               env_pairs=env_pairs(args.env, os.environ), launcher_exec=args.launcher_exec,
+                               iface=args.iface, timeout=args.timeout)
         if args.pservers:
             from ._pservers import parameter_servers
 

@@ -1,0 +1,90 @@
+"""Run an elastic job of tests/elastic/_train.py under unisonrun and check what it committed."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from . import _train
+
+PYTHON = sys.executable
+TRAIN = str(Path(__file__).with_name("_train.py"))
+# Distinct names of this machine: to the driver they are hosts (blacklisted, added, removed one by
+# one); Hydra starts all of them locally.
+HOSTS = ("localhost", "127.0.0.1", socket.gethostname())
+
+
+@dataclasses.dataclass
+class Job:
+    returncode: int
+    stderr: str
+    results: list[dict[str, object]]
+    seconds: float
+
+
+def _write_hosts(path: Path, hosts: Sequence[str]) -> None:
+    """Replace the discovery output atomically (the driver may run `cat` at any moment)."""
+    text = "".join(f"{h}\n" for h in hosts)
+    if path.exists() and path.read_text() == text:
+        return
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def run(tmp_path: Path, hosts: Sequence[str], args: Sequence[str], env: dict[str, str] | None = None,
+        schedule: Callable[[int, int], Sequence[str] | None] | None = None, timeout: float = 90) -> Job:
+    """Start the job with `hosts` discovered; `schedule(commits, size)` may return new hosts as it runs."""
+    hosts_file = tmp_path / "hosts"
+    _write_hosts(hosts_file, hosts)
+    run_env = dict(os.environ, ELASTIC_OUT=str(tmp_path), **(env or {}))
+    cmd = [PYTHON, "-m", "unison.launcher", *args, "--host-discovery-script", f"cat {hosts_file}",
+           "--slots-per-host", "1", "--discovery-interval", "0.2", PYTHON, TRAIN]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"the elastic job ran past {timeout} s")
+            progress = tmp_path / "progress"
+            if schedule is not None and progress.exists():
+                words = progress.read_text().split()
+                if len(words) == 2:
+                    new = schedule(int(words[0]), int(words[1]))
+                    if new is not None:
+                        _write_hosts(hosts_file, new)
+            time.sleep(0.05)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("result-*.json"))]
+    return Job(proc.returncode, stderr, results, time.monotonic() - start)
+
+
+def check_committed(job: Job, samples: int, epochs: int, size: int) -> None:
+    """Every rank of the last launch holds the same state, which replaying its history reproduces bit
+    for bit, and that history holds every sample exactly once per epoch."""
+    assert job.returncode == 0, job.stderr
+    results = job.results
+    assert sorted(r["rank"] for r in results) == list(range(size)), job.stderr
+    assert {r["size"] for r in results} == {size}
+    assert len({json.dumps([r["history"], r["weight"], r["momentum"], r["commits"]]) for r in results}) == 1
+    history = results[0]["history"]
+    assert isinstance(history, list)
+    assert _train.replay(history) == (results[0]["weight"], results[0]["momentum"])
+    per_epoch = collections.defaultdict(list)
+    for epoch, indices in history:
+        per_epoch[epoch] += indices
+    assert sorted(per_epoch) == list(range(epochs))
+    for epoch, indices in per_epoch.items():
+        assert sorted(indices) == list(range(samples)), f"epoch {epoch}: {sorted(indices)}"

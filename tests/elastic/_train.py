@@ -1,0 +1,122 @@
+"""An elastic training job for the tests: exact arithmetic, so the committed state is checked bit for bit.
+
+Each sample i has an integer feature vector; a step sums the features of the global batch's samples
+(an allreduce of integers held in float64: exact in any order), feeds the sum as the gradient of an
+SGD-with-momentum step, records the batch in an ElasticSampler and in ``state.history``, and commits.
+Replaying ``history`` from zeros in one process must give the committed model and momentum bit for
+bit, and the history must hold every sample index exactly once per epoch.
+
+Environment: ``ELASTIC_OUT`` (directory for results and progress), ``ELASTIC_SAMPLES``,
+``ELASTIC_EPOCHS``, ``ELASTIC_STEP_SECONDS``, ``ELASTIC_KILL=COMMIT:RANK`` (that rank SIGKILLs itself
+before the allreduce of the step after that commit, once per job), ``ELASTIC_RAISE=COMMIT:RANK``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+import unison.torch as hvd
+
+BATCH = 2
+FEATURES = 4
+
+
+def features(index: int) -> list[float]:
+    return [float(index % 7), float(index % 5), 1.0, float(index % 3)]
+
+
+def model_and_optimizer() -> tuple[torch.nn.Linear, torch.optim.SGD]:
+    model = torch.nn.Linear(FEATURES, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.zero_()
+    return model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
+
+
+def apply_step(model: torch.nn.Linear, optimizer: torch.optim.SGD, gradient: torch.Tensor) -> None:
+    model.weight.grad = gradient.view_as(model.weight).clone()
+    optimizer.step()
+
+
+def replay(history: list[tuple[int, list[int]]]) -> tuple[str, str]:
+    """The weight and momentum (hex of their bytes) after replaying `history` in one process."""
+    model, optimizer = model_and_optimizer()
+    for _, indices in history:
+        gradient = torch.tensor([sum(features(i)[k] for i in indices) for k in range(FEATURES)],
+                                dtype=torch.float64)
+        apply_step(model, optimizer, gradient)
+    return digest(model, optimizer)
+
+
+def digest(model: torch.nn.Linear, optimizer: torch.optim.SGD) -> tuple[str, str]:
+    momentum = optimizer.state[model.weight].get("momentum_buffer")
+    return (model.weight.detach().numpy().tobytes().hex(),
+            momentum.numpy().tobytes().hex() if momentum is not None else "")
+
+
+def _trigger(variable: str, commits: int, rank: int, out: Path) -> bool:
+    spec = os.environ.get(variable, "")
+    if not spec:
+        return False
+    at_commit, at_rank = (int(x) for x in spec.split(":"))
+    done = out / f"{variable.lower()}-done"
+    if commits == at_commit and rank == at_rank and not done.exists():
+        done.write_text(str(os.getpid()))
+        return True
+    return False
+
+
+def main() -> None:
+    hvd.init()
+    out = Path(os.environ["ELASTIC_OUT"])
+    samples = int(os.environ.get("ELASTIC_SAMPLES", "24"))
+    epochs = int(os.environ.get("ELASTIC_EPOCHS", "2"))
+    pause = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.05"))
+    model, optimizer = model_and_optimizer()
+    sampler = hvd.elastic.ElasticSampler(list(range(samples)), shuffle=True, seed=7)
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, history=[])
+    resets: list[int] = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        while state.epoch < epochs:
+            s = state.train_sampler
+            local = list(iter(s))
+            for batch in range(len(local) // BATCH + (len(local) % BATCH > 0)):
+                positions = range(batch * BATCH, min((batch + 1) * BATCH, len(local)))
+                real = [local[k] for k in positions if k * s.num_replicas + s.rank < len(s.remaining_indices)]
+                contribution = torch.tensor([sum(features(i)[k] for i in real) for k in range(FEATURES)],
+                                            dtype=torch.float64)
+                if _trigger("ELASTIC_KILL", state.commits, hvd.rank(), out):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if _trigger("ELASTIC_RAISE", state.commits, hvd.rank(), out):
+                    raise RuntimeError("injected failure")
+                gradient = hvd.allreduce(contribution, op=hvd.Sum, name="gradient")
+                apply_step(state.model, state.optimizer, gradient)
+                seen = sorted(i for part in hvd.allgather_object(real, name="seen") for i in part)
+                state.history.append((state.epoch, seen))
+                s.record_batch(batch, BATCH)
+                state.commit()
+                if hvd.rank() == 0:
+                    (out / "progress").write_text(f"{state.commits} {hvd.size()}")
+                time.sleep(pause)
+            state.epoch += 1
+            s.set_epoch(state.epoch)
+            state.commit()
+
+    train(state)
+    weight, momentum = digest(state.model, state.optimizer)
+    result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(os.environ.get("UNISON_ELASTIC_EPOCH", "0")),
+              "commits": state.commits, "history": state.history, "weight": weight, "momentum": momentum,
+              "resets": resets}
+    (out / f"result-{hvd.rank()}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

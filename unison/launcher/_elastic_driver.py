@@ -1,0 +1,298 @@
+"""unisonrun's elastic driver: poll the discovery script, launch one mpiexec per membership epoch, relaunch.
+
+Decisions come from `unison.elastic._membership.Membership` (pure); this module only acts: it runs
+the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epoch>`` questions on a
+small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
+``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
+(exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
+failure (anything else; the failed rank's host is blacklisted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shlex
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+
+from .._failure import LAUNCHER_DIR_VARIABLE
+from ..elastic._environment import HOSTS_UPDATED_EXIT
+from ..elastic._membership import Ending, Epoch, Host, Limits, Membership, Stop, Wait, parse_discovery
+from ..errors import LaunchError
+from ._keeper import command as keeper_command
+from ._mpiexec import MpiExec, find_mpiexec
+from ._reaper import JobDirectory
+from ._supervise import JobOutcome, exit_status, report, supervise
+
+__all__ = ["ElasticOptions", "add_arguments", "options_from", "run_elastic"]
+
+_LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticOptions:
+    """unisonrun's elastic options (Horovod's meanings)."""
+
+    discovery_script: str
+    limits: Limits
+    slots_per_host: int | None = None
+    elastic_timeout: float = 600.0
+    discovery_interval: float = 1.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the elastic options to unisonrun's parser."""
+    group = p.add_argument_group("elastic training (docs/elastic.md)")
+    group.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+                       help="fewest processes to run with (default: -np)")
+    group.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+                       help="most processes to run with (default: as many as the hosts offer)")
+    group.add_argument("--host-discovery-script", default="", metavar="SCRIPT",
+                       help="program printing the available hosts, one 'host:slots' per line; polled; "
+                       "makes the job elastic")
+    group.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, default=None,
+                       metavar="K", help="slots of a host the discovery script prints without ':slots'")
+    group.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="how long to wait for --min-np slots before failing (default 600)")
+    group.add_argument("--reset-limit", type=int, default=None, metavar="R",
+                       help="stop the job when it would be reset more than R times")
+    group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, default=None, metavar=("A", "B"),
+                       help="a failed host may return after a cooldown drawn from [A, B] seconds "
+                       "(default: it stays blacklisted)")
+    group.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
+                       help="how often the discovery script runs (default 1)")
+
+
+def options_from(args: argparse.Namespace) -> ElasticOptions | None:
+    """The elastic options of parsed arguments, or None when the job is not elastic."""
+    if not args.host_discovery_script:
+        given = [flag for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
+                                          ("--reset-limit", args.reset_limit),
+                                          ("--blacklist-cooldown-range", args.blacklist_cooldown_range))
+                 if value is not None]
+        if given:
+            raise LaunchError(f"{', '.join(given)} need --host-discovery-script SCRIPT (an elastic job).")
+        return None
+    min_np = args.min_np if args.min_np is not None else args.np
+    if min_np is None:
+        raise LaunchError("An elastic job needs -np N or --min-np N.")
+    cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
+    return ElasticOptions(args.host_discovery_script,
+                          Limits(min_np, args.max_np, args.reset_limit, cooldown),  # type: ignore[arg-type]
+                          args.slots_per_host, args.elastic_timeout, args.discovery_interval)
+
+
+class _Endpoint(socketserver.ThreadingTCPServer):
+    """Answers ``CHECK <epoch>`` with ``OK <epoch> <changes>`` for the running epoch, else ``STALE <epoch>``."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("0.0.0.0", 0), _Handler)
+        self.lock = threading.Lock()
+        self.epoch = -1
+        self.changes = 0
+        self.refused = 0
+        self.thread = threading.Thread(target=self.serve_forever, args=(0.2,), daemon=True,
+                                       name="unison-elastic-endpoint")
+        self.thread.start()
+
+    def begin(self, epoch: int) -> None:
+        with self.lock:
+            self.epoch, self.changes = epoch, 0
+
+    def announce(self, epoch: int) -> None:
+        with self.lock:
+            if epoch == self.epoch and self.changes == 0:
+                self.changes = 1
+
+    def answer(self, line: str) -> str:
+        words = line.split()
+        with self.lock:
+            if len(words) == 2 and words[0] == "CHECK" and words[1] == str(self.epoch):
+                return f"OK {self.epoch} {self.changes}\n"
+            self.refused += 1
+            return f"STALE {self.epoch}\n"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        line = self.rfile.readline(200).decode(errors="replace")
+        assert isinstance(self.server, _Endpoint)
+        self.wfile.write(self.server.answer(line).encode())
+
+
+class _Discovery:
+    """Runs the discovery script every interval in a thread; keeps the last good answer."""
+
+    def __init__(self, script: str, slots: int | None, interval: float, on_hosts: object) -> None:
+        self.script, self.slots, self.interval = script, slots, interval
+        self.on_hosts = on_hosts
+        self.hosts: tuple[Host, ...] | None = None
+        self.error = ""
+        self.polls = 0
+        self.changed = threading.Event()
+        self._stop = threading.Event()
+        self.poll()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="unison-elastic-discovery")
+        self.thread.start()
+
+    def poll(self) -> None:
+        try:
+            done = subprocess.run(shlex.split(self.script), capture_output=True, text=True,
+                                  timeout=max(10.0, self.interval * 10))
+            if done.returncode != 0:
+                raise LaunchError(f"the host discovery script exited with status {done.returncode}: "
+                                  f"{done.stderr.strip()[:300]}")
+            hosts = parse_discovery(done.stdout, self.slots)
+        except (OSError, subprocess.TimeoutExpired, LaunchError) as exc:
+            if str(exc) != self.error:
+                print(f"unisonrun: elastic: {exc} (keeping the hosts it printed last)", file=sys.stderr, flush=True)
+            self.error = str(exc)
+            return
+        self.error = ""
+        self.polls += 1
+        if hosts != self.hosts:
+            self.hosts = hosts
+            self.changed.set()
+        callback = self.on_hosts
+        if callable(callback):
+            callback(hosts)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _is_local(name: str) -> bool:
+    return name in _LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
+
+
+def _store_directory() -> str:
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return tempfile.mkdtemp(prefix=f"unison-elastic-{os.getuid()}-", dir=base)
+
+
+def _driver_address(endpoint: _Endpoint, local: bool) -> str:
+    host = "127.0.0.1" if local else socket.gethostname()
+    return f"{host}:{endpoint.server_address[1]}"
+
+
+def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
+               mpi_args: str, launcher_exec: str, iface: str, env_names: Sequence[str],
+               timeout: float | None) -> JobOutcome:
+    keepers = not launcher_exec and all(_is_local(host.name) for host in epoch.hosts)
+    with JobDirectory("unisonrun-") as job:
+        epoch_env = dict(env)
+        epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
+        epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
+        epoch_env["UNISON_ELASTIC_HOSTS"] = epoch.hosts_argument()
+        cmd = found.command(epoch.np, keeper_command(list(program)) if keepers else program,
+                            hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
+                            launcher_exec=launcher_exec, iface=iface)
+        return supervise(cmd, job.path, epoch_env, timeout=timeout, announce=True, keepers=keepers)
+
+
+def _say(message: str) -> None:
+    print(f"unisonrun: elastic: {message}", file=sys.stderr, flush=True)
+
+
+def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str = "", mpi_args: str = "",
+                env_pairs: Sequence[tuple[str, str]] = (), launcher_exec: str = "", iface: str = "",
+                timeout: float | None = None) -> int:
+    """Run `program` elastically; return unisonrun's exit status."""
+    if not program:
+        raise LaunchError("No program given: unisonrun -np N --host-discovery-script S python train.py")
+    found = find_mpiexec(mpiexec)
+    membership = Membership(options.limits)
+    lock = threading.Lock()
+    endpoint = _Endpoint()
+
+    def on_hosts(hosts: tuple[Host, ...]) -> None:
+        with lock:
+            current = membership.current
+            if current is not None and membership.wants_change(hosts, time.monotonic()):
+                endpoint.announce(current.number)
+
+    store = _store_directory()
+    discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval, on_hosts)
+    started = time.monotonic()
+    try:
+        env = dict(os.environ)
+        env.update(env_pairs)
+        env["UNISON_ELASTIC_STORE"] = store
+        while True:
+            decision = _wait_for_hosts(options, membership, discovery, lock)
+            if isinstance(decision, Stop):
+                _say(decision.message)
+                return 1
+            with lock:
+                membership.started(decision)
+                endpoint.begin(decision.number)
+            local = all(_is_local(host.name) for host in decision.hosts)
+            env["UNISON_ELASTIC_DRIVER"] = _driver_address(endpoint, local)
+            _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
+            remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            outcome = _run_epoch(found, decision, program, env, mpi_args=mpi_args, launcher_exec=launcher_exec,
+                                 iface=iface, env_names=[name for name, _ in env_pairs], timeout=remaining)
+            if outcome.interrupted or outcome.timed_out:
+                report(outcome)
+                return exit_status(outcome)
+            if outcome.returncode == 0 and not outcome.failures:
+                return 0
+            if outcome.returncode == HOSTS_UPDATED_EXIT and not outcome.failures:
+                ending, failed = Ending.HOSTS_UPDATED, []
+                _say(f"epoch {decision.number} committed and stopped for a change of hosts")
+            else:
+                report(outcome)
+                ending = Ending.FAILED
+                failed = sorted({decision.host_of(rank) for rank in outcome.failures if rank < decision.np})
+                _say(f"epoch {decision.number} failed (exit status {outcome.returncode})"
+                     + (f"; blacklisting {', '.join(failed)}" if failed else ""))
+            with lock:
+                stop = membership.ended(ending, failed, time.monotonic())
+            if stop is not None:
+                _say(stop.message)
+                return 1
+    finally:
+        discovery.stop()
+        endpoint.close()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: _Discovery,
+                    lock: threading.Lock) -> Epoch | Stop:
+    """The next epoch, once discovery offers --min-np slots; a Stop after --elastic-timeout."""
+    deadline = time.monotonic() + options.elastic_timeout
+    said = ""
+    while True:
+        with lock:
+            decision = membership.plan(discovery.hosts or (), time.monotonic())
+        if not isinstance(decision, Wait):
+            return decision
+        if time.monotonic() >= deadline:
+            return Stop(f"waited {options.elastic_timeout:g} s (--elastic-timeout) for hosts: {decision.message}. "
+                        "Add hosts, or lower --min-np.")
+        if decision.message != said:
+            said = decision.message
+            _say(f"waiting for hosts: {decision.message}")
+        discovery.changed.clear()
+        discovery.changed.wait(min(options.discovery_interval, max(0.0, deadline - time.monotonic())) + 0.01)
+
