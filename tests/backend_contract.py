@@ -64,7 +64,7 @@ def check_chunk_size_changes_no_result(backend: Backend) -> None:
         backend.set_chunk_bytes(chunk_bytes)
         seen: list[int] = []
         buf = _values(rank, 1000)
-        backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=lambda chunk: seen.append(chunk.size))
+        backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=lambda chunk, seen=seen: seen.append(chunk.size))
         np.testing.assert_array_equal(buf, expected)
         assert sum(seen) == 1000
 
