@@ -1,0 +1,207 @@
+"""Click-through-rate model on parameter servers against all-reduce: samples/s and bytes per step.
+
+The model: 8 sparse fields with Zipf-distributed ids (a = 1.1, 100,000 ids) summed into an embedding
+bag of width 16, then an MLP (16-64-1) with a logistic loss, batch 512 per trainer. Two trainers
+on this machine (shared memory), 1 or 2 servers. Modes:
+
+- ``ps-async`` / ``ps-sync``: `unison.ps.torch.DistributedEmbedding` + `ServerOptimizer`; bytes per
+  step are the trainer's counted serialized messages (pull and push);
+- ``allreduce``: `unison.torch.DistributedOptimizer` under mpiexec, the embedding a dense
+  ``nn.EmbeddingBag`` whose whole gradient is reduced each step; bytes per step are the gradient
+  bytes each rank submits (a ring moves about twice that per rank).
+
+Run: ``python benchmarks/ps.py`` (writes benchmarks/results/ps.json). TensorFlow's
+ParameterServerStrategy is not measured yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+FIELDS, IDS, DIM, BATCH = 8, 100_000, 16, 512
+SECRET = "b" * 64
+
+
+def _batches(seed: int, steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        ids = (np.minimum(rng.zipf(1.1, size=(BATCH, FIELDS)), IDS) - 1).astype(np.int64)
+        labels = ((ids[:, 0] % 7) < 3).astype(np.float32)[:, None]
+        out.append((ids, labels))
+    return out
+
+
+def _model(embedding):  # type: ignore[no-untyped-def]
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(embedding, nn.Linear(DIM, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+def _train(model, step_fn, batches, warmup: int) -> float:  # type: ignore[no-untyped-def]
+    import torch
+
+    started = 0.0
+    for i, (ids, labels) in enumerate(batches):
+        if i == warmup:
+            started = time.perf_counter()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(torch.from_numpy(ids)),
+                                                                    torch.from_numpy(labels))
+        loss.backward()
+        step_fn()
+    return (len(batches) - warmup) * BATCH / (time.perf_counter() - started)
+
+
+def trainer(mode: str, steps: int, warmup: int, out: str) -> None:
+    """One trainer process of a ps mode (its role comes from UNISON_PS_* variables)."""
+    import torch
+
+    import unison.ps as ps
+    import unison.ps.torch as pst
+
+    torch.set_num_threads(1)
+    client = ps.init()
+    model = _model(pst.DistributedEmbedding("ctr", 2 * IDS, DIM, mode="sum", optimizer=ps.Adagrad(0.05)))
+    opt = pst.ServerOptimizer(model, ps.Adam(0.001))
+    batches = _batches(client.trainer, steps)
+    while len(client.server_statistics()[0]["trainers"]) < client.num_trainers:
+        time.sleep(0.05)  # start together: the trainers' imports take seconds of a short run
+    before = {}
+
+    def step() -> None:
+        nonlocal before
+        opt.step()
+        opt.zero_grad()
+        if client.step == warmup:
+            before = client.statistics()
+
+    rate = _train(model, step, batches, warmup)
+    after = client.statistics()
+    moved = after["bytes_sent"] + after["bytes_received"] - before["bytes_sent"] - before["bytes_received"]
+    unique = float(np.mean([len(np.unique(ids)) for ids, _ in batches[warmup:]]))
+    servers = client.server_statistics()
+    Path(out).write_text(json.dumps({"samples_per_second": rate, "bytes_per_step": moved / (steps - warmup),
+                                     "unique_ids_per_step": unique,
+                                     "staleness_max": max(s["staleness_max"] for s in servers),
+                                     "server_memory_bytes": [s["memory_bytes"] for s in servers]}))
+    ps.shutdown()
+
+
+def allreduce_trainer(steps: int, warmup: int, out: str) -> None:
+    """One rank of the all-reduce mode (under mpiexec)."""
+    import torch
+
+    import unison.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    model = _model(torch.nn.EmbeddingBag(IDS, DIM, mode="sum"))
+    params = list(model.parameters())
+    inner = torch.optim.Adam(params, lr=0.001)
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step() -> None:
+        opt.step()
+        opt.zero_grad()
+
+    rate = _train(model, step, _batches(hvd.rank(), steps), warmup)
+    rates = hvd.allgather_object(rate)
+    if hvd.rank() == 0:
+        grad_bytes = sum(p.numel() * 4 for p in params)
+        Path(out).write_text(json.dumps({"samples_per_second": sum(rates) / len(rates) * 1.0,
+                                         "bytes_per_step": grad_bytes}))
+    hvd.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ps(mode: str, servers: int, steps: int, warmup: int, tmp: Path) -> dict[str, float]:
+    endpoints = ",".join(f"127.0.0.1:{_free_port()}" for _ in range(servers))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    base.update(UNISON_SECRET=SECRET, UNISON_PS_ENDPOINTS=endpoints, UNISON_PS_NUM_TRAINERS="2",
+                UNISON_PS_MODE=mode, PYTHONPATH=str(ROOT))
+    me = [sys.executable, __file__, "--trainer", mode, "--steps", str(steps), "--warmup", str(warmup)]
+    procs = [subprocess.Popen(me + ["--out", "-"], env=dict(base, UNISON_PS_ROLE="server",
+                                                             UNISON_PS_SERVER_INDEX=str(i)))
+             for i in range(servers)]
+    outs = [tmp / f"{mode}-{servers}-{t}.json" for t in range(2)]
+    trainers = [subprocess.Popen(me + ["--out", str(outs[t])], env=dict(base, UNISON_PS_ROLE="trainer",
+                                                                         UNISON_PS_TRAINER_ID=str(t)))
+                for t in range(2)]
+    for p in trainers + procs:
+        if p.wait(900) != 0:
+            raise SystemExit(f"a process of {mode} with {servers} servers failed")
+    results = [json.loads(o.read_text()) for o in outs]
+    return {"samples_per_second": sum(r["samples_per_second"] for r in results),
+            "bytes_per_step": float(np.mean([r["bytes_per_step"] for r in results])),
+            "unique_ids_per_step": float(np.mean([r["unique_ids_per_step"] for r in results])),
+            "staleness_max": max(r["staleness_max"] for r in results),
+            "server_memory_bytes": results[0]["server_memory_bytes"]}
+
+
+def run_allreduce(steps: int, warmup: int, tmp: Path) -> dict[str, float]:
+    out = tmp / "allreduce.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    env["PYTHONPATH"] = str(ROOT)
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    subprocess.run([mpiexec, "-n", "2", sys.executable, __file__, "--allreduce-rank", "--steps", str(steps),
+                    "--warmup", str(warmup), "--out", str(out)], env=env, check=True, timeout=900)
+    result: dict[str, float] = json.loads(out.read_text())
+    result["samples_per_second"] *= 2
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--trainer", default="")
+    parser.add_argument("--allreduce-rank", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ps.json"))
+    args = parser.parse_args()
+    if args.trainer:
+        trainer(args.trainer, args.steps, args.warmup, args.out)
+        return
+    if args.allreduce_rank:
+        allreduce_trainer(args.steps, args.warmup, args.out)
+        return
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        tmp = Path(directory)
+        for mode, servers in (("async", 1), ("async", 2), ("sync", 1), ("sync", 2)):
+            load = os.getloadavg()[0]
+            rows.append({"mode": f"ps-{mode}", "servers": servers, "load_before": load,
+                         **run_ps(mode, servers, args.steps, args.warmup, tmp)})
+            print(json.dumps(rows[-1]), flush=True)
+        load = os.getloadavg()[0]
+        rows.append({"mode": "allreduce", "servers": 0, "load_before": load,
+                     **run_allreduce(args.steps, args.warmup, tmp)})
+        print(json.dumps(rows[-1]), flush=True)
+    Path(args.out).write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "model": {"fields": FIELDS, "ids": IDS, "dim": DIM, "batch_per_trainer": BATCH, "trainers": 2},
+        "steps": args.steps, "warmup": args.warmup, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
