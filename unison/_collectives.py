@@ -41,8 +41,36 @@ def _restore(result: np.ndarray, dtype: DType, like: Any) -> np.ndarray:
     return result
 
 
+def _on_gpu(arrays: Sequence[Any]) -> bool:
+    """Whether these are GPU arrays (CuPy, or anything with ``__cuda_array_interface__``)."""
+    return any(hasattr(a, "__cuda_array_interface__") for a in arrays)
+
+
+def _device(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process_set: ProcessSet,
+            grouped: bool, **kw: Any) -> int:
+    """Submit GPU arrays to the GPU data plane (`unison.gpu`); results are arrays of the same kind."""
+    from .gpu.handoff import device_results, prepare_arrays
+
+    in_place = bool(kw.get("in_place"))
+    buffers, dtypes, outputs = prepare_arrays(
+        arrays, in_place=in_place,
+        with_outputs=not in_place and kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST))
+    handle_id, _, _ = submit(kind, buffers, name, process_set, grouped=grouped, dtypes=dtypes,
+                             outputs=outputs, device="cuda", **kw)
+    originals = list(arrays)
+
+    def finish(results: list[Any]) -> Any:
+        made = device_results(results)
+        out = originals if in_place else made
+        return out if grouped else out[0]
+
+    return finish_with(handle_id, finish)
+
+
 def _one(kind: CollectiveKind, array: Any, name: str | None, process_set: ProcessSet,
          **kw: Any) -> int:
+    if _on_gpu([array]):
+        return _device(kind, [array], name, process_set, False, **kw)
     handle_id, originals, dtypes = submit(kind, [array], name, process_set, **kw)
     like, dtype = originals[0], dtypes[0]
     if kw.get("in_place"):
@@ -55,6 +83,8 @@ def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process
     if not arrays:
         current = job()
         return register_handle([], lambda results: [], next_handle(current))
+    if _on_gpu(arrays):
+        return _device(kind, arrays, name, process_set, True, **kw)
     handle_id, originals, dtypes = submit(kind, list(arrays), name, process_set, grouped=True, **kw)
     if kw.get("in_place"):
         return finish_with(handle_id, lambda results: list(originals))

@@ -496,8 +496,10 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    """NCCL version code usable through CuPy, or 0 (the GPU data plane is not available yet)."""
-    return 0
+    """NCCL's version code as CuPy loads it (e.g. 22005 for 2.20.5), or 0 without CuPy or NCCL."""
+    from .gpu.build import nccl_built as probe
+
+    return probe()
 
 
 def ddl_built() -> bool:
@@ -511,8 +513,10 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    """Always False until the GPU data plane exists."""
-    return False
+    """True when a CUDA build of CuPy imports (the GPU data plane can run where a GPU is visible)."""
+    from .gpu.build import cuda_built as probe
+
+    return probe()
 
 
 def rocm_built() -> bool:

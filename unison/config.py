@@ -93,6 +93,12 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "that it started, failed or finished, so the launcher can name a rank that died."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
+    Setting("gpu_operations", "UNISON_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS", "str", "nccl",
+            "Data plane for CUDA buffers: nccl (through CuPy), or mpi (staged through pinned host "
+            "memory and reduced like CPU buffers). See docs/gpu.md."),
+    Setting("nccl_init_timeout_seconds", "UNISON_NCCL_INIT_TIMEOUT_SECONDS", None, "float", 120.0,
+            "How long the ranks of a process set wait for each other while their NCCL communicator is "
+            "made; then every member raises an error naming the ranks that never arrived."),
     Setting("dynamic_process_sets", "UNISON_DYNAMIC_PROCESS_SETS", "HOROVOD_DYNAMIC_PROCESS_SETS",
             "bool", False, "Allow add_process_set()/remove_process_set() after init()."),
     Setting("disable_group_fusion", "UNISON_DISABLE_GROUP_FUSION", "HOROVOD_DISABLE_GROUP_FUSION",
@@ -125,7 +131,7 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
 )
 
 _LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
-_CHOICES = {"controller": ("mpi", "grpc"), "cpu_operations": ("mpi",)}
+_CHOICES = {"controller": ("mpi", "grpc"), "cpu_operations": ("mpi",), "gpu_operations": ("nccl", "mpi")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +161,8 @@ class Settings:
     start_timeout_seconds: float = 60.0
     launcher_dir: str = ""
     cpu_operations: str = "mpi"
+    gpu_operations: str = "nccl"
+    nccl_init_timeout_seconds: float = 120.0
     dynamic_process_sets: bool = False
     disable_group_fusion: bool = False
     mpi_threads_disable: bool = False
@@ -172,7 +180,8 @@ class Settings:
 # or mix up buffers, so init() compares them first (`disagreement`).
 JOB_WIDE_SETTINGS = ("fusion_threshold_bytes", "fusion_max_tensor_bytes", "chunk_bytes", "cache_capacity",
                      "controller", "service_host_aggregation", "hierarchical_allreduce",
-                     "disable_group_fusion", "dynamic_process_sets", "cpu_operations", "autotune")
+                     "disable_group_fusion", "dynamic_process_sets", "cpu_operations", "gpu_operations",
+                     "autotune")
 
 
 def job_wide_values(settings: Settings) -> dict[str, Any]:
@@ -283,6 +292,10 @@ def load_settings(
         if getattr(settings, name) < 1:
             variable = source.get(name, known[name].env)
             raise ConfigError(f"{variable} must be at least 1. Got {variable}={getattr(settings, name)}.")
+    if settings.nccl_init_timeout_seconds <= 0:
+        variable = source.get("nccl_init_timeout_seconds", "UNISON_NCCL_INIT_TIMEOUT_SECONDS")
+        raise ConfigError(f"{variable} must be a positive number of seconds. "
+                          f"Got {variable}={settings.nccl_init_timeout_seconds}.")
     return settings
 
 

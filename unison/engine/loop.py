@@ -158,6 +158,8 @@ class Engine:
         self.process_sets: dict[int, tuple[int, ...]] = dict(process_sets or {0: tuple(range(self.size))})
         self.cache = ResponseCache(settings.cache_capacity)
         self.executor = Executor(backend, self.rank, self.process_sets)
+        self.executor.device_plane_options = {"operations": settings.gpu_operations,
+                                              "init_timeout_seconds": settings.nccl_init_timeout_seconds}
         self.coordinator = Coordinator(self.size, self.process_sets) if self.rank == 0 else None
         self.stall = None
         if self.rank == 0 and not settings.stall_check_disable:
@@ -430,7 +432,10 @@ class Engine:
                 if self._tune_log is not None:
                     self._tune_log.close()
             finally:
-                self.backend.close()
+                try:
+                    self.executor.close()  # the GPU data plane's communicators, if one was made
+                finally:
+                    self.backend.close()
 
     def _wait_for_work(self) -> None:
         if self.parameters.cycle_time_seconds:

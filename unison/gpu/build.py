@@ -89,12 +89,12 @@ def gpu_report(find_spec: Finder = importlib.util.find_spec,
 
     Example:
         >>> gpu_report(find_spec=lambda name: None)
-        [('CuPy', 'not installed (pip install unison[gpu-cuda12] or unison[gpu-cuda13])')]
+        [('CuPy', 'not installed (pip install cupy-cuda12x or cupy-cuda13x: the gpu-cuda12 / gpu-cuda13 extras)')]
     """
     cupy = _cupy(find_spec, import_module)
     if cupy is None:
         state = "not installed" if find_spec("cupy") is None else "installed but does not import"
-        return [("CuPy", f"{state} (pip install unison[gpu-cuda12] or unison[gpu-cuda13])")]
+        return [("CuPy", f"{state} (pip install cupy-cuda12x or cupy-cuda13x: the gpu-cuda12 / gpu-cuda13 extras)")]
     rows = [("CuPy", str(getattr(cupy, "__version__", "?")))]
     try:
         runtime = cupy.cuda.runtime

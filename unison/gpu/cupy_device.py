@@ -190,8 +190,8 @@ class CupyLibrary:
 
             raise MissingDependencyError(
                 f"CuPy {cupy.__version__} is installed without NCCL, which the GPU data plane needs. "
-                "Install a CuPy wheel for your CUDA version (pip install 'unison[gpu-cuda12]' or "
-                "'unison[gpu-cuda13]'), or set UNISON_GPU_OPERATIONS=MPI to stage through host memory."
+                "Install a CuPy wheel for your CUDA version (pip install cupy-cuda12x or cupy-cuda13x: "
+                "the gpu-cuda12 / gpu-cuda13 extras), or set UNISON_GPU_OPERATIONS=MPI to stage through host memory."
             )
         self._nccl = nccl
 

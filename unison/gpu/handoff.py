@@ -15,7 +15,10 @@ from typing import Any
 
 from ..errors import InvalidArgumentError, MissingDependencyError
 
-__all__ = ["EXTRAS", "as_cupy", "bound_ordinal", "device_for", "import_cupy", "missing_cupy", "reset"]
+__all__ = [
+    "EXTRAS", "as_cupy", "bound_ordinal", "device_for", "device_results", "import_cupy", "missing_cupy",
+    "prepare_arrays", "reset",
+]
 
 # pip extras that install a CuPy build with NCCL, by CUDA major version (pyproject.toml).
 EXTRAS = {"12": "gpu-cuda12", "13": "gpu-cuda13"}
@@ -35,8 +38,9 @@ def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDepend
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None and not isinstance(
         cause, ModuleNotFoundError) else ""
     return MissingDependencyError(
-        f"{what} need CuPy (with NCCL), which is not installed{detail}; install the extra for your CUDA "
-        f"version: pip install 'unison[{EXTRAS['12']}]' (CUDA 12) or 'unison[{EXTRAS['13']}]' (CUDA 13). "
+        f"{what} need CuPy (with NCCL), which is not installed{detail}; install the build for your CUDA "
+        f"version: pip install cupy-cuda12x (CUDA 12; the {EXTRAS['12']} extra, pip install -e "
+        f"'.[{EXTRAS['12']}]' in a unison checkout) or cupy-cuda13x (CUDA 13; the {EXTRAS['13']} extra). "
         "Or move the tensors to the CPU."
     )
 
@@ -108,3 +112,53 @@ def as_cupy(obj: Any) -> Any:
         return cupy.from_dlpack(obj)
     raise InvalidArgumentError(f"Expected a GPU array (CuPy, __cuda_array_interface__ or DLPack). Got "
                                f"{type(obj).__name__}.")
+
+
+def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any = None,
+                   convert: Any = None, xp: Any = None) -> tuple[list[Any], list[Any], list[Any] | None]:
+    """GPU arrays of the NumPy-style API as (buffers, dtypes, outputs) for `unison._submit.submit`.
+
+    Each array is wrapped without a copy (`as_cupy`; a non-contiguous one is copied unless in place)
+    with an event on the current stream (`mark_ready`); `outputs` are fresh arrays like the inputs when
+    the collective writes into outputs (allreduce, broadcast), else None. `make`, `convert` and `xp`
+    (device factory, array conversion, array module) default to CuPy's; tests pass NumPy and fakes.
+
+    Raises:
+        InvalidArgumentError: an in-place array is not contiguous, or arrays sit on different GPUs.
+        UnsupportedDtypeError: a dtype unison cannot carry.
+    """
+    import numpy as np
+
+    from ..dtypes import dtype_of
+    from .device import DeviceBuffer
+    from .ordering import mark_ready
+
+    convert = as_cupy if convert is None else convert
+    xp = import_cupy() if xp is None else xp
+    buffers, dtypes = [], []
+    for obj in arrays:
+        array = convert(obj)
+        if not array.flags.c_contiguous:
+            if in_place:
+                raise InvalidArgumentError("Tensor is required to be contiguous.")
+            array = xp.ascontiguousarray(array)
+        ordinal = int(getattr(getattr(array, "device", None), "id", 0) or 0)
+        dtypes.append(dtype_of(np.empty(0, array.dtype)))
+        buffers.append(mark_ready(device_for(ordinal, make), array))
+    outputs = None
+    if with_outputs:
+        outputs = [DeviceBuffer(xp.empty_like(b.array), None, b.ordinal) for b in buffers]
+    return buffers, dtypes, outputs
+
+
+def device_results(results: Any, make: Any = None) -> list[Any]:
+    """The arrays of GPU results, after the current stream waits for unison's (rule 4 of `ordering`)."""
+    from .ordering import consume
+
+    out = []
+    for result in results:
+        if result is not None and hasattr(result, "ready"):
+            out.append(consume(device_for(result.ordinal, make), result))
+        else:
+            out.append(result)
+    return out

@@ -78,6 +78,11 @@ def check_build(mpiexec: str = "") -> int:
     for module in ("torch", "tensorflow", "keras"):
         status = _imports(module) if _version(module) != "not installed" else "not installed"
         print(f"  {module:<12} {status}")
+    print("GPU data plane:")
+    from ..gpu.build import gpu_report
+
+    for name, value in gpu_report():
+        print(f"  {name:<12} {value}")
     try:
         found = find_mpiexec(mpiexec)
     except LaunchError as exc:

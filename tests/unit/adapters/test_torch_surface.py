@@ -76,9 +76,11 @@ def test_compression_round_trip() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-def test_cuda_tensor_names_the_missing_gpu_data_plane() -> None:
-    with pytest.raises(NotImplementedError, match=r"CUDA tensors need unison's GPU data plane"):
-        to_buffer(torch.ones(2, device="cuda"), in_place=True)
+def test_a_cuda_tensor_becomes_a_device_buffer_sharing_its_memory() -> None:
+    pytest.importorskip("cupy", reason="the GPU data plane needs CuPy")
+    tensor = torch.ones(2, device="cuda")
+    buffer, _ = to_buffer(tensor, in_place=True)
+    assert buffer.array.data.ptr == tensor.data_ptr()  # DLPack: no copy
 
 
 def test_single_process_job_works_end_to_end() -> None:

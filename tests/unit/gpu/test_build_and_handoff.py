@@ -52,7 +52,7 @@ def test_the_check_build_rows() -> None:
         ("GPUs", "cuda:0 NVIDIA H100 80GB HBM3 (0000:17:00.0)")]
     assert build.gpu_report(**lookup(fake_cupy(devices=0)))[-1] == ("GPUs", "none visible")
     assert build.gpu_report(**lookup({})) == [
-        ("CuPy", "not installed (pip install unison[gpu-cuda12] or unison[gpu-cuda13])")]
+        ("CuPy", "not installed (pip install cupy-cuda12x or cupy-cuda13x: the gpu-cuda12 / gpu-cuda13 extras)")]
 
 
 def test_cuda_aware_mpi_is_asked_never_assumed() -> None:
@@ -70,8 +70,8 @@ def test_a_cuda_buffer_without_cupy_names_the_extra() -> None:
     from unison.adapters.torch.buffers import cuda_buffer
 
     with pytest.raises(MissingDependencyError, match=r"CUDA tensors need CuPy \(with NCCL\), which is not installed; "
-                       r"install the extra for your CUDA version: pip install 'unison\[gpu-cuda12\]' \(CUDA 12\) "
-                       r"or 'unison\[gpu-cuda13\]' \(CUDA 13\)"):
+                       r"install the build for your CUDA version: pip install cupy-cuda12x \(CUDA 12; the gpu-cuda12 "
+                       r"extra.*or cupy-cuda13x \(CUDA 13; the gpu-cuda13 extra\)"):
         cuda_buffer(torch.ones(2))
     with pytest.raises(ImportError):  # MissingDependencyError is an ImportError
         handoff.as_cupy(object())
@@ -134,3 +134,34 @@ def test_init_failure_names_the_ranks_that_never_arrived() -> None:
 def test_examples_in_docstrings(module: str) -> None:
     result = doctest.testmod(importlib.import_module(f"unison.gpu.{module}"))
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_gpu_arrays_of_the_numpy_api_are_wrapped_with_events_and_results_waited_for() -> None:
+    import numpy as np
+
+    handoff.reset()
+    try:
+        made: list[FakeDevice] = []
+
+        def make(ordinal: int) -> FakeDevice:
+            made.append(FakeDevice(ordinal))
+            return made[-1]
+
+        x = np.arange(6, dtype=np.float32)
+        strided = np.arange(12, dtype=np.float64)[::2]
+        buffers, dtypes, outputs = handoff.prepare_arrays(
+            [x, strided], in_place=False, with_outputs=True, make=make, convert=lambda a: a, xp=np)
+        assert [d.value for d in dtypes] == ["float32", "float64"]
+        assert buffers[0].array is x  # no copy
+        assert buffers[1].array.flags.c_contiguous and np.array_equal(buffers[1].array, strided)
+        assert all(b.ready is not None for b in buffers)  # rule 1: an event on the current stream
+        assert outputs is not None and [o.shape for o in outputs] == [(6,), (6,)]
+        device = made[0]
+        before = len(device.log)
+        assert handoff.device_results(buffers, make) == [x, buffers[1].array]
+        assert [entry[0] for entry in device.log[before:]] == ["wait", "wait"]  # rule 4
+        with pytest.raises(InvalidArgumentError, match="Tensor is required to be contiguous"):
+            handoff.prepare_arrays([strided], in_place=True, with_outputs=False, make=make,
+                                   convert=lambda a: a, xp=np)
+    finally:
+        handoff.reset()

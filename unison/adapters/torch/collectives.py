@@ -48,17 +48,20 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
     torch_outputs: list[torch.Tensor] | None = None
     outputs = None
     if not in_place and kind in (_ALLREDUCE, _BROADCAST):
-        torch_outputs = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        torch_outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
         outputs = [to_buffer(o, in_place=True)[0] for o in torch_outputs]
+    device = tensors[0].device.type if tensors else "cpu"
     handle, _, _ = core.submit(kind, arrays, name, process_set, in_place=in_place, grouped=grouped,
-                               dtypes=dtypes, outputs=outputs, **kw)
+                               dtypes=dtypes, outputs=outputs, device=device, **kw)
     finish: Callable[[list[Any]], Any]
-    if in_place:
-        kept = list(tensors)
-        finish = (lambda results: kept) if grouped else (lambda results: kept[0])
-    elif torch_outputs is not None:
-        made = torch_outputs
-        finish = (lambda results: made) if grouped else (lambda results: made[0])
+    if in_place or torch_outputs is not None:
+        kept = list(tensors) if in_place else list(torch_outputs or [])
+
+        def finish(results: list[Any]) -> Any:
+            for result, dtype in zip(results, dtypes):
+                if result is not None and hasattr(result, "ready"):  # a GPU result: torch's stream
+                    from_result(result, dtype)  # waits for unison's before anyone reads it
+            return kept if grouped else kept[0]
     else:
         finish = _wrap(dtypes, grouped)
     return core.finish_with(handle, finish)
