@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +34,7 @@ from ._store import CommitId, StateStore
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run_fn"]
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
+_HOST_COMMIT_WAIT_SECONDS = 5.0
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -151,14 +153,17 @@ class SnapshotState(State):
     """A State that can list its values (`_capture`) and take them back (`_apply`).
 
     Under the elastic driver a commit on the first rank of each host writes the encoded values into
-    the host's shared memory (one copy, from the live values); every other rank keeps a copy in
-    memory for `restore`.
+    the host's shared memory (one copy, from the live values) and the host's other ranks copy nothing:
+    their `restore` reads the host's commit. Without the driver every rank keeps a copy in memory.
     """
 
     def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
         super().__init__(bcast_object, get_rank)
         self._saved: Any = None
         self._saved_in_store = False
+        self._background_commits = False  # TorchState: tensors change only in optimizer.step()
+        self._writer: threading.Thread | None = None
+        self._write_error: BaseException | None = None
 
     def _capture(self) -> Any:
         raise NotImplementedError
@@ -177,21 +182,61 @@ class SnapshotState(State):
         self._saved_in_store = False
 
     def _commit_state(self) -> None:
-        store = self._store()
-        if store is None:
+        env = environment()
+        if not env.store:
             self.save()
             return
-        store.write(CommitId(self.commits, environment().epoch), _codec.encode(self._capture()))
+        # Under the driver only the host's first rank copies anything: the others restore from it.
+        store = self._store()
+        if store is not None:
+            self.finish_commit()
+            parts = _codec.encode(self._capture())
+            commit = CommitId(self.commits, env.epoch)
+            if self._background_commits:
+                self._writer = threading.Thread(target=self._write, args=(store, commit, parts),
+                                                name="unison-elastic-commit", daemon=True)
+                self._writer.start()
+            else:
+                store.write(commit, parts)
         self._saved, self._saved_in_store = None, True
+
+    def _write(self, store: StateStore, commit: CommitId, parts: list[memoryview]) -> None:
+        try:
+            store.write(commit, parts)
+        except BaseException as exc:  # noqa: BLE001  (re-raised by finish_commit on the caller's thread)
+            self._write_error = exc
+
+    def finish_commit(self) -> None:
+        """Wait until the last commit is in shared memory (a no-op unless commits are written in the background)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        error, self._write_error = self._write_error, None
+        if error is not None:
+            raise error
+
+    def _host_commit(self) -> tuple[CommitId, bytearray]:
+        """This host's commit of this rank's commit number (waiting briefly for the host's writer)."""
+        env = environment()
+        store = StateStore(env.store, env.host_of(self._get_rank()))
+        deadline = time.monotonic() + _HOST_COMMIT_WAIT_SECONDS
+        while True:
+            found = store.read()
+            if found is not None and found[0].commit >= self.commits or time.monotonic() > deadline:
+                break
+            time.sleep(0.001)
+        if found is None or found[0].commit != self.commits:
+            raise HorovodInternalError(
+                f"restore() found commit {found[0].commit if found else None} in {store!r}, not this rank's "
+                f"commit {self.commits}: the host's first rank is not at the same commit. Call restore() on "
+                "every rank at the same point of the training loop.")
+        return found
 
     def restore(self) -> None:
         """Return to the values of the last commit (or save)."""
         if self._saved_in_store:
-            store = self._store()
-            found = store.read() if store is not None else None
-            if found is None:
-                raise HorovodInternalError(f"the committed state of this host is gone from {store!r}")
-            self._apply(_codec.decode(found[1]))
+            self.finish_commit()
+            self._apply(_codec.decode(self._host_commit()[1]))
         elif self._saved is not None:
             self._apply(copy.deepcopy(self._saved))
 
@@ -226,10 +271,7 @@ class SnapshotState(State):
                 store.write(newest, [received])
             self._apply(_codec.decode(received))
             self.commits = newest.commit
-            if store is not None:
-                self._saved, self._saved_in_store = None, True
-            else:
-                self.save()
+            self._saved, self._saved_in_store = None, True
         if env.epoch > 0:
             self.on_reset()
 
@@ -275,8 +317,13 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., 
         else:
             state.sync()
         try:
-            return func(state, *args, **kwargs)
+            result = func(state, *args, **kwargs)
+            if isinstance(state, SnapshotState):
+                state.finish_commit()
+            return result
         except HostsUpdatedInterrupt:
+            if isinstance(state, SnapshotState):
+                state.finish_commit()
             if not environment().driver:
                 raise
             sys.stdout.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -139,12 +140,27 @@ class TorchState(SnapshotState):
         for name, value in kwargs.items():
             setattr(self, name, value)
         self.save()
+        if optimizer is not None:
+            self._hold_steps_for_commits(optimizer)
+
+    def _hold_steps_for_commits(self, optimizer: Any) -> None:
+        """Write commits in the background, finishing each before the optimizer changes a parameter."""
+        step = optimizer.step
+
+        def step_after_commit(*args: Any, **kwargs: Any) -> Any:
+            self.finish_commit()
+            return step(*args, **kwargs)
+
+        optimizer.step = step_after_commit
+        self._background_commits = True
 
     def _capture(self) -> Any:
         values: dict[str, Any] = {}
         for name in self._names:
             value = getattr(self, name)
             values[name] = ("sampler", value.state_dict()) if isinstance(value, ElasticSampler) else ("value", value)
+        if self._background_commits:  # written while the next step runs: only the model and optimizer
+            values = copy.deepcopy(values)  # tensors wait for optimizer.step(); other values are copied now
         return {"model": self.model.state_dict() if self.model is not None else None,
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "values": values}
