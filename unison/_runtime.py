@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -399,6 +400,9 @@ def shutdown() -> None:
             _failure.job_broken(f"rank {current.rank}: the other ranks did not answer shutdown within 30 s")
         _failure.mark_finished()
         _failure.uninstall()
+        handoff = sys.modules.get("unison.gpu.handoff")  # only if a GPU buffer was ever submitted
+        if handoff is not None:
+            handoff.reset()
         for ps in current.process_sets.values():
             if ps is not global_process_set:
                 unbind(ps)
