@@ -26,9 +26,8 @@ from .optim import Optimizer
 from .table import Initializer
 
 try:
-    import torch.nn.functional as F
-
     import torch
+    import torch.nn.functional as F
     from torch import nn
 except ImportError as exc:  # pragma: no cover - torch is optional
     raise MissingDependencyError("unison.ps.torch needs PyTorch: `pip install torch`.") from exc
