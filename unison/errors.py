@@ -5,19 +5,23 @@
     ├── InvalidArgumentError         (ValueError)      a bad argument caught before anything is sent
     │   ├── UnsupportedDtypeError                      a dtype the operation cannot carry
     │   ├── DuplicateNameError                         a name already in flight on this rank
-    │   └── UnnamedThreadError                         an unnamed collective from a second thread
+    │   ├── UnnamedThreadError                         an unnamed collective from a second thread
+    │   └── RequestError                               a parameter server refused a request
+    │       └── TableFullError                         a table's shard has no room for new ids
     ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
     ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
     ├── UnisonNotImplementedError    (NotImplementedError)
     ├── GradientCountError           (AssertionError)  gradients produced or cleared at the wrong moment
     ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
     ├── StartupError                 (RuntimeError)    init() failed: a rank did not arrive or could not set up
+    ├── ServerUnavailableError       (RuntimeError)    a parameter server did not answer in time
     └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
         ├── MismatchError                              ranks disagreed on a collective's attributes
         ├── MissingGradientError                       parameters produced no gradient on some rank
         ├── ShutdownError                              the job was shut down while the op was pending
         │   └── StallError                             the stall inspector shut the job down
-        └── AbortedError                               another rank failed and the job is stopping
+        ├── AbortedError                               another rank failed and the job is stopping
+        └── TrainerLostError                           a synchronous parameter-server step lost a trainer
 """
 
 from __future__ import annotations
@@ -34,9 +38,13 @@ __all__ = [
     "MissingDependencyError",
     "MissingGradientError",
     "NotInitializedError",
+    "RequestError",
+    "ServerUnavailableError",
     "ShutdownError",
     "StallError",
     "StartupError",
+    "TableFullError",
+    "TrainerLostError",
     "UnisonError",
     "UnisonNotImplementedError",
     "UnnamedThreadError",
@@ -126,3 +134,19 @@ class StallError(ShutdownError):
 
 class AbortedError(HorovodInternalError):
     """Another rank failed and the job is being stopped."""
+
+
+class RequestError(InvalidArgumentError):
+    """A parameter server refused a request; the message is the server's reason."""
+
+
+class TableFullError(RequestError):
+    """A batch brought more new ids than a table's shard has room for."""
+
+
+class ServerUnavailableError(UnisonError, RuntimeError):
+    """A parameter server did not answer (it is down, restarting too slowly, or unreachable)."""
+
+
+class TrainerLostError(HorovodInternalError):
+    """A synchronous step cannot complete because a trainer died, stopped or finished; the message names it."""
