@@ -167,7 +167,8 @@ class ParameterServer:
              "dense_elements_pulled", "dense_elements_pushed", "refused_requests", "staleness_sum",
              "staleness_max", "checkpoints", "checkpoint_bytes"), 0)
         self._staleness: dict[int, int] = {}
-        self._gate = Gate(secret, 4 * num_trainers + 16)
+        self._gate = Gate(secret, 4 * num_trainers + 16, service=f"parameter server {index}",
+                          why="a trainer keeps a few open per step")
         self._server: grpc.Server | None = None
         self._ticker: threading.Thread | None = None
 

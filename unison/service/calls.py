@@ -56,11 +56,15 @@ class Gate(grpc.ServerInterceptor):
     Args:
         secret: the job secret, expected in the call metadata under ``TOKEN_KEY``.
         limit: calls with the secret served at once; one more is refused with ``RESOURCE_EXHAUSTED``.
+        service: how the refusal names the service; `why`: what its clients keep open, for the reader.
     """
 
-    def __init__(self, secret: str, limit: int) -> None:
+    def __init__(self, secret: str, limit: int, service: str = "the coordinator service",
+                 why: str = "a rank keeps at most two open for the job's lifetime") -> None:
         self._secret = secret
         self.limit = limit
+        self._service = service
+        self._why = why
         self._lock = threading.Lock()
         self.active = 0  # admitted calls whose handler has not finished
         self.refused = 0  # calls without the secret
@@ -88,9 +92,9 @@ class Gate(grpc.ServerInterceptor):
                 self.over_limit += 1
                 return _refusal(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the coordinator service serves at most {self.limit} calls with the job secret at "
-                    "once and that many are open; a rank keeps at most two open for the job's lifetime, so "
-                    "some client with the secret opens calls and does not finish them",
+                    f"{self._service} serves at most {self.limit} calls with the job secret at once and "
+                    f"that many are open; {self._why}, so some client with the secret opens calls and "
+                    "does not finish them",
                 )
             self.active += 1
         return _counted(handler, self._release)
