@@ -147,11 +147,16 @@ class _Discovery:
         self.polls = 0
         self.changed = threading.Event()
         self._stop = threading.Event()
+        self._polling = threading.Lock()
         self.poll()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="unison-elastic-discovery")
         self.thread.start()
 
     def poll(self) -> None:
+        with self._polling:
+            self._poll()
+
+    def _poll(self) -> None:
         try:
             done = subprocess.run(shlex.split(self.script), capture_output=True, text=True,
                                   timeout=max(10.0, self.interval * 10))
@@ -271,6 +276,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             if stop is not None:
                 _say(stop.message)
                 return 1
+            discovery.poll()  # plan the next epoch on what discovery says now, not a poll ago
     finally:
         discovery.stop()
         endpoint.close()
