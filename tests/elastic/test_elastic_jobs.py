@@ -6,6 +6,7 @@ against a replay of its own commit history, and that every sample index was proc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,3 +70,15 @@ def test_every_host_blacklisted_stops_the_job(tmp_path: Path) -> None:
     assert job.returncode == 1
     assert (f"every host the discovery script offers is blacklisted after failing ({HOSTS[0]}:1); 1 ranks "
             "needed") in job.stderr
+
+
+def test_keras_job_with_the_elastic_callbacks_survives_a_kill(tmp_path: Path) -> None:
+    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2"], env={"ELASTIC_KILL": "5:1"},
+              program=str(Path(__file__).with_name("_train_keras.py")))
+    assert job.returncode == 0, job.stderr
+    assert (tmp_path / "elastic_kill-done").exists() and "epoch 1: 2 ranks on" in job.stderr
+    assert sorted(r["rank"] for r in job.results) == [0, 1]
+    assert len({json.dumps([r["weights"], r["optimizer"], r["commits"]]) for r in job.results}) == 1
+    assert {r["epoch"] for r in job.results} == {3}
+    # 8 batches per epoch, a commit every 2 and at each epoch's end: 4 + 1 per epoch.
+    assert job.results[0]["commits"] == 15

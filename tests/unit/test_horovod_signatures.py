@@ -25,7 +25,6 @@ pytest.importorskip("torch")
 pytest.importorskip("tensorflow")
 pytest.importorskip("keras")
 
-from unison.errors import MissingDependencyError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNATURES: dict[str, dict[str, Any]] = json.loads(
@@ -56,15 +55,11 @@ FORWARDED = {
 }
 
 ELASTIC_MODULES = sorted(m for m in SIGNATURES if m.endswith(".elastic"))
-# Elastic modules not written yet: they fail at import with MissingDependencyError until they are.
-ELASTIC_PENDING = sorted({"horovod.tensorflow.elastic", "horovod.tensorflow.keras.elastic", "horovod.keras.elastic"})
-ELASTIC = ("this elastic module is a later piece of work: until then it fails at import with "
-           "MissingDependencyError (test_elastic_modules_fail_clearly)", "Elastic training (unison.")
 _INTERNAL = ("a helper of Horovod's own implementation that its module imports for itself; no training "
              "script calls it through hvd")
 
 # Deliberate differences: '<horovod module>.<name>' -> (why, the difference the check reports, which
-# the case asserts instead). docs/migrating-from-horovod.md has a row for each one not elastic.
+# the case asserts instead). docs/migrating-from-horovod.md has a row for each one.
 EXCEPTIONS: dict[str, tuple[str, str]] = {
     # Horovod's implementation details, visible only because its modules import them.
     **{f"{module}.{name}": (_INTERNAL, f"has no {name!r}") for module, name in [
@@ -88,8 +83,6 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
     # arguments (docs/launcher.md), and keeps that default.
     "horovod.run": ("num_proc defaults to None: the slots of hosts/hostfile, else 2 processes",
                     "parameter 'num_proc' defaults to None; Horovod's is 1"),
-    **{f"{m}.{name}": ELASTIC for m in ELASTIC_PENDING for name in SIGNATURES[m]},
-    **{f"{m.rsplit('.', 1)[0]}.elastic": ELASTIC for m in ELASTIC_PENDING},
 }
 
 
@@ -217,24 +210,9 @@ def test_exceptions_name_real_cases() -> None:
 
 def test_every_exception_is_explained_in_the_guide() -> None:
     guide = GUIDE.read_text()
-    unexplained = [case for case, reason in EXCEPTIONS.items()
-                   if reason is not ELASTIC and f"`{case}`" not in guide]
+    unexplained = [case for case in EXCEPTIONS if f"`{case}`" not in guide]
     assert unexplained == []
     assert all(f"`{unison_name(m)}`" in guide for m in ELASTIC_MODULES)
-
-
-@pytest.mark.parametrize("horovod_module", ELASTIC_PENDING)
-def test_elastic_modules_fail_clearly(horovod_module: str) -> None:
-    parent_name, _, _ = unison_name(horovod_module).rpartition(".")
-    parent = importlib.import_module(parent_name)
-    pattern = r"Elastic training .* is not available in unison yet"
-    with pytest.raises(MissingDependencyError, match=pattern) as raised:
-        importlib.import_module(unison_name(horovod_module))
-    assert "unisonrun" in str(raised.value) and "docs/migrating-from-horovod.md" in str(raised.value)
-    with pytest.raises(MissingDependencyError, match=pattern):
-        parent.elastic  # noqa: B018  (the attribute access is what is tested)
-    with pytest.raises(ImportError, match=pattern):
-        parent.elastic.run  # noqa: B018
 
 
 def test_the_checker_finds_differences() -> None:

@@ -1,0 +1,60 @@
+"""State classes without the elastic driver: commit keeps a copy in memory, restore returns to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from unison.elastic._state import HostsUpdatedInterrupt, ObjectState
+
+
+def test_object_state_commit_and_restore() -> None:
+    state = ObjectState(lambda obj, root_rank=0: obj, lambda: 0, epoch=0, seen=[1])
+    state.epoch, state.seen = 3, [1, 2]
+    state.commit()
+    state.seen.append(99)
+    state.epoch = 7
+    state.restore()
+    assert (state.epoch, state.seen, state.commits) == (3, [1, 2], 1)
+    called = []
+    state.register_reset_callbacks([lambda: called.append(1)])
+    state.on_reset()
+    assert called == [1]
+    assert HostsUpdatedInterrupt(True).skip_sync is True
+    assert isinstance(HostsUpdatedInterrupt(False), RuntimeError)
+
+
+def test_torch_state_restores_model_optimizer_and_values() -> None:
+    torch = pytest.importorskip("torch")
+    from unison.elastic._torch import TorchState
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = TorchState(model, optimizer, epoch=1)
+    state.commit()
+    saved = [p.detach().clone() for p in model.parameters()]
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    optimizer.step()
+    state.epoch = 5
+    state.restore()
+    assert all(torch.equal(a, b) for a, b in zip(saved, model.parameters()))
+    assert all(torch.equal(a, optimizer.state[p]["momentum_buffer"]) for a, p in zip(momentum, model.parameters()))
+    assert state.epoch == 1
+
+
+def test_tensorflow_state_restores_variables() -> None:
+    tf = pytest.importorskip("tensorflow")
+    from unison.elastic._tensorflow import TensorFlowState
+
+    variable = tf.Variable([1.0, 2.0])
+    state = TensorFlowState([variable], batch=0)
+    variable.assign([5.0, 6.0])
+    state.batch = 4
+    state.commit()
+    variable.assign([0.0, 0.0])
+    state.batch = 9
+    state.restore()
+    assert variable.numpy().tolist() == [5.0, 6.0] and state.batch == 4
+    with pytest.raises(ValueError, match="TensorFlow 1 graph mode"):
+        TensorFlowState([variable], session=object())

@@ -1,0 +1,168 @@
+"""TensorFlowState, TensorFlowKerasState and the Keras elastic callbacks: TensorFlow values as one elastic state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
+from ._state import SnapshotState
+
+__all__ = ["CommitStateCallback", "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback"]
+
+
+def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+    from .._objects import broadcast_object
+
+    return broadcast_object(obj, root_rank)
+
+
+def _rank() -> int:
+    from .._runtime import rank
+
+    return rank()
+
+
+def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
+    if len(variables) != len(values):
+        raise ValueError(f"the committed state has {len(values)} {what}, this process {len(variables)}: "
+                         "build the same model and optimizer on every launch")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+class _ValuesState(SnapshotState):
+    """Plain values (epoch, batch, ...) kept as attributes beside the framework's variables."""
+
+    def _init_values(self, kwargs: dict[str, Any]) -> None:
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._names}
+
+    def _apply_values(self, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+class TensorFlowState(_ValuesState):
+    """A list of ``tf.Variable`` and plain values: ``TensorFlowState(variables, epoch=0)``.
+
+    Eager execution only: `session` (TensorFlow 1 graph mode) must be None.
+    """
+
+    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
+        if session is not None:
+            raise ValueError("TensorFlowState(session=...) is TensorFlow 1 graph mode, which unison does not "
+                             "support; pass the variables of an eager program")
+        if variables is None:
+            raise ValueError("TensorFlowState needs its variables: TensorFlowState(variables=[...], ...)")
+        super().__init__(_broadcast_object, _rank)
+        self.variables = list(variables)
+        self._init_values(kwargs)
+        self.save()
+
+    def _capture(self) -> Any:
+        return {"variables": [v.numpy() for v in self.variables], "values": self._values()}
+
+    def _apply(self, values: Any) -> None:
+        _assign(self.variables, values["variables"], "variables")
+        self._apply_values(values["values"])
+
+
+class TensorFlowKerasState(_ValuesState):
+    """A built Keras model, its optimizer and plain values: ``TensorFlowKerasState(model, epoch=0, batch=0)``."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        super().__init__(_broadcast_object, _rank)
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        self.backend = backend
+        self._init_values(kwargs)
+        self.save()
+
+    def _optimizer_variables(self, wanted: int = 0) -> list[Any]:
+        if self.optimizer is None:
+            return []
+        variables = list(self.optimizer.variables)
+        if wanted > len(variables) and hasattr(self.optimizer, "build"):
+            self.optimizer.build(self.model.trainable_variables)  # slots are made lazily, at the first step
+            variables = list(self.optimizer.variables)
+        return variables
+
+    def _capture(self) -> Any:
+        return {"model": self.model.get_weights(),
+                "optimizer": [v.numpy() for v in self._optimizer_variables()], "values": self._values()}
+
+    def _apply(self, values: Any) -> None:
+        self.model.set_weights(values["model"])
+        if values["optimizer"]:
+            _assign(self._optimizer_variables(len(values["optimizer"])), values["optimizer"], "optimizer variables")
+        self._apply_values(values["values"])
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """Commit `state` every `batches_per_commit` batches and at the end of every epoch."""
+
+    def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
+        super().__init__()
+        self.state = state
+        self.batches_per_commit = batches_per_commit
+        self.batches_remaining = batches_per_commit
+
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.on_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.commit()
+        self.batches_remaining = self.batches_per_commit
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keep ``state.batch`` at the last finished batch; after a reset the first epoch runs only its remaining steps."""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__()
+        self.state = state
+        self.steps_per_epoch: int | None = None
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        params = self.params if isinstance(self.params, dict) else {}
+        if params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = params["steps"]
+            params["steps"] = self.steps_per_epoch - self.state.batch
+
+    def on_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.state.batch = batch
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.on_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keep ``state.epoch`` at the number of epochs finished since the job began."""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__()
+        self.state = state
+        self.initial_epoch = state.epoch
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.initial_epoch = self.state.epoch  # the restored epoch: fit() counts from 0 again
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.epoch = self.initial_epoch + epoch + 1
