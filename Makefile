@@ -23,7 +23,7 @@ demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/pytorch_mnist.py
 
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults tests/multihost tests/ps -q
+	$(VPY) -m pytest tests/unit tests/examples tests/service tests/launcher tests/faults tests/multihost tests/elastic tests/ps -q
 	$(VPY) tests/run_multirank.py -n 1
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
