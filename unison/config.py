@@ -91,6 +91,15 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("launcher_dir", "UNISON_LAUNCHER_DIR", None, "str", "",
             "Set by unisonrun for the ranks it starts: a private directory where each rank records "
             "that it started, failed or finished, so the launcher can name a rank that died."),
+    Setting("elastic_epoch", "UNISON_ELASTIC_EPOCH", None, "int", 0,
+            "Set by unisonrun's elastic driver for every launch: the membership epoch."),
+    Setting("elastic_driver", "UNISON_ELASTIC_DRIVER", None, "str", "",
+            "Set by unisonrun's elastic driver: host:port of its endpoint, which ranks ask about host "
+            "changes (empty: not an elastic launch)."),
+    Setting("elastic_store", "UNISON_ELASTIC_STORE", None, "str", "",
+            "Set by unisonrun's elastic driver: the job's shared-memory directory for commits."),
+    Setting("elastic_hosts", "UNISON_ELASTIC_HOSTS", None, "str", "",
+            "Set by unisonrun's elastic driver: this epoch's host:slots list, in rank order."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
     Setting("gpu_operations", "UNISON_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS", "str", "nccl",
@@ -160,6 +169,10 @@ class Settings:
     peer_timeout_seconds: float = 10.0
     start_timeout_seconds: float = 60.0
     launcher_dir: str = ""
+    elastic_epoch: int = 0
+    elastic_driver: str = ""
+    elastic_store: str = ""
+    elastic_hosts: str = ""
     cpu_operations: str = "mpi"
     gpu_operations: str = "nccl"
     nccl_init_timeout_seconds: float = 120.0

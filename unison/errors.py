@@ -15,6 +15,7 @@
     ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
     ├── StartupError                 (RuntimeError)    init() failed: a rank did not arrive or could not set up
     ├── ServerUnavailableError       (RuntimeError)    a parameter server did not answer in time
+    ├── HostsUpdatedInterrupt        (RuntimeError)    an elastic job's hosts changed: it stops at this commit
     └── HorovodInternalError         (RuntimeError)    a collective failed; the Horovod-compatible base
         ├── MismatchError                              ranks disagreed on a collective's attributes
         ├── MissingGradientError                       parameters produced no gradient on some rank
@@ -32,6 +33,7 @@ __all__ = [
     "DuplicateNameError",
     "GradientCountError",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "InvalidArgumentError",
     "LaunchError",
     "MismatchError",
@@ -150,3 +152,15 @@ class ServerUnavailableError(UnisonError, RuntimeError):
 
 class TrainerLostError(HorovodInternalError):
     """A synchronous step cannot complete because a trainer died, stopped or finished; the message names it."""
+
+
+class HostsUpdatedInterrupt(UnisonError, RuntimeError):
+    """The hosts of an elastic job changed; the job stops at this commit and goes on with the new hosts.
+
+    Raised by ``state.commit()`` and ``state.check_host_updates()`` on every rank at the same call.
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of the elastic job changed; stopping at this commit so the job "
+                         "continues on the new hosts")
+        self.skip_sync = skip_sync

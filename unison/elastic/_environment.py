@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import socket
 from collections.abc import Mapping
 
+from ..config import Settings, load_settings
 from ..errors import ConfigError
 
 __all__ = ["HOSTS_UPDATED_EXIT", "ElasticEnvironment", "ask_driver", "environment"]
@@ -46,26 +46,26 @@ class ElasticEnvironment:
 
 
 def parse(environ: Mapping[str, str]) -> ElasticEnvironment:
-    """The `ElasticEnvironment` the variables in `environ` describe."""
-    try:
-        epoch = int(environ.get("UNISON_ELASTIC_EPOCH", "0"))
-    except ValueError:
-        raise ConfigError("UNISON_ELASTIC_EPOCH must be a whole number. Got "
-                          f"{environ['UNISON_ELASTIC_EPOCH']!r}.") from None
+    """The `ElasticEnvironment` the variables in `environ` describe (parsed by `unison.config`)."""
+    return from_settings(load_settings(environ))
+
+
+def from_settings(settings: Settings) -> ElasticEnvironment:
+    """The `ElasticEnvironment` of these settings (the ``elastic_*`` fields)."""
     hosts = []
-    for item in filter(None, environ.get("UNISON_ELASTIC_HOSTS", "").split(",")):
+    for item in filter(None, settings.elastic_hosts.split(",")):
         name, _, slots = item.rpartition(":")
         if not name or not slots.isdigit():
             raise ConfigError(f"UNISON_ELASTIC_HOSTS must be 'host:slots,...'. Got {item!r}.")
         hosts.append((name, int(slots)))
-    return ElasticEnvironment(epoch, environ.get("UNISON_ELASTIC_DRIVER", ""),
-                              environ.get("UNISON_ELASTIC_STORE", ""), tuple(hosts))
+    return ElasticEnvironment(settings.elastic_epoch, settings.elastic_driver, settings.elastic_store,
+                              tuple(hosts))
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> ElasticEnvironment:
-    """This process's `ElasticEnvironment`, read once."""
-    return parse(os.environ)
+    """This process's `ElasticEnvironment`, read once with the other settings (`unison.config`)."""
+    return from_settings(load_settings())
 
 
 def ask_driver(address: str, epoch: int) -> int:

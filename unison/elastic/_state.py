@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HorovodInternalError
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from . import _codec
 from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
 from ._store import CommitId, StateStore
@@ -35,18 +35,6 @@ __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "ru
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """The hosts of an elastic job changed; the job stops at this commit and goes on with the new hosts.
-
-    Raised by ``state.commit()`` and ``state.check_host_updates()`` on every rank at the same call.
-    """
-
-    def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("the hosts of the elastic job changed; stopping at this commit so the job "
-                         "continues on the new hosts")
-        self.skip_sync = skip_sync
 
 
 class State:

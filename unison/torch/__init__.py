@@ -149,6 +149,6 @@ __all__ = [
     "synchronize",
 ]
 
-# `hvd.elastic` and `import unison.torch.elastic` say that elastic training is not available yet
-# (never an AttributeError).
+# `hvd.elastic` imports the elastic submodule on first use, as Horovod's module attribute does (the
+# submodule imports the framework, which this module may not need).
 __getattr__ = _elastic_getattr(__name__)
