@@ -45,6 +45,7 @@ bench-multihost: venv
 proto: venv
 	$(VPY) -m pip install grpcio-tools
 	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. unison/service/coordinator.proto
+	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. unison/ps/ps.proto
 
 # Build outputs and tool caches; `distclean` also removes the virtual environment.
 clean:
