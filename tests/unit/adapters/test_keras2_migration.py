@@ -98,3 +98,18 @@ def test_experimental_run_tf_function_is_dropped_with_one_warning(monkeypatch) -
         "not accept; unison drops it (it changes nothing with unison's DistributedOptimizer). Remove it "
         "from the call to silence this warning."]
     assert m.fit(*data(), epochs=1, verbose=0).history["loss"]
+
+
+def test_integer_labels_need_the_sparse_loss() -> None:
+    labels, probs = np.ones((2, 1)), np.full((2, 3), 1 / 3)
+    with pytest.raises(ValueError, match=r"`target` and `output` must have the same shape"):
+        keras.losses.categorical_crossentropy(labels, probs)  # Keras 2 accepted integer labels here
+    np.testing.assert_allclose(keras.losses.sparse_categorical_crossentropy(labels, probs), [np.log(3)] * 2)
+
+
+def test_an_uncompiled_model_has_no_optimizer() -> None:
+    uncompiled = model()
+    assert not hasattr(uncompiled, "optimizer")  # Keras 2: model.optimizer.lr in a reset callback
+    opt = keras.optimizers.SGD(learning_rate=0.1)
+    opt.learning_rate = 0.2
+    assert float(keras.ops.convert_to_numpy(opt.learning_rate)) == pytest.approx(0.2)
