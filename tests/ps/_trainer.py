@@ -87,4 +87,44 @@ def sync_quit() -> None:
     os._exit(0)
 
 
-{"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit}[scenario]()
+def keras_sync() -> None:
+    """A Keras model with the layer trained by model.fit, and the same model with keras.layers.Embedding.
+
+    The environment variable KERAS_EAGER=1 runs both with run_eagerly=True.
+    """
+    import keras
+
+    import unison.ps.keras as psk
+
+    ps.init()
+    init = ps.Initializer("uniform", 0.5, seed=3)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 48, size=(64, 3)).astype(np.int64)  # ids 48..63 are never seen
+    target = rng.standard_normal((64, 1)).astype(np.float32)
+    eager = os.environ.get("KERAS_EAGER") == "1"
+
+    def make(embedding: keras.layers.Layer) -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,), dtype="int64"), embedding, keras.layers.Flatten(),
+                                  keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse", run_eagerly=eager)
+        return model
+
+    layer = psk.DistributedEmbedding("emb", 64, 8, initializer=init, optimizer=ps.SGD(0.5))
+    model = make(layer)
+    local = make(keras.layers.Embedding(64, 8))
+    local.layers[0].set_weights([init.rows(np.arange(64), 8)])
+    for a, b in zip(model.layers[1:], local.layers[1:]):
+        b.set_weights(a.get_weights())
+    history = model.fit(ids, target, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    local.fit(ids, target, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    rows = ps.pull_sparse("emb", np.arange(64))
+    dense = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    ref = {f"ref{i}": w for i, w in enumerate(local.get_weights())}
+    np.savez(out, rows=rows, seen=np.unique(ids), loss=np.array(history.history["loss"]),
+             stats=np.array([layer.statistics()["pushes"]]), **dense, **ref)
+    ps.shutdown()
+
+
+{"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
+ "keras_sync": keras_sync}[scenario]()

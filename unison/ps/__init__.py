@@ -9,7 +9,7 @@ Example:
     >>> ps.push(dense={"w": grad_w}, sparse={"emb": (ids, grad_rows)})             # doctest: +SKIP
     >>> ps.shutdown()                                                              # doctest: +SKIP
 
-PyTorch: `unison.ps.torch`; the design: docs/ps.md.
+PyTorch: `unison.ps.torch`; Keras 3: `unison.ps.keras`; the design: docs/ps.md.
 """
 
 from ._api import (
