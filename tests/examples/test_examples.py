@@ -69,3 +69,18 @@ def test_pytorch_adasum_digits_compares_average_and_adasum() -> None:
     # at a small learning rate Adasum moves further per step; at a large one it is first to overshoot
     assert table[("Adasum", 0.1)] < 0.8 * table[("Average", 0.1)], table
     assert table[("Average", 1.0)] < table[("Adasum", 1.0)], table
+
+
+@pytest.mark.timeout(60)
+def test_ps_ctr_trains_on_parameter_servers() -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNISON_", "PMI_", "OMPI_"))}
+    done = subprocess.run([str(Path(sys.executable).parent / "unisonrun"), "-np", "2", "--pservers", "1",
+                           sys.executable, "examples/ps_ctr.py", "--steps", "30"],
+                          capture_output=True, text=True, timeout=50, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for trainer in (0, 1):
+        before = accuracy(done.stdout, rf"trainer {trainer} initial held-out log loss (\d\.\d+)")
+        after = accuracy(done.stdout, rf"trainer {trainer} final held-out log loss (\d\.\d+)")
+        assert after < before - 0.1, done.stdout
