@@ -1,7 +1,7 @@
 """The one reader of configuration: a frozen `Settings` parsed once from keywords and the environment.
 
-Every knob has a ``UNISON_*`` variable and, where Horovod has one, the ``HOROVOD_*`` alias; the
-``UNISON_*`` name wins when both are set. `SETTINGS_TABLE` lists them all (docs/configuration.md is
+Every knob has a ``UNISON_*`` variable and, where Horovod has one, the ``HOROVOD_*`` alias (Paddle's
+``PADDLE_*`` for the parameter-server ones); the ``UNISON_*`` name wins when both are set. `SETTINGS_TABLE` lists them all (docs/configuration.md is
 checked against it by a test).
 """
 
@@ -100,6 +100,30 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "Set by unisonrun's elastic driver: the job's shared-memory directory for commits."),
     Setting("elastic_hosts", "UNISON_ELASTIC_HOSTS", None, "str", "",
             "Set by unisonrun's elastic driver: this epoch's host:slots list, in rank order."),
+    Setting("ps_role", "UNISON_PS_ROLE", "PADDLE_TRAINING_ROLE", "str", "",
+            "Parameter-server jobs: server or trainer (set by unisonrun --pservers; see docs/ps.md)."),
+    Setting("ps_trainer_id", "UNISON_PS_TRAINER_ID", "PADDLE_TRAINER_ID", "int", -1,
+            "Parameter-server jobs: this trainer's id (-1: the MPI rank)."),
+    Setting("ps_server_index", "UNISON_PS_SERVER_INDEX", None, "int", -1,
+            "Parameter-server jobs: this server's place in UNISON_PS_ENDPOINTS (-1: where Paddle's "
+            "POD_IP:PADDLE_PORT is in it)."),
+    Setting("ps_endpoints", "UNISON_PS_ENDPOINTS", "PADDLE_PSERVERS_IP_PORT_LIST", "str", "",
+            "Parameter-server jobs: every server's host:port, comma-separated, in server order."),
+    Setting("ps_num_trainers", "UNISON_PS_NUM_TRAINERS", "PADDLE_TRAINERS_NUM", "int", 0,
+            "Parameter-server jobs: the number of trainers (required)."),
+    Setting("ps_num_servers", "UNISON_PS_NUM_SERVERS", None, "int", 0,
+            "Parameter-server jobs: the number of servers (0: those in UNISON_PS_ENDPOINTS)."),
+    Setting("ps_mode", "UNISON_PS_MODE", None, "str", "async",
+            "Parameter-server jobs: async (apply each push) or sync (apply the average of every "
+            "trainer's step)."),
+    Setting("ps_checkpoint_dir", "UNISON_PS_CHECKPOINT_DIR", None, "str", "",
+            "Parameter-server jobs: servers keep and resume their shards here (empty: nowhere)."),
+    Setting("ps_checkpoint_seconds", "UNISON_PS_CHECKPOINT_SECONDS", None, "float", 0.0,
+            "Parameter-server jobs: servers write a checkpoint this often (0: on request and at the end)."),
+    Setting("ps_trainer_timeout_seconds", "UNISON_PS_TRAINER_TIMEOUT_SECONDS", None, "float", 10.0,
+            "Parameter-server jobs: a trainer silent this long is gone."),
+    Setting("ps_address_file", "UNISON_PS_ADDRESS_FILE", None, "str", "",
+            "Parameter-server jobs: a server listens on any port and writes its host:port here."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
     Setting("gpu_operations", "UNISON_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS", "str", "nccl",
@@ -140,7 +164,7 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
 )
 
 _LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
-_CHOICES = {"controller": ("mpi", "grpc"), "cpu_operations": ("mpi",), "gpu_operations": ("nccl", "mpi")}
+_CHOICES = {"controller": ("mpi", "grpc"), "ps_mode": ("async", "sync"), "cpu_operations": ("mpi",), "gpu_operations": ("nccl", "mpi")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +197,17 @@ class Settings:
     elastic_driver: str = ""
     elastic_store: str = ""
     elastic_hosts: str = ""
+    ps_role: str = ""
+    ps_trainer_id: int = -1
+    ps_server_index: int = -1
+    ps_endpoints: str = ""
+    ps_num_trainers: int = 0
+    ps_num_servers: int = 0
+    ps_mode: str = "async"
+    ps_checkpoint_dir: str = ""
+    ps_checkpoint_seconds: float = 0.0
+    ps_trainer_timeout_seconds: float = 10.0
+    ps_address_file: str = ""
     cpu_operations: str = "mpi"
     gpu_operations: str = "nccl"
     nccl_init_timeout_seconds: float = 120.0
@@ -350,7 +385,7 @@ def settings_markdown() -> str:
             return "unset"
         return str(value)
 
-    lines = ["| Variable | Horovod alias | Default | Meaning |", "|---|---|---|---|"]
+    lines = ["| Variable | Horovod or Paddle alias | Default | Meaning |", "|---|---|---|---|"]
     for s in SETTINGS_TABLE:
         alias = f"`{s.alias}`" if s.alias else "-"
         lines.append(f"| `{s.env}` | {alias} | {default_text(s)} | {s.meaning} |")

@@ -1,6 +1,8 @@
-"""Which part a process plays in a parameter-server job, from keyword arguments or environment variables.
+"""Which part a process plays in a parameter-server job, from keyword arguments or the settings.
 
-The explicit form, for any launcher (``unisonrun --pservers N`` sets the same variables):
+The variables are rows of `unison.config.SETTINGS_TABLE` (read by `load_settings`, Paddle's names as
+their aliases); only Paddle's ``POD_IP``/``PADDLE_PORT`` pair, which no one setting expresses, is
+read here. The explicit form, for any launcher (``unisonrun --pservers N`` sets the same variables):
 
 =================================  ===========================================  ===========================
 variable                           meaning                                      Paddle's name (also read)
@@ -26,19 +28,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import load_settings
+from ..config import SETTINGS_TABLE, Settings, load_settings, process_environment
 from ..errors import ConfigError
 from ..service.security import load_secret
 from .server import MODES
 
 __all__ = ["Role", "resolve_role"]
 
-_ALIASES = {
-    "UNISON_PS_ROLE": "PADDLE_TRAINING_ROLE",
-    "UNISON_PS_TRAINER_ID": "PADDLE_TRAINER_ID",
-    "UNISON_PS_ENDPOINTS": "PADDLE_PSERVERS_IP_PORT_LIST",
-    "UNISON_PS_NUM_TRAINERS": "PADDLE_TRAINERS_NUM",
-}
+_FIELDS = {"role": "ps_role", "trainer_id": "ps_trainer_id", "server_index": "ps_server_index",
+           "endpoints": "ps_endpoints", "num_trainers": "ps_num_trainers", "num_servers": "ps_num_servers",
+           "mode": "ps_mode", "checkpoint_dir": "ps_checkpoint_dir", "checkpoint_seconds": "ps_checkpoint_seconds",
+           "trainer_timeout_seconds": "ps_trainer_timeout_seconds", "address_file": "ps_address_file"}
+_UNSET: dict[str, Any] = {s.field: s.default for s in SETTINGS_TABLE if s.field in _FIELDS.values()}
+_VARIABLES = {s.field: (s.env, s.alias) for s in SETTINGS_TABLE if s.field in _FIELDS.values()}
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 
 
@@ -74,14 +76,17 @@ class Role:
     address_file: str = ""
 
 
-def _get(environ: Mapping[str, str], overrides: Mapping[str, Any], key: str, name: str) -> tuple[str, Any]:
-    """(where the value came from, the value) or ("", None)."""
+def _get(environ: Mapping[str, str], settings: Settings, overrides: Mapping[str, Any],
+         key: str) -> tuple[str, Any]:
+    """(where the value came from, the value) or ("", None): a keyword, else the setting if it was set."""
     if overrides.get(key) is not None:
         return key, overrides[key]
-    for variable in (name, _ALIASES.get(name, "")):
-        if variable and environ.get(variable, "") != "":
-            return variable, environ[variable]
-    return "", None
+    field = _FIELDS[key]
+    value = getattr(settings, field)
+    if value == _UNSET[field]:  # a setting at its default counts as unset, as an empty variable does
+        return "", None
+    env, alias = _VARIABLES[field]
+    return (alias if alias and env not in environ else env), value
 
 
 def _int(where: str, value: Any, low: int) -> int:
@@ -122,14 +127,15 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         >>> resolve_role(env)
         Role(role='trainer', index=1, endpoints=('10.0.0.1:6000', '10.0.0.2:6000'), num_servers=2, num_trainers=4, mode='async', checkpoint_dir='', checkpoint_seconds=0.0, trainer_timeout_seconds=10.0, address_file='')
     """
-    where, raw_role = _get(environ, overrides, "role", "UNISON_PS_ROLE")
+    settings = load_settings(environ)
+    where, raw_role = _get(environ, settings, overrides, "role")
     if raw_role is None:
         raise ConfigError("No parameter-server role: set UNISON_PS_ROLE=server or trainer (or pass role=), or "
                           "start the job with `unisonrun -np N --pservers M python train.py`.")
     role = {"pserver": "server", "server": "server", "trainer": "trainer"}.get(str(raw_role).lower())
     if role is None:
         raise ConfigError(f"{where} must be 'server' or 'trainer'. Got {where}={raw_role!r}.")
-    where, raw_endpoints = _get(environ, overrides, "endpoints", "UNISON_PS_ENDPOINTS")
+    where, raw_endpoints = _get(environ, settings, overrides, "endpoints")
     if isinstance(raw_endpoints, str):
         raw_endpoints = [e.strip() for e in raw_endpoints.split(",") if e.strip()]
     endpoints = tuple(raw_endpoints or ())
@@ -137,14 +143,14 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ConfigError(f"{where} lists servers as host:port. Got {endpoint!r} in {where}={raw_endpoints!r}.")
-    where_n, raw_trainers = _get(environ, overrides, "num_trainers", "UNISON_PS_NUM_TRAINERS")
+    where_n, raw_trainers = _get(environ, settings, overrides, "num_trainers")
     if raw_trainers is None:
         raise ConfigError("Set the number of trainers: UNISON_PS_NUM_TRAINERS=N (or num_trainers=).")
     num_trainers = _int(where_n, raw_trainers, 1)
-    where_f, address_file = _get(environ, overrides, "address_file", "UNISON_PS_ADDRESS_FILE")
+    where_f, address_file = _get(environ, settings, overrides, "address_file")
     if role == "server":
-        index = _server_index(environ, overrides, endpoints)
-        where_s, raw_servers = _get(environ, overrides, "num_servers", "UNISON_PS_NUM_SERVERS")
+        index = _server_index(environ, settings, overrides, endpoints)
+        where_s, raw_servers = _get(environ, settings, overrides, "num_servers")
         num_servers = _int(where_s, raw_servers, 1) if raw_servers is not None else len(endpoints)
         if not endpoints and not address_file:
             raise ConfigError("A server needs UNISON_PS_ENDPOINTS (every server's host:port) or "
@@ -152,9 +158,10 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         if not 0 <= index < max(num_servers, 1):
             raise ConfigError(f"UNISON_PS_SERVER_INDEX must be in range({num_servers}). Got {index}.")
     else:
-        where_t, raw_id = _get(environ, overrides, "trainer_id", "UNISON_PS_TRAINER_ID")
+        where_t, raw_id = _get(environ, settings, overrides, "trainer_id")
         if raw_id is None:
-            where_t, raw_id = next(((v, environ[v]) for v in _RANK_VARIABLES if environ.get(v)), ("", None))
+            ranks = process_environment(environ)
+            where_t, raw_id = next(((v, ranks[v]) for v in _RANK_VARIABLES if ranks.get(v)), ("", None))
         if raw_id is None:
             raise ConfigError("Set this trainer's id: UNISON_PS_TRAINER_ID=K (or trainer_id=).")
         index = _int(where_t, raw_id, 0)
@@ -163,17 +170,17 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         if not endpoints:
             raise ConfigError("A trainer needs UNISON_PS_ENDPOINTS: every server's host:port, comma-separated.")
         num_servers = len(endpoints)
-    where_m, mode = _get(environ, overrides, "mode", "UNISON_PS_MODE")
+    where_m, mode = _get(environ, settings, overrides, "mode")
     mode = mode or "async"
     if mode not in MODES:
         raise ConfigError(f"{where_m} must be one of {MODES}. Got {where_m}={mode!r}.")
-    secret = overrides.get("secret") or load_secret(load_settings(environ))
+    secret = overrides.get("secret") or load_secret(settings)
     if not secret:
         raise ConfigError("A parameter-server job needs its secret in UNISON_SECRET or UNISON_SECRET_FILE "
                           "(the same on every process; unisonrun --pservers makes one).")
-    where_c, checkpoint_dir = _get(environ, overrides, "checkpoint_dir", "UNISON_PS_CHECKPOINT_DIR")
-    where_cs, raw_every = _get(environ, overrides, "checkpoint_seconds", "UNISON_PS_CHECKPOINT_SECONDS")
-    where_to, raw_timeout = _get(environ, overrides, "trainer_timeout_seconds", "UNISON_PS_TRAINER_TIMEOUT_SECONDS")
+    where_c, checkpoint_dir = _get(environ, settings, overrides, "checkpoint_dir")
+    where_cs, raw_every = _get(environ, settings, overrides, "checkpoint_seconds")
+    where_to, raw_timeout = _get(environ, settings, overrides, "trainer_timeout_seconds")
     timeout = _seconds(where_to, raw_timeout) if raw_timeout is not None else 10.0
     return Role(role=role, index=index, endpoints=endpoints, num_servers=num_servers, num_trainers=num_trainers,
                 mode=mode, secret=secret, checkpoint_dir=checkpoint_dir or "",
@@ -181,8 +188,9 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
                 trainer_timeout_seconds=timeout, address_file=address_file or "")
 
 
-def _server_index(environ: Mapping[str, str], overrides: Mapping[str, Any], endpoints: tuple[str, ...]) -> int:
-    where, raw = _get(environ, overrides, "server_index", "UNISON_PS_SERVER_INDEX")
+def _server_index(environ: Mapping[str, str], settings: Settings, overrides: Mapping[str, Any],
+                  endpoints: tuple[str, ...]) -> int:
+    where, raw = _get(environ, settings, overrides, "server_index")
     if raw is not None:
         return _int(where, raw, 0)
     ip, port = environ.get("POD_IP", ""), environ.get("PADDLE_PORT", "")
