@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from unison.elastic._membership import Limits
 from unison.errors import InvalidArgumentError, LaunchError
 from unison.launcher import run
+from unison.launcher._elastic_driver import ElasticOptions
 from unison.launcher._run_options import DEFAULT_NUM_PROC, ELASTIC_ARGUMENTS, RunPlan, parse_hosts, plan
 
 from . import _run_work
@@ -39,16 +41,51 @@ def test_num_proc_default_and_its_alias() -> None:
         plan(num_proc="2")
 
 
-@pytest.mark.parametrize("name", ELASTIC_ARGUMENTS)
-def test_elastic_arguments_are_refused(name: str) -> None:
-    with pytest.raises(InvalidArgumentError, match=rf"unison.run got {name}=: elastic training \(a changing "
-                       r"number of processes\) is not available in unison yet. Pass a fixed num_proc=N"):
-        plan(elastic={name: 2})
-    assert plan(elastic=dict.fromkeys(ELASTIC_ARGUMENTS)).num_proc == DEFAULT_NUM_PROC
+def test_host_discovery_script_makes_the_job_elastic() -> None:
+    decided = plan(num_proc=2, elastic={"host_discovery_script": "cat hosts", "max_np": 4, "slots": 2,
+                                        "reset_limit": 3, "cooldown_range": (1, 5)}, elastic_timeout=30)
+    assert decided.elastic == ElasticOptions("cat hosts", Limits(2, 4, 3, (1.0, 5.0)), 2, 30.0)
+    assert decided.num_proc == 2
+    assert plan(elastic={"host_discovery_script": "s", "min_num_proc": 1}).elastic == ElasticOptions(
+        "s", Limits(1), None, 600.0)
+    assert plan(elastic=dict.fromkeys(ELASTIC_ARGUMENTS)).elastic is None
 
 
-def test_elastic_argument_is_refused_by_run_before_anything_starts() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"unison.run got max_num_proc=, min_num_proc=: elastic"):
+@pytest.mark.parametrize("name", sorted(set(ELASTIC_ARGUMENTS) - {"host_discovery_script"}))
+def test_elastic_arguments_need_a_discovery_script(name: str) -> None:
+    value = (1, 2) if name == "cooldown_range" else 2
+    with pytest.raises(InvalidArgumentError, match=rf"unison.run got {name}= but no host_discovery_script=: an "
+                       r"elastic job needs a program that prints the available hosts"):
+        plan(elastic={name: value})
+
+
+def test_bad_elastic_arguments_say_what_to_do() -> None:
+    script = {"host_discovery_script": "cat hosts"}
+    with pytest.raises(InvalidArgumentError, match=r"An elastic unison.run needs min_num_proc= \(or num_proc="):
+        plan(elastic=script)
+    with pytest.raises(InvalidArgumentError, match=r"min_num_proc and its deprecated alias min_np disagree: "
+                       r"min_num_proc=1, min_np=2. Pass min_num_proc only."):
+        plan(elastic={**script, "min_num_proc": 1, "min_np": 2})
+    with pytest.raises(InvalidArgumentError, match=r"max_num_proc must be at least min_num_proc. Got "
+                       r"min_num_proc 3 max_num_proc 2."):
+        plan(num_proc=3, elastic={**script, "max_np": 2})
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got host_discovery_script= with hosts=/hostfile=: "
+                       r"an elastic job's hosts are the ones the discovery script prints"):
+        plan(num_proc=1, hosts="localhost:2", elastic=script)
+    with pytest.raises(InvalidArgumentError, match=r"cooldown_range is \(low, high\) in seconds. Got "
+                       r"cooldown_range=5."):
+        plan(num_proc=1, elastic={**script, "cooldown_range": 5})
+    with pytest.raises(InvalidArgumentError, match=r"elastic_timeout is a positive number of seconds. Got "
+                       r"elastic_timeout=0."):
+        plan(num_proc=1, elastic=script, elastic_timeout=0)
+    with pytest.raises(InvalidArgumentError, match=r"reset_limit is a number of resets \(an int\). Got "
+                       r"reset_limit='2'."):
+        plan(num_proc=1, elastic={**script, "reset_limit": "2"})
+
+
+def test_elastic_argument_without_discovery_is_refused_by_run_before_anything_starts() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got max_num_proc=, min_num_proc= but no "
+                       r"host_discovery_script="):
         run(_run_work.rank_size_and_start_timeout, num_proc=2, min_num_proc=1, max_num_proc=4)
 
 

@@ -1,4 +1,9 @@
-"""The program each rank of `unison.run` executes: load the pickled call, run it, write the outcome."""
+"""The program each rank of `unison.run` executes: load the pickled call, run it, write the outcome.
+
+Under the elastic driver the outcome goes to ``epoch-N/`` of the job directory (a rank number names a
+different process in each membership epoch), and a rank that ends for a host change (``SystemExit``
+with `HOSTS_UPDATED_EXIT`, raised by the elastic ``run`` wrapper after its commit) writes nothing.
+"""
 
 from __future__ import annotations
 
@@ -26,27 +31,50 @@ def _rank() -> int:
     return 0
 
 
+def _outcome_directory(directory: Path) -> Path:
+    from ..elastic._environment import environment
+
+    elastic = environment()
+    if not elastic.driver:
+        return directory
+    path = directory / f"epoch-{elastic.epoch}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 def main(directory: Path) -> int:
     """Run the job in `directory` on this rank; return the process exit status."""
     job = _load(directory)
+    out = _outcome_directory(directory)
     try:
         result = job["fn"](*job["args"], **job["kwargs"])
-    except BaseException as exc:  # noqa: BLE001 - reported to the caller, then the job is stopped
-        info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc),
-                                "traceback": traceback.format_exc()}
-        try:
-            pickle.dumps(exc)
-            info["exception"] = exc
-        except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
-            pass
-        _write(directory, f"error-{_rank()}.pkl", info)
-        traceback.print_exc()
-        from .._failure import abort_job
+    except SystemExit as exc:
+        from ..elastic._environment import HOSTS_UPDATED_EXIT
 
-        abort_job(exc)
-        return 1
-    _write(directory, f"result-{_rank()}.pkl", result)
+        if exc.code != HOSTS_UPDATED_EXIT or out == directory:
+            return _failed(out, exc)
+        return HOSTS_UPDATED_EXIT
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller, then the job is stopped
+        return _failed(out, exc)
+    _write(out, f"result-{_rank()}.pkl", result)
     return 0
+
+
+def _failed(directory: Path, exc: BaseException) -> int:
+    """Write `exc` for the caller and stop the job; return the exit status."""
+    info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc),
+                            "traceback": traceback.format_exc()}
+    try:
+        pickle.dumps(exc)
+        info["exception"] = exc
+    except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
+        pass
+    _write(directory, f"error-{_rank()}.pkl", info)
+    traceback.print_exc()
+    from .._failure import abort_job
+
+    abort_job(exc)
+    return 1
 
 
 def _load(directory: Path) -> dict[str, Any]:

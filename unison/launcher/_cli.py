@@ -136,6 +136,22 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     return exit_status(outcome)
 
 
+def _refuse_in_elastic_mode(args: argparse.Namespace) -> None:
+    """Options that have no meaning in an elastic job (whose hosts come from the discovery script)."""
+    if args.hosts or args.hostfile:
+        given = "-H/--hosts" if args.hosts else "--hostfile"
+        raise LaunchError(
+            f"{given} cannot be combined with --host-discovery-script: an elastic job runs on the hosts "
+            "the discovery script prints. Drop one of them (a script that prints fixed hosts: "
+            "echo localhost:2)."
+        )
+    if args.pservers:
+        raise LaunchError(
+            f"--pservers {args.pservers} cannot be combined with --host-discovery-script: parameter "
+            "servers run beside a fixed set of trainers, not an elastic one. Drop one of them."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `unisonrun` and ``python -m unison.launcher``; returns the exit status."""
     args = parser().parse_args(argv)
@@ -154,9 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         hide_values(args.env)
         elastic = elastic_options(args)
         if elastic is not None:
+            _refuse_in_elastic_mode(args)
             return run_elastic(elastic, command, mpiexec=args.mpiexec, mpi_args=args.mpi_args,
                                env_pairs=env_pairs(args.env, os.environ), launcher_exec=args.launcher_exec,
-                               iface=args.iface, timeout=args.timeout)
+                               iface=args.iface, timeout=args.timeout, tag_output=args.tag_output,
+                               output_dir=args.output_filename)
         if args.pservers:
             from ._pservers import parameter_servers
 

@@ -5,24 +5,26 @@ the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epo
 small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
 ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
 (exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
-failure (anything else; the failed rank's host is blacklisted).
+failure (anything else; the failed rank's host is blacklisted). The job's shared-memory store is a
+`JobDirectory` under ``/dev/shm``: removed when the driver ends, and by its reaper if the driver is
+killed. ``--tag-output`` works per epoch as without elastic; ``--output-filename DIR`` writes each
+epoch's files under ``DIR/epoch-N``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shlex
-import shutil
 import socket
 import socketserver
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..elastic._environment import HOSTS_UPDATED_EXIT
@@ -190,9 +192,12 @@ def _is_local(name: str) -> bool:
     return name in _LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
 
 
-def _store_directory() -> str:
+STORE_VARIABLE = "UNISON_ELASTIC_STORE"  # marks every rank of the job for the store's reaper
+
+
+def _store_directory() -> JobDirectory:
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return tempfile.mkdtemp(prefix=f"unison-elastic-{os.getuid()}-", dir=base)
+    return JobDirectory(f"unison-elastic-{os.getuid()}-", base=base, variable=STORE_VARIABLE)
 
 
 def _driver_address(endpoint: _Endpoint, local: bool) -> str:
@@ -202,17 +207,26 @@ def _driver_address(endpoint: _Endpoint, local: bool) -> str:
 
 def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
                mpi_args: str, launcher_exec: str, iface: str, env_names: Sequence[str],
-               timeout: float | None) -> JobOutcome:
+               timeout: float | None, tag_output: bool = False, output_dir: str = "") -> JobOutcome:
     keepers = not launcher_exec and all(_is_local(host.name) for host in epoch.hosts)
     with JobDirectory("unisonrun-") as job:
         epoch_env = dict(env)
         epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
         epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
         epoch_env["UNISON_ELASTIC_HOSTS"] = epoch.hosts_argument()
+        if output_dir:  # one directory per epoch: a rank number names a different process each epoch
+            output_dir = os.path.join(output_dir, f"epoch-{epoch.number}")
+            os.makedirs(output_dir, exist_ok=True)
+        tails = None
+        if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (_cli.launch)
+            output_dir = output_dir or str(job.path)
+            tails = (epoch.np, output_dir)
         cmd = found.command(epoch.np, keeper_command(list(program)) if keepers else program,
                             hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
-                            launcher_exec=launcher_exec, iface=iface)
-        return supervise(cmd, job.path, epoch_env, timeout=timeout, announce=True, keepers=keepers)
+                            launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
+                            output_dir=output_dir)
+        return supervise(cmd, job.path, epoch_env, timeout=timeout, tails=tails, announce=True,
+                         keepers=keepers)
 
 
 def _say(message: str) -> None:
@@ -221,8 +235,12 @@ def _say(message: str) -> None:
 
 def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str = "", mpi_args: str = "",
                 env_pairs: Sequence[tuple[str, str]] = (), launcher_exec: str = "", iface: str = "",
-                timeout: float | None = None) -> int:
-    """Run `program` elastically; return unisonrun's exit status."""
+                timeout: float | None = None, tag_output: bool = False, output_dir: str = "",
+                on_epoch: Callable[[Epoch], None] | None = None) -> int:
+    """Run `program` elastically; return unisonrun's exit status.
+
+    `on_epoch` is called with each epoch before it starts (`unison.run` collects the last one's results).
+    """
     if not program:
         raise LaunchError("No program given: unisonrun -np N --host-discovery-script S python train.py")
     found = find_mpiexec(mpiexec)
@@ -237,12 +255,15 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 endpoint.announce(current.number)
 
     store = _store_directory()
-    discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval, on_hosts)
-    started = time.monotonic()
-    try:
+    with store, contextlib.ExitStack() as cleanup:
+        cleanup.callback(endpoint.close)
+        discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
+                               on_hosts)
+        cleanup.callback(discovery.stop)
+        started = time.monotonic()
         env = dict(os.environ)
         env.update(env_pairs)
-        env["UNISON_ELASTIC_STORE"] = store
+        env[STORE_VARIABLE] = str(store.path)
         while True:
             decision = _wait_for_hosts(options, membership, discovery, lock)
             if isinstance(decision, Stop):
@@ -254,9 +275,12 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             local = all(_is_local(host.name) for host in decision.hosts)
             env["UNISON_ELASTIC_DRIVER"] = _driver_address(endpoint, local)
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
+            if on_epoch is not None:
+                on_epoch(decision)
             remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
             outcome = _run_epoch(found, decision, program, env, mpi_args=mpi_args, launcher_exec=launcher_exec,
-                                 iface=iface, env_names=[name for name, _ in env_pairs], timeout=remaining)
+                                 iface=iface, env_names=[name for name, _ in env_pairs], timeout=remaining,
+                                 tag_output=tag_output, output_dir=output_dir)
             if outcome.interrupted or outcome.timed_out:
                 report(outcome)
                 return exit_status(outcome)
@@ -277,10 +301,6 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 _say(stop.message)
                 return 1
             discovery.poll()  # plan the next epoch on what discovery says now, not a poll ago
-    finally:
-        discovery.stop()
-        endpoint.close()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: _Discovery,

@@ -8,11 +8,13 @@ end only the launcher holds. When the launcher dies, however it dies, the kernel
 the reaper reads EOF: it kills every process whose environment carries this directory as
 ``UNISON_LAUNCHER_DIR`` (mpiexec, its local proxy, the ranks and their keepers, anything they started),
 then removes the directory and the paths it was told of (the job's record for ``unisonrun
---status``). When the job ends normally, the launcher removes the directory itself and tells the
+--status``). The elastic driver's shared-memory store is such a directory too (under ``/dev/shm``,
+marked in the ranks' environment by ``UNISON_ELASTIC_STORE``): its reaper kills every rank of every
+epoch that could still write there, then removes it. When the job ends normally, the launcher removes the directory itself and tells the
 reaper, which exits without touching anything. Ranks on other hosts end when their mpiexec proxy
 loses its connection to mpiexec.
 
-The reaper runs as ``python -I -S _reaper.py FD DIRECTORY``: standard library only.
+The reaper runs as ``python -I -S _reaper.py FD DIRECTORY [VARIABLE]``: standard library only.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_V
 _KILL_ROUNDS = 20  # a process may start another while the reaper kills: look again until none is left
 
 
-def job_processes(directory: str) -> list[int]:
-    """Pids of this user's processes whose environment sets UNISON_LAUNCHER_DIR to `directory`."""
-    wanted = f"{_LAUNCHER_DIR_VARIABLE}={directory}".encode()
+def job_processes(directory: str, variable: str = _LAUNCHER_DIR_VARIABLE) -> list[int]:
+    """Pids of this user's processes whose environment sets `variable` (UNISON_LAUNCHER_DIR) to `directory`."""
+    wanted = f"{variable}={directory}".encode()
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):
@@ -51,9 +53,9 @@ def job_processes(directory: str) -> list[int]:
     return found
 
 
-def _reap(directory: str, removals: list[str]) -> None:
+def _reap(directory: str, removals: list[str], variable: str) -> None:
     for _ in range(_KILL_ROUNDS):
-        pids = job_processes(directory)
+        pids = job_processes(directory, variable)
         if not pids:
             break
         for pid in pids:
@@ -70,7 +72,7 @@ def _reap(directory: str, removals: list[str]) -> None:
             pass
 
 
-def _serve(fd: int, directory: str) -> int:
+def _serve(fd: int, directory: str, variable: str = _LAUNCHER_DIR_VARIABLE) -> int:
     """Reaper main loop: read the launcher's lines until EOF; reap unless told the job is over."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the launcher's to handle
     removals: list[str] = []
@@ -88,7 +90,7 @@ def _serve(fd: int, directory: str) -> int:
                     return 0
                 if verb == "remove":
                     removals.append(argument)
-    _reap(directory, removals)
+    _reap(directory, removals, variable)
     return 0
 
 
@@ -101,8 +103,10 @@ class JobDirectory:
         ...     supervise(cmd, job.path, env)
     """
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+    def __init__(self, prefix: str, base: str | None = None, variable: str = _LAUNCHER_DIR_VARIABLE) -> None:
+        """`base`: where to create it (default: the temporary directory); `variable`: the environment
+        variable that marks the processes the reaper kills if the launcher dies."""
+        self.prefix, self.base, self.variable = prefix, base, variable
         self.path = Path()
         self._write_fd = -1
         self._reaper: subprocess.Popen[bytes] | None = None
@@ -112,11 +116,12 @@ class JobDirectory:
         return f"<JobDirectory path={str(self.path)!r} reaper_pid={pid}>"
 
     def __enter__(self) -> JobDirectory:
-        self.path = Path(tempfile.mkdtemp(prefix=self.prefix))
+        self.path = Path(tempfile.mkdtemp(prefix=self.prefix, dir=self.base))
         read_fd, self._write_fd = os.pipe()  # both non-inheritable: mpiexec and the ranks never hold them
         try:
             self._reaper = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_fd), str(self.path)],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(read_fd), str(self.path),
+                 self.variable],
                 pass_fds=(read_fd,), start_new_session=True, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL)
         except BaseException:
@@ -152,4 +157,4 @@ class JobDirectory:
 
 
 if __name__ == "__main__":
-    sys.exit(_serve(int(sys.argv[1]), sys.argv[2]))
+    sys.exit(_serve(int(sys.argv[1]), sys.argv[2], *sys.argv[3:4]))

@@ -7,10 +7,13 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .._failure import LAUNCHER_DIR_VARIABLE
+from ..elastic._membership import Epoch
 from ..errors import AbortedError, LaunchError, ShutdownError
+from ._elastic_driver import ElasticOptions, run_elastic
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._reaper import JobDirectory
@@ -36,7 +39,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         use_gloo: bool | None = None, use_mpi: bool | None = None, mpi_args: str | None = None,
         network_interface: str | None = None, network_interfaces: Any = None, executable: str | None = None,
         np: int | None = None, min_np: int | None = None, max_np: int | None = None, *,
-        timeout: float | None = None, env: Mapping[str, str] | None = None, mpiexec: str = "") -> list[Any]:
+        timeout: float | None = None, env: Mapping[str, str] | None = None, mpiexec: str = "",
+        elastic_timeout: float | None = None) -> list[Any]:
     """Run ``func(*args, **kwargs)`` on `num_proc` local processes; return the results in rank order.
 
     Each process is an MPI rank started by the mpiexec that matches mpi4py (as `unisonrun` does);
@@ -50,18 +54,30 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
     If `func` raises on any rank, every rank is stopped and the first failing rank's exception is
     re-raised here, with a note naming the rank and its traceback chained as the cause.
 
-    It takes every argument of ``horovod.run``, in the same order. Those that concern elastic
-    training, Gloo, or other machines are refused with an error that says what to do; those that
-    only matter for other machines or for Horovod's own launcher are accepted and change nothing
+    It takes every argument of ``horovod.run``, in the same order. Those that concern Gloo or other
+    machines are refused with an error that says what to do; those that only matter for other
+    machines or for Horovod's own launcher are accepted and change nothing
     (docs/migrating-from-horovod.md has the table).
+
+    `host_discovery_script` makes the job elastic, run by the same driver as ``unisonrun
+    --host-discovery-script`` (docs/elastic.md): one launch per membership epoch, relaunched from the
+    last commit when a rank fails or the hosts change. `func` then trains inside a
+    ``hvd.elastic.run``-decorated function with an elastic state, as in Horovod's elastic examples, and
+    the results are those of the ranks of the last epoch. The hosts the script prints must be names
+    of this machine (`unison.run` collects the results from local files).
 
     Args:
         func: the function to run on every rank.
         args: positional arguments for `func`.
         kwargs: keyword arguments for `func`.
         num_proc: number of processes (default: the slots of `hosts`/`hostfile`, else 2).
-        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range, host_discovery_script,
-            min_np, max_np: elastic training; refused (InvalidArgumentError) unless None.
+        min_num_proc: fewest processes of an elastic job (default: `num_proc`); `min_np` is its alias.
+        max_num_proc: most processes of an elastic job (default: every slot discovered); alias `max_np`.
+        slots: slots of a host the discovery script prints without ``:slots``.
+        reset_limit: stop (LaunchError) when an elastic job would be reset more than this many times.
+        cooldown_range: (low, high) seconds a host whose rank failed stays out (default: for good).
+        host_discovery_script: a program printing the available hosts, ``host:slots`` per line;
+            polled every second; makes the job elastic.
         hosts: ``"localhost:N"``; every host named must be this machine (use `unisonrun -H` for others).
         hostfile: a file of such hosts, ``host:N`` or ``host slots=N`` per line.
         start_timeout: seconds each rank's ``init()`` waits for the others to arrive.
@@ -76,10 +92,12 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         timeout: stop the job and raise `LaunchError` after this many seconds.
         env: extra environment variables for the ranks.
         mpiexec: path of the mpiexec to use (default: the one matching mpi4py).
+        elastic_timeout: seconds an elastic job waits for `min_num_proc` slots (default 600).
 
     Raises:
         InvalidArgumentError: an argument that unison.run cannot honour.
-        LaunchError: the job could not start, timed out, or a rank died without a result.
+        LaunchError: the job could not start, timed out, or a rank died without a result; an elastic
+            job also when it stopped (reset limit, every host blacklisted, elastic_timeout).
 
     Example:
         >>> def work(scale):                                   # in mymodule.py
@@ -96,7 +114,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
                "host_discovery_script": host_discovery_script, "min_np": min_np, "max_np": max_np}
     decided = plan(num_proc=num_proc, np=np, hosts=hosts, hostfile=hostfile, start_timeout=start_timeout,
                    output_filename=output_filename, use_gloo=use_gloo, use_mpi=use_mpi,
-                   executable=executable, elastic=elastic)
+                   executable=executable, elastic=elastic, elastic_timeout=elastic_timeout)
     np = decided.num_proc
     found = find_mpiexec(mpiexec)
     fn = func
@@ -122,6 +140,10 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         run_env.update(env or {})
         run_env[LAUNCHER_DIR_VARIABLE] = directory
         python = decided.executable or sys.executable
+        if decided.elastic is not None:
+            return _run_elastic(decided.elastic, [python, "-m", "unison.launcher._bootstrap", directory], job,
+                                {**decided.env, **(env or {})}, mpiexec=mpiexec, mpi_args=mpi_args or "",
+                                output_dir=decided.output_dir, timeout=timeout)
         program = keeper_command([python, "-m", "unison.launcher._bootstrap", directory])
         cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
@@ -148,6 +170,46 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
             with open(result_file, "rb") as f:
                 results.append(pickle.load(f))
         return results
+
+
+def _read_errors(directory: Path, np: int) -> dict[int, dict[str, Any]]:
+    errors: dict[int, dict[str, Any]] = {}
+    for rank in range(np):
+        error_file = directory / f"error-{rank}.pkl"
+        if error_file.exists():
+            with open(error_file, "rb") as f:
+                errors[rank] = pickle.load(f)
+    return errors
+
+
+def _run_elastic(options: ElasticOptions, program: list[str], job: Path, env: dict[str, str], *,
+                 mpiexec: str, mpi_args: str, output_dir: str, timeout: float | None) -> list[Any]:
+    """Run the pickled call in `job` as an elastic job; the results of the last epoch's ranks."""
+    epochs: list[Epoch] = []
+    status = run_elastic(options, program, mpiexec=mpiexec, mpi_args=mpi_args, env_pairs=sorted(env.items()),
+                         timeout=timeout, output_dir=output_dir, on_epoch=epochs.append)
+    if status == 130:
+        raise KeyboardInterrupt
+    if status != 0 or not epochs:
+        # The newest epoch whose function raised says why; else the driver's reason, printed above.
+        for epoch in reversed(epochs):
+            errors = _read_errors(job / f"epoch-{epoch.number}", epoch.np)
+            if errors:
+                _raise_first(errors, epoch.np)
+        if status == 124:
+            raise LaunchError(f"unison.run: the elastic job ran past timeout={timeout:g} s; stopped every rank.")
+        raise LaunchError(f"unison.run: the elastic job stopped with exit status {status}; the elastic "
+                          "driver's reason is printed above (unisonrun: elastic: ...).")
+    last = epochs[-1]
+    results: list[Any] = []
+    for rank in range(last.np):
+        result_file = job / f"epoch-{last.number}" / f"result-{rank}.pkl"
+        if not result_file.exists():
+            raise LaunchError(f"unison.run: rank {rank} of {last.np} of the elastic job's last epoch "
+                              f"({last.number}) returned no result.")
+        with open(result_file, "rb") as f:
+            results.append(pickle.load(f))
+    return results
 
 
 def _raise_first(errors: dict[int, dict[str, Any]], np: int) -> None:

@@ -1,9 +1,10 @@
 """`horovod.run`'s arguments for `unison.run`: which apply, which are refused, and what they turn into.
 
 A pure decision: `plan` takes the arguments as given and returns a frozen `RunPlan` (number of
-processes, extra environment, output directory, Python executable) or raises an error that names
-the argument and says what to do. `unison.run` starts processes on this machine only, so host
-arguments are accepted when every host they name is this machine.
+processes, extra environment, output directory, Python executable, and for an elastic job the
+elastic driver's options) or raises an error that names the argument and says what to do.
+`unison.run` starts processes on this machine only, so host arguments are accepted when every host
+they name is this machine. ``host_discovery_script`` makes the job elastic, as in Horovod.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+from ..elastic._membership import Limits
 from ..errors import InvalidArgumentError, LaunchError
+from ._elastic_driver import ElasticOptions
 
 __all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "local_names", "parse_hosts", "plan"]
 
 # unison.run started 2 processes when not told otherwise before it took horovod.run's arguments.
 DEFAULT_NUM_PROC = 2
 
-# Elastic training's arguments: not available in unison yet.
+# Elastic training's arguments (host_discovery_script makes the job elastic; the others need it).
 ELASTIC_ARGUMENTS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
                      "host_discovery_script", "min_np", "max_np")
 
@@ -35,12 +38,14 @@ class RunPlan:
         env: variables to add to every rank's environment.
         output_dir: the directory for each rank's output files ("" for the caller's streams).
         executable: the Python that runs each rank ("" for this one).
+        elastic: the elastic driver's options, for an elastic job (None: a fixed `num_proc`).
     """
 
     num_proc: int
     env: dict[str, str]
     output_dir: str = ""
     executable: str = ""
+    elastic: ElasticOptions | None = None
 
 
 def local_names() -> frozenset[str]:
@@ -121,7 +126,8 @@ def _count(name: str, value: Any) -> int:
 
 def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, hostfile: str | None = None,
          start_timeout: Any = None, output_filename: str | None = None, use_gloo: Any = None,
-         use_mpi: Any = None, executable: str | None = None, elastic: dict[str, Any] | None = None) -> RunPlan:
+         use_mpi: Any = None, executable: str | None = None, elastic: dict[str, Any] | None = None,
+         elastic_timeout: Any = None) -> RunPlan:
     """Check `unison.run`'s Horovod arguments and decide what they do.
 
     Args:
@@ -134,19 +140,14 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
         use_gloo: refused when true: unison has no Gloo backend.
         use_mpi: refused when false: unison's ranks always run under mpiexec.
         executable: the Python that runs each rank.
-        elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); any not None is refused.
+        elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); ``host_discovery_script`` makes
+            the job elastic, and the others need it.
+        elastic_timeout: seconds an elastic job waits for its fewest processes (default 600).
 
     Raises:
         InvalidArgumentError: an argument unison.run cannot honour; the message says what to do.
         LaunchError: a number of processes below 1.
     """
-    given = sorted(name for name, value in (elastic or {}).items() if value is not None)
-    if given:
-        raise InvalidArgumentError(
-            f"unison.run got {', '.join(f'{n}=' for n in given)}: elastic training (a changing number "
-            "of processes) is not available in unison yet. Pass a fixed num_proc=N and restart the job "
-            "from a checkpoint if a rank fails; see docs/migrating-from-horovod.md."
-        )
     if use_gloo:
         raise InvalidArgumentError(
             "unison.run got use_gloo=True, but unison has no Gloo backend: its ranks run under mpiexec "
@@ -161,6 +162,20 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
         raise InvalidArgumentError(
             f"num_proc and its deprecated alias np disagree: num_proc={num_proc!r}, np={np!r}. Pass num_proc only."
         )
+    env: dict[str, str] = {}
+    if start_timeout is not None:
+        if isinstance(start_timeout, bool) or not isinstance(start_timeout, int | float) or not (
+                math.isfinite(start_timeout) and start_timeout > 0):
+            raise InvalidArgumentError(
+                f"start_timeout is a positive number of seconds. Got start_timeout={start_timeout!r}."
+            )
+        env["UNISON_START_TIMEOUT_SECONDS"] = str(float(start_timeout))
+    given = {name: value for name, value in (elastic or {}).items() if value is not None}
+    if given or elastic_timeout is not None:
+        options = _elastic_options(given, num_proc if num_proc is not None else np, hosts, hostfile,
+                                   elastic_timeout)
+        return RunPlan(num_proc=options.limits.min_np, env=env, output_dir=output_filename or "",
+                       executable=executable or "", elastic=options)
     slots = _local_slots(hosts, hostfile)
     if num_proc is not None:
         count = _count("num_proc", num_proc)
@@ -173,12 +188,71 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
             f"num_proc={count} is more than the {slots} slots that hosts/hostfile give. Give more slots "
             "(hosts='localhost:N') or fewer processes."
         )
-    env: dict[str, str] = {}
-    if start_timeout is not None:
-        if isinstance(start_timeout, bool) or not isinstance(start_timeout, int | float) or not (
-                math.isfinite(start_timeout) and start_timeout > 0):
-            raise InvalidArgumentError(
-                f"start_timeout is a positive number of seconds. Got start_timeout={start_timeout!r}."
-            )
-        env["UNISON_START_TIMEOUT_SECONDS"] = str(float(start_timeout))
     return RunPlan(num_proc=count, env=env, output_dir=output_filename or "", executable=executable or "")
+
+
+def _alias(given: dict[str, Any], name: str, alias: str) -> Any:
+    """The value of `name` or of its deprecated `alias` (both given: they must agree)."""
+    value, other = given.get(name), given.get(alias)
+    if value is not None and other is not None and value != other:
+        raise InvalidArgumentError(
+            f"{name} and its deprecated alias {alias} disagree: {name}={value!r}, {alias}={other!r}. "
+            f"Pass {name} only."
+        )
+    return value if value is not None else other
+
+
+def _elastic_options(given: dict[str, Any], num_proc: Any, hosts: str | None, hostfile: str | None,
+                     elastic_timeout: Any) -> ElasticOptions:
+    """The elastic driver's options for `unison.run`'s elastic arguments (`given`: those not None)."""
+    script = given.get("host_discovery_script")
+    if not script:
+        names = ", ".join(f"{name}=" for name in sorted(given)) or "elastic_timeout="
+        raise InvalidArgumentError(
+            f"unison.run got {names} but no host_discovery_script=: an elastic job needs a program that "
+            "prints the available hosts, one 'host:slots' per line (docs/elastic.md). Pass "
+            "host_discovery_script=, or a fixed num_proc=N without the elastic arguments."
+        )
+    if hosts or hostfile:
+        raise InvalidArgumentError(
+            "unison.run got host_discovery_script= with hosts=/hostfile=: an elastic job's hosts are the "
+            "ones the discovery script prints. Pass one or the other."
+        )
+    min_np = _alias(given, "min_num_proc", "min_np")
+    max_np = _alias(given, "max_num_proc", "max_np")
+    if min_np is None:
+        min_np = num_proc
+    if min_np is None:
+        raise InvalidArgumentError(
+            "An elastic unison.run needs min_num_proc= (or num_proc=, its default): the fewest processes "
+            "to run with."
+        )
+    counts = {"min_num_proc": min_np, "max_num_proc": max_np, "slots": given.get("slots")}
+    for name, value in counts.items():
+        if value is not None:
+            _count(name, value)
+    reset_limit = given.get("reset_limit")
+    if reset_limit is not None and (isinstance(reset_limit, bool) or not isinstance(reset_limit, int)):
+        raise InvalidArgumentError(f"reset_limit is a number of resets (an int). Got reset_limit={reset_limit!r}.")
+    cooldown = given.get("cooldown_range")
+    if cooldown is not None:
+        try:
+            low, high = (float(bound) for bound in cooldown)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"cooldown_range is (low, high) in seconds. Got cooldown_range={cooldown!r}."
+            ) from None
+        cooldown = (low, high)
+    timeout = 600.0 if elastic_timeout is None else elastic_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
+            math.isfinite(timeout) and timeout > 0):
+        raise InvalidArgumentError(
+            f"elastic_timeout is a positive number of seconds. Got elastic_timeout={elastic_timeout!r}."
+        )
+    try:
+        limits = Limits(min_np, max_np, reset_limit, cooldown)
+    except LaunchError as exc:
+        raise InvalidArgumentError(str(exc).replace("--min-np", "min_num_proc").replace("--max-np", "max_num_proc")
+                                   .replace("--reset-limit", "reset_limit")
+                                   .replace("--blacklist-cooldown-range A B", "cooldown_range")) from None
+    return ElasticOptions(str(script), limits, given.get("slots"), float(timeout))
