@@ -214,3 +214,15 @@ def test_gradients_of_grouped_collectives_taken_twice_run_together() -> None:
     np.testing.assert_allclose(ga2, np.full([2], 3.0 * size))
     np.testing.assert_allclose(gb2, np.full([1], float(size)))
 
+
+
+@pytest.mark.parametrize("inter_op_threads", [0, 1])
+def test_rank_and_size_ops_in_a_session_beside_collectives(inter_op_threads: int) -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = [hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(), hvd.local_size_op()]
+        total = hvd.allreduce(tf.cast(ops[0], tf.float32), op=hvd.Sum, name="graph_rank_sum")
+    with session(graph, inter_op_threads) as sess:
+        rank, size, local_rank, local_size, summed = run_before_deadline(sess, [*ops, total])
+    assert (rank, size, local_rank, local_size) == (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+    assert summed == sum(range(hvd.size()))

@@ -81,7 +81,8 @@ def _int_op(value: Any, name: str | None) -> tf.Tensor:
     """An int32 scalar read when the op runs (so a graph sees the job as it is at run time)."""
     if executing_eagerly():
         return tf.constant(int(value()), dtype=tf.int32)
-    return tf.reshape(run(lambda: [np.int32(value())], [], [tf.int32], name or "HorovodIntOp")[0], [])
+    # It never waits for another rank, so a Session graph runs it on the inter-op pool (no slow path).
+    return tf.reshape(run(lambda: [np.int32(value())], [], [tf.int32], name or "HorovodIntOp", blocking=False)[0], [])
 
 
 @_no_autograph
