@@ -8,10 +8,16 @@ on this machine (shared memory), 1 or 2 servers. Modes:
   step are the trainer's counted serialized messages (pull and push);
 - ``allreduce``: `unison.torch.DistributedOptimizer` under mpiexec, the embedding a dense
   ``nn.EmbeddingBag`` whose whole gradient is reduced each step; bytes per step are the gradient
-  bytes each rank submits (a ring moves about twice that per rank).
+  bytes each rank submits (a ring moves about twice that per rank);
+- ``tf-pss``: TensorFlow's ``tf.distribute.experimental.ParameterServerStrategy`` on an in-process
+  cluster (``tf.distribute.Server`` objects for 2 workers and 1 or 2 ps in one process, which is the
+  coordinator), a Keras 3 model (``keras.layers.Embedding`` summed over the fields, the same MLP)
+  built under ``strategy.scope()``, Adagrad(0.05) on the embedding and Adam(0.001) on the MLP as in
+  the unison modes; a ``ClusterCoordinator`` schedules both trainers' batches (``2 * steps``
+  closures of batch 512), the rate is timed from the join after the warm-up closures to the last
+  join. Its bytes per step are not counted.
 
-Run: ``python benchmarks/ps.py`` (writes benchmarks/results/ps.json). TensorFlow's
-ParameterServerStrategy is not measured yet.
+Run: ``python benchmarks/ps.py`` (writes benchmarks/results/ps.json).
 """
 
 from __future__ import annotations
@@ -127,6 +133,74 @@ def allreduce_trainer(steps: int, warmup: int, out: str) -> None:
     hvd.shutdown()
 
 
+def tf_pss_run(servers: int, steps: int, warmup: int, out: str) -> None:
+    """The tf-pss mode: this process is the coordinator and holds the in-process cluster."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    # The servers share this process's inter-op pool; with one thread per core (2 here) a worker's
+    # step waiting on a ps read holds the thread the ps needs, and two concurrent steps deadlock.
+    tf.config.threading.set_inter_op_parallelism_threads(8)
+    spec = {"chief": [f"localhost:{_free_port()}"], "worker": [f"localhost:{_free_port()}" for _ in range(2)],
+            "ps": [f"localhost:{_free_port()}" for _ in range(servers)]}
+    cluster = tf.train.ClusterSpec(spec)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=8)
+    held = [tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", config=config, start=True)
+            for job in ("worker", "ps") for i in range(len(spec[job]))]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc",
+                                                                    task_type="chief", task_id=0)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        embedding = keras.layers.Embedding(IDS, DIM)
+        mlp = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(64, activation="relu"),
+                                keras.layers.Dense(1)])
+        embedding.build((BATCH, FIELDS))
+        table, dense = list(embedding.trainable_variables), list(mlp.trainable_variables)
+        table_opt, dense_opt = keras.optimizers.Adagrad(0.05), keras.optimizers.Adam(0.001)
+        table_opt.build(table)  # built here: a variable made inside a worker's step is not placed
+        dense_opt.build(dense)
+
+    @tf.function(input_signature=[tf.TensorSpec([BATCH, FIELDS], tf.int64), tf.TensorSpec([BATCH, 1], tf.float32)])
+    def step(ids, labels):  # type: ignore[no-untyped-def]
+        def replica(ids, labels):  # type: ignore[no-untyped-def]
+            with tf.GradientTape() as tape:
+                logits = mlp(tf.reduce_sum(embedding(ids), axis=1))
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+            grads = tape.gradient(loss, table + dense)
+            table_opt.apply_gradients(zip(grads[:len(table)], table))
+            dense_opt.apply_gradients(zip(grads[len(table):], dense))
+            return loss
+
+        return strategy.run(replica, args=(ids, labels))
+
+    both = list(zip(_batches(0, steps), _batches(1, steps)))
+    batches = [(tf.constant(ids), tf.constant(labels)) for pair in both for ids, labels in pair]
+    for args in batches[:2 * warmup]:
+        coordinator.schedule(step, args=args)
+    coordinator.join()
+    started = time.perf_counter()
+    for args in batches[2 * warmup:]:
+        last = coordinator.schedule(step, args=args)
+    coordinator.join()
+    rate = 2 * (steps - warmup) * BATCH / (time.perf_counter() - started)
+    Path(out).write_text(json.dumps({"samples_per_second": rate, "bytes_per_step": None,
+                                     "final_loss": float(last.fetch()), "tensorflow": tf.__version__,
+                                     "keras": keras.__version__}))
+    del held
+    os._exit(0)  # the in-process servers cannot be stopped; exiting normally waits on them
+
+
+def run_tf_pss(servers: int, steps: int, warmup: int, tmp: Path) -> dict[str, float]:
+    out = tmp / f"tf-pss-{servers}.json"
+    subprocess.run([sys.executable, __file__, "--tf-pss", str(servers), "--steps", str(steps),
+                    "--warmup", str(warmup), "--out", str(out)], check=True, timeout=900)
+    result: dict[str, float] = json.loads(out.read_text())
+    return result
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,6 +249,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--trainer", default="")
     parser.add_argument("--allreduce-rank", action="store_true")
+    parser.add_argument("--tf-pss", type=int, default=0, help="run the tf-pss mode with this many ps")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ps.json"))
     args = parser.parse_args()
     if args.trainer:
@@ -182,6 +257,9 @@ def main() -> None:
         return
     if args.allreduce_rank:
         allreduce_trainer(args.steps, args.warmup, args.out)
+        return
+    if args.tf_pss:
+        tf_pss_run(args.tf_pss, args.steps, args.warmup, args.out)
         return
     import tempfile
 
@@ -197,6 +275,11 @@ def main() -> None:
         rows.append({"mode": "allreduce", "servers": 0, "load_before": load,
                      **run_allreduce(args.steps, args.warmup, tmp)})
         print(json.dumps(rows[-1]), flush=True)
+        for servers in (1, 2):
+            load = os.getloadavg()[0]
+            rows.append({"mode": "tf-pss", "servers": servers, "load_before": load,
+                         **run_tf_pss(servers, args.steps, args.warmup, tmp)})
+            print(json.dumps(rows[-1]), flush=True)
     Path(args.out).write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "model": {"fields": FIELDS, "ids": IDS, "dim": DIM, "batch_per_trainer": BATCH, "trainers": 2},
