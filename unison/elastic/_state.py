@@ -31,7 +31,7 @@ from . import _codec
 from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
 from ._store import CommitId, StateStore
 
-__all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run_fn"]
+__all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn"]
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
@@ -285,6 +285,19 @@ class ObjectState(SnapshotState):
     def _apply(self, values: Any) -> None:
         for name, value in values.items():
             setattr(self, name, value)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``train(state, ...)`` for elastic training (``hvd.elastic.run`` of every framework).
+
+    Horovod passes its in-process reset (shutdown, init) to `run_fn`; unison relaunches instead, so
+    the reset it passes does nothing.
+    """
+    return run_fn(func, _no_reset)
+
+
+def _no_reset() -> None:
+    """Horovod resets in place (shutdown, init); unison relaunches instead, so nothing runs here."""
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., Any]:

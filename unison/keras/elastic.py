@@ -6,10 +6,7 @@ Example:
     ...              hvd.elastic.CommitStateCallback(state)]                      # doctest: +SKIP
 """
 
-from collections.abc import Callable
-from typing import Any
-
-from ..elastic._state import HostsUpdatedInterrupt, run_fn
+from ..elastic._state import HostsUpdatedInterrupt, run
 from ..elastic._tensorflow import (
     CommitStateCallback,
     TensorFlowKerasState,
@@ -28,12 +25,3 @@ __all__ = [
     "UpdateEpochStateCallback",
     "run",
 ]
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``train(state, ...)`` for elastic training (see `unison.elastic._state.run_fn`)."""
-    return run_fn(func, _reset)
-
-
-def _reset() -> None:
-    """Horovod resets in place (shutdown, init); unison relaunches instead, so nothing runs here."""

@@ -7,11 +7,8 @@ Example:
     ... def train(state): ...                                                    # doctest: +SKIP
 """
 
-from collections.abc import Callable
-from typing import Any
-
 from .._runtime import init, shutdown
-from ..elastic._state import HostsUpdatedInterrupt, ObjectState, State, run_fn
+from ..elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
 from ..elastic._torch import ElasticSampler, TorchState
 from ..errors import HorovodInternalError
 
@@ -27,12 +24,3 @@ __all__ = [
     "run_fn",
     "shutdown",
 ]
-
-
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate ``train(state, ...)`` for elastic training (see `run_fn`)."""
-    return run_fn(func, _reset)
-
-
-def _reset() -> None:
-    """Horovod resets in place (shutdown, init); unison relaunches instead, so nothing runs here."""
