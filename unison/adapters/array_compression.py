@@ -61,34 +61,33 @@ class NoneCompressor(Compressor):
         return tensor
 
 
-class FP16Compressor(Compressor):
+class _CastCompressor(Compressor):
+    """Send float32/float64 tensors as the 2-byte type `wire` and cast them back; others pass through."""
+
+    wire = ""
+
+    @classmethod
+    def compress(cls, tensor: Any) -> tuple[Any, Any]:
+        if _is_wide_float(tensor):
+            dtype = tensor.dtype
+            return _cast(tensor, cls.wire), (dtype.name if hasattr(dtype, "name") else str(dtype))
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor if ctx is None else _cast(tensor, ctx)
+
+
+class FP16Compressor(_CastCompressor):
     """Send float32/float64 tensors as float16 (halves the bytes; reduced through float32)."""
 
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        if _is_wide_float(tensor):
-            dtype = tensor.dtype
-            return _cast(tensor, "float16"), (dtype.name if hasattr(dtype, "name") else str(dtype))
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor if ctx is None else _cast(tensor, ctx)
+    wire = "float16"
 
 
-class BF16Compressor(Compressor):
+class BF16Compressor(_CastCompressor):
     """Send float32/float64 tensors as bfloat16 (halves the bytes; reduced through float32)."""
 
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        if _is_wide_float(tensor):
-            dtype = tensor.dtype
-            return _cast(tensor, "bfloat16"), (dtype.name if hasattr(dtype, "name") else str(dtype))
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor if ctx is None else _cast(tensor, ctx)
+    wire = "bfloat16"
 
 
 class Compression(_CoreCompression):
