@@ -148,12 +148,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[Any] = []
-        errors: dict[int, dict[str, Any]] = {}
-        for rank in range(np):
-            error_file = job / f"error-{rank}.pkl"
-            if error_file.exists():
-                with open(error_file, "rb") as f:
-                    errors[rank] = pickle.load(f)
+        errors = _read_errors(job, np)
         if errors:
             _raise_first(errors, np)
         if outcome.interrupted:
