@@ -39,6 +39,21 @@ def dtype_of_tensor(tensor: torch.Tensor) -> DType:
     return found
 
 
+def _dense_contiguous(tensor: torch.Tensor, in_place: bool) -> tuple[torch.Tensor, DType]:
+    """`tensor` (a contiguous copy when needed) and its dtype; refuses sparse tensors, and
+    non-contiguous ones in place (Horovod's message)."""
+    dtype = dtype_of_tensor(tensor)
+    if tensor.is_sparse:
+        raise InvalidArgumentError(
+            "Sparse tensors cannot be reduced directly; use sparse_allreduce_async or to_dense()."
+        )
+    if not tensor.is_contiguous():
+        if in_place:
+            raise InvalidArgumentError("Tensor is required to be contiguous.")
+        tensor = tensor.contiguous()
+    return tensor, dtype
+
+
 def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, DType]:
     """Hand a CUDA tensor to the GPU data plane as a CuPy array sharing its memory (DLPack, no copy).
 
@@ -53,16 +68,8 @@ def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, D
     from ...gpu.handoff import device_for, import_cupy
     from ...gpu.ordering import mark_ready
 
-    dtype = dtype_of_tensor(tensor)
+    tensor, dtype = _dense_contiguous(tensor, in_place)
     cupy = import_cupy("CUDA tensors")
-    if tensor.is_sparse:
-        raise InvalidArgumentError(
-            "Sparse tensors cannot be reduced directly; use sparse_allreduce_async or to_dense()."
-        )
-    if not tensor.is_contiguous():
-        if in_place:
-            raise InvalidArgumentError("Tensor is required to be contiguous.")
-        tensor = tensor.contiguous()
     ordinal = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
     device = device_for(ordinal)
     tensor = tensor.detach()
@@ -101,15 +108,7 @@ def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DTyp
         raise UnisonNotImplementedError(
             f"Tensors on device {tensor.device} are not supported; move them to the CPU first."
         )
-    dtype = dtype_of_tensor(tensor)
-    if tensor.is_sparse:
-        raise InvalidArgumentError(
-            "Sparse tensors cannot be reduced directly; use sparse_allreduce_async or to_dense()."
-        )
-    if not tensor.is_contiguous():
-        if in_place:
-            raise InvalidArgumentError("Tensor is required to be contiguous.")
-        tensor = tensor.contiguous()
+    tensor, dtype = _dense_contiguous(tensor, in_place)
     tensor = tensor.detach()
     if dtype is DType.BFLOAT16:
         return tensor.view(torch.int16).numpy().view(np.uint16), dtype
