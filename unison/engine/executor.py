@@ -281,11 +281,6 @@ class Executor:
         members = self.process_sets[response.process_set_id]
         return members.index(self.rank), len(members)
 
-    def _post_factor(self, response: Response, set_size: int) -> float:
-        if response.reduce_op is ReduceOp.AVERAGE:
-            return response.postscale / set_size
-        return response.postscale
-
     @staticmethod
     def _scaler(factor: float, dtype: DType) -> Callable[[np.ndarray], None] | None:
         """The per-chunk postscale (None when there is nothing to scale)."""
@@ -300,7 +295,7 @@ class Executor:
     def _allreduce(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
         dtype = response.dtype
         _, set_size = self._set_rank(response)
-        pre, post = response.prescale, self._post_factor(response, set_size)
+        pre, post = response.prescale, response.post_factor(set_size)
         op = self._mpi_op(response.reduce_op)
         set_id = response.process_set_id
         total = sum(_elements(s) for s in response.shapes)
@@ -480,7 +475,7 @@ class Executor:
         rows = reducescatter_rows(shape[0], set_size)
         row = _elements(shape[1:])
         counts = [r * row for r in rows]
-        pre, post = response.prescale, self._post_factor(response, set_size)
+        pre, post = response.prescale, response.post_factor(set_size)
         self._stats["bytes"] += entry.input.nbytes
         out = np.empty((rows[me], *shape[1:]), dtype=dtype.storage)
         self._mark(response.names, "MPI_REDUCESCATTER")

@@ -213,11 +213,6 @@ class GpuPlane:
         members = self.process_sets[response.process_set_id]
         return members.index(self.rank), len(members)
 
-    def _post(self, response: Response, set_size: int) -> float:
-        if response.reduce_op is ReduceOp.AVERAGE:
-            return response.postscale / set_size
-        return response.postscale
-
     def _run_nccl(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
         comm = self._comm(response.process_set_id)
         kind = CollectiveKind(response.kind)
@@ -258,7 +253,7 @@ class GpuPlane:
     def _allreduce(self, comm: Comm, response: Response, entries: Sequence[Any]) -> list[Any]:
         dtype, stream, device = response.dtype, self._stream, self.device
         _, set_size = self._set_rank(response)
-        pre, post = response.prescale, self._post(response, set_size)
+        pre, post = response.prescale, response.post_factor(set_size)
         single = entries[0] if len(entries) == 1 else None
         if single is not None:
             # One tensor: reduced in its own output buffer, no fusion copy.
@@ -286,7 +281,7 @@ class GpuPlane:
         rows = reducescatter_rows(shape[0], set_size)
         row = _elements(shape[1:])
         counts = [r * row for r in rows]
-        pre, post = response.prescale, self._post(response, set_size)
+        pre, post = response.prescale, response.post_factor(set_size)
         out = device.empty((rows[me], *shape[1:]), dtype.storage, stream)
         send = array.reshape(-1)
         if pre != 1.0 or len(set(counts)) != 1:

@@ -149,6 +149,17 @@ class Response:
         if type(self.kind) is not ResponseKind:
             object.__setattr__(self, "kind", ResponseKind(self.kind))
 
+    def post_factor(self, set_size: int) -> float:
+        """The factor applied after the reduction: `postscale`, divided by the set size for Average.
+
+        Example:
+            >>> Response(ResponseKind.ALLREDUCE, ("g",), reduce_op=ReduceOp.AVERAGE, postscale=2.0).post_factor(4)
+            0.5
+        """
+        if self.reduce_op is ReduceOp.AVERAGE:
+            return self.postscale / set_size
+        return self.postscale
+
     def num_bytes(self) -> int:
         """Total bytes of the tensors this response moves (local view)."""
         total = 0
