@@ -184,10 +184,9 @@ class Engine:
             self._tuner = Tuner(self.parameters, warmup_samples=settings.autotune_warmup_samples,
                                 max_samples=settings.autotune_max_samples, grid=grid)
             self._meter = Meter(settings.autotune_steps_per_sample)
-            if tune_log is not None:  # opened by init() before the start-up check (`open_tune_log`)
-                self._tune_log = tune_log
-            elif settings.autotune_log:
-                self._tune_log = open_tune_log(settings.autotune_log)
+            # rank 0's open log (`open_tune_log`): init() opens it before the start-up check, so a
+            # path rank 0 cannot write fails init() on every rank, as the timeline's does
+            self._tune_log = tune_log
         self.timeline = None
         self._lock = threading.Lock()
         self._event = threading.Event()
