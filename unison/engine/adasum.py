@@ -129,10 +129,10 @@ def adasum_(work: np.ndarray, lengths: Sequence[int], backend: Backend, rank: in
         mine = work[keep_start:keep_stop]
         a, b = (mine, received) if level.lower else (received, mine)
         partial = np.zeros((tensors, 3), np.float64)
-        pieces = _pieces(offsets, level.keep)
-        for index, lo, hi in pieces:
-            a64 = a[lo - keep_start : hi - keep_start].astype(np.float64)
-            b64 = b[lo - keep_start : hi - keep_start].astype(np.float64)
+        pieces = [(index, lo, hi, a[lo - keep_start : hi - keep_start].astype(np.float64),
+                   b[lo - keep_start : hi - keep_start].astype(np.float64))
+                  for index, lo, hi in _pieces(offsets, level.keep)]
+        for index, _, _, a64, b64 in pieces:
             partial[index] = (np.dot(a64, b64), np.dot(a64, a64), np.dot(b64, b64))
         everyone = np.empty((size, tensors, 3), np.float64)
         backend.allgatherv(partial.reshape(-1), everyone.reshape(-1), [3 * tensors] * size,
@@ -142,9 +142,7 @@ def adasum_(work: np.ndarray, lengths: Sequence[int], backend: Backend, rank: in
         for member in range(group_start + 1, group_start + 2 * level.distance):
             dots = dots + everyone[member]
         a_coeff, b_coeff = coefficients(dots)
-        for index, lo, hi in pieces:
-            a64 = a[lo - keep_start : hi - keep_start].astype(np.float64)
-            b64 = b[lo - keep_start : hi - keep_start].astype(np.float64)
+        for index, lo, hi, a64, b64 in pieces:
             work[lo:hi] = a_coeff[index] * a64 + b_coeff[index] * b64
 
     if size > 1:
