@@ -76,6 +76,7 @@ def worker(mode: str, out: Path, steps: int) -> None:
         return
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     kill_at = int(os.environ.get("BENCH_KILL_AT", "-1"))
+    live = os.environ.get("BENCH_LIVE_LOG") == "1"
 
     @hvd.elastic.run
     def train(state: Any) -> None:
@@ -88,8 +89,9 @@ def worker(mode: str, out: Path, steps: int) -> None:
             state.step += 1
             state.commit()
             record["steps"].append(time.time())
-            log.write_text(json.dumps(record))
-            (out / "progress").write_text(f"{state.step} {hvd.size()}")
+            if live:  # recovery and scale-up read these as the job runs; the steady state writes at the end
+                log.write_text(json.dumps(record))
+                (out / "progress").write_text(f"{state.step} {hvd.size()}")
 
     train(state)
     log.write_text(json.dumps(record))
@@ -122,7 +124,7 @@ def recovery(steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         _discovery(out, ["localhost", "127.0.0.1"])
-        proc = _elastic(out, 2, steps, {"BENCH_KILL_AT": "5"})
+        proc = _elastic(out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1"})
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"the recovery run failed:\n{err}")
@@ -179,7 +181,7 @@ def scale_up(steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         _discovery(out, ["localhost"])
-        proc = _elastic(out, 1, steps, {})
+        proc = _elastic(out, 1, steps, {"BENCH_LIVE_LOG": "1"})
         offered = 0.0
         while proc.poll() is None:
             progress = out / "progress"

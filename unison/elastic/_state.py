@@ -35,6 +35,7 @@ __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "ru
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
+_UPDATES_NAME = "unison.elastic.host_updates"
 
 
 class State:
@@ -52,6 +53,7 @@ class State:
         self._known_updates = 0
         self._driver_updates = 0
         self._asked_at = float("-inf")
+        self._pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
         self.commits = 0  # commits since the job began (carried across launches)
 
     def __repr__(self) -> str:
@@ -89,21 +91,45 @@ class State:
     def check_host_updates(self) -> None:
         """Raise `HostsUpdatedInterrupt` on every rank when the driver announced a host change.
 
-        Rank 0 asks the driver (at most every 0.1 s) and broadcasts the answer, so every rank raises
-        at the same call.
+        Rank 0 asks the driver (at most every 0.1 s) and broadcasts its answer without waiting for
+        it; every rank reads that broadcast at its next check. The training step in between hides the
+        broadcast's latency, every rank still raises at the same call, and a change is acted on one
+        check after rank 0 learned of it.
         """
-        env = environment()
-        if not env.driver:
+        if not environment().driver:
             return
+        seen = self._finish_check()
+        if seen > self._known_updates:
+            self._known_updates = seen
+            raise HostsUpdatedInterrupt(False)
+        self._start_check()
+
+    def _start_check(self) -> None:
+        """Start broadcasting rank 0's count of announced host changes, read by the next check."""
+        from .._collectives import broadcast_async_
+
+        env = environment()
         if self._get_rank() == 0:
             now = time.monotonic()
             if now - self._asked_at >= _ASK_EVERY_SECONDS:
                 self._asked_at = now
                 self._driver_updates = ask_driver(env.driver, env.epoch)
-        seen = int(self._bcast_object(self._driver_updates if self._get_rank() == 0 else None))
-        if seen > self._known_updates:
-            self._known_updates = seen
-            raise HostsUpdatedInterrupt(False)
+        count = np.array([self._driver_updates], dtype=np.int64)
+        self._pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
+
+    def _finish_check(self) -> int:
+        """Rank 0's count from the previous check (this rank's known count when there was none)."""
+        from .._submit import synchronize
+
+        pending, self._pending_check = self._pending_check, None
+        if pending is None:
+            return self._known_updates
+        synchronize(pending[0])
+        return int(pending[1][0])
+
+    def _settle(self) -> None:
+        """Finish what the last commit left running (the host check's broadcast), on every rank at the end of `run`."""
+        self._finish_check()
 
     def save(self) -> None:
         raise NotImplementedError
@@ -152,6 +178,7 @@ class SnapshotState(State):
         self._background_commits = False  # TorchState: tensors change only in optimizer.step()
         self._writer: threading.Thread | None = None
         self._write_error: BaseException | None = None
+        self._writer_store: StateStore | None = None
 
     def _capture(self) -> Any:
         raise NotImplementedError
@@ -160,9 +187,14 @@ class SnapshotState(State):
         raise NotImplementedError
 
     def _store(self) -> StateStore | None:
+        """This host's store when this rank writes it (kept, so that its mappings last between commits)."""
         env = environment()
         rank = self._get_rank()
-        return StateStore(env.store, env.host_of(rank)) if env.writes_store(rank) else None
+        if not env.writes_store(rank):
+            return None
+        if self._writer_store is None or self._writer_store.path != StateStore(env.store, env.host_of(rank)).path:
+            self._writer_store = StateStore(env.store, env.host_of(rank))
+        return self._writer_store
 
     def save(self) -> None:
         """Keep a copy of the current values for `restore`."""
@@ -193,6 +225,11 @@ class SnapshotState(State):
             store.write(commit, parts)
         except BaseException as exc:  # noqa: BLE001  (re-raised by finish_commit on the caller's thread)
             self._write_error = exc
+
+    def _settle(self) -> None:
+        """Finish the last commit's write and host check (every rank, at the end of `run`)."""
+        super()._settle()
+        self.finish_commit()
 
     def finish_commit(self) -> None:
         """Wait until the last commit is in shared memory (a no-op unless commits are written in the background)."""
@@ -319,12 +356,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., 
             state.sync()
         try:
             result = func(state, *args, **kwargs)
-            if isinstance(state, SnapshotState):
-                state.finish_commit()
+            state._settle()
             return result
         except HostsUpdatedInterrupt:
-            if isinstance(state, SnapshotState):
-                state.finish_commit()
+            state._settle()
             if not environment().driver:
                 raise
             sys.stdout.flush()

@@ -46,9 +46,27 @@ def test_store_keeps_the_newest_complete_commit(tmp_path: Path) -> None:
 def test_a_torn_write_leaves_the_previous_commit(tmp_path: Path) -> None:
     store = StateStore(tmp_path, "h")
     store.write(CommitId(5, 2), [b"good"])
-    with pytest.raises(TypeError):  # the writer fails after part of the slot was written
+    with pytest.raises(TypeError):  # a part that is not a buffer: nothing is published
         store.write(CommitId(6, 2), [b"partial", 42])  # type: ignore[list-item]
-    assert store.read() == (CommitId(5, 2), bytearray(b"good"))
+    # A writer killed halfway through the next commit has scribbled over the other slot only.
+    torn = StateStore(tmp_path, "h")
+    torn._map(1, 9)[:7] = b"partial"
+    torn.close()
+    assert StateStore(tmp_path, "h").read() == (CommitId(5, 2), bytearray(b"good"))
+
+
+def test_slots_stay_mapped_across_commits_of_changing_sizes(tmp_path: Path) -> None:
+    store = StateStore(tmp_path, "h")
+    reader = StateStore(tmp_path, "h")
+    rng = np.random.default_rng(0)
+    for commit, size in enumerate([4096, 4096, 4096, 10, 1 << 20, 0, 3, 3], start=1):
+        data = rng.integers(0, 256, size, dtype=np.uint8)
+        store.write(CommitId(commit, 0), [data[: size // 2], memoryview(data[size // 2:])])
+        assert reader.read() == (CommitId(commit, 0), bytearray(data.tobytes())), commit
+        assert os.path.getsize(store.path / f"slot-{(commit - 1) % 2}") == size
+    assert sorted(store._maps) == [0, 1]  # the last two commits (3 bytes each) are still mapped
+    store.close()
+    assert store._maps == {} and reader.read() is not None
 
 
 def test_commit_order_prefers_more_commits_then_the_later_epoch() -> None:
