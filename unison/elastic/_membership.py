@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import LaunchError
 
-__all__ = ["Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait", "parse_discovery"]
+__all__ = ["Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait", "blame_hosts", "parse_discovery"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +133,38 @@ class Ending(enum.Enum):
     FAILED = "failed"  # a rank failed or vanished
 
 
+def blame_hosts(epoch: Epoch, failed_ranks: Iterable[int], unreachable: Mapping[str, str]) -> dict[str, str]:
+    """The hosts a failed epoch is blamed on, in the epoch's host order, each with why.
+
+    A host is blamed when a rank on it failed (the supervisor named the rank), or when it cannot be
+    reached the way mpiexec starts processes there (`unreachable`: host -> what its launcher said). The
+    second is a host that vanished while the discovery script still lists it: every launch onto it
+    fails inside mpiexec before any rank starts, so no rank is ever named, and without the blame each
+    relaunch would cost a reset.
+
+    Example:
+        >>> epoch = Epoch(0, (Host("a", 2), Host("b", 1), Host("c", 1)))
+        >>> blame_hosts(epoch, [1], {"c": "exit status 255"})
+        {'a': 'rank 1 failed', 'c': 'unreachable: exit status 255'}
+    """
+    ranks: dict[str, list[int]] = {}
+    for rank in sorted(set(failed_ranks)):
+        if 0 <= rank < epoch.np:
+            ranks.setdefault(epoch.host_of(rank), []).append(rank)
+    blamed = {}
+    for host in epoch.hosts:
+        why = []
+        if host.name in ranks:
+            listed = ranks[host.name]
+            why.append(f"rank {listed[0]} failed" if len(listed) == 1
+                       else f"ranks {', '.join(map(str, listed))} failed")
+        if host.name in unreachable:
+            why.append(f"unreachable: {unreachable[host.name]}")
+        if why:
+            blamed[host.name] = "; ".join(why)
+    return blamed
+
+
 class Membership:
     """The elastic driver's decisions: which hosts each epoch runs on, whom to blacklist, when to give up.
 
@@ -151,6 +184,7 @@ class Membership:
         self.limits = limits
         self.rng = rng or random.Random()
         self.blacklist: dict[str, float] = {}  # host -> blacklisted until (inf: for good)
+        self.reasons: dict[str, str] = {}  # host -> why it was blacklisted last
         self.resets = 0
         self.epochs = 0
         self.current: Epoch | None = None
@@ -161,6 +195,11 @@ class Membership:
 
     def statistics(self) -> dict[str, int]:
         return {"epochs": self.epochs, "resets": self.resets, "blacklisted": len(self.blacklist)}
+
+    def blacklisted(self, now: float) -> dict[str, tuple[float, str]]:
+        """The hosts blacklisted at `now`: host -> (seconds left, inf for good; why)."""
+        return {name: (until - now, self.reasons.get(name, "")) for name, until in sorted(self.blacklist.items())
+                if until > now}
 
     def usable(self, discovered: Sequence[Host], now: float) -> tuple[Host, ...]:
         """The discovered hosts not blacklisted at `now`."""
@@ -213,18 +252,21 @@ class Membership:
         at their next commit so the driver can relaunch (a host added, removed, or its slots changed)."""
         return self.current is not None and self.desired(discovered, now) != self.current.hosts
 
-    def ended(self, ending: Ending, failed_hosts: Sequence[str] = (), now: float = 0.0) -> Stop | None:
+    def ended(self, ending: Ending, failed_hosts: Sequence[str] | Mapping[str, str] = (),
+              now: float = 0.0) -> Stop | None:
         """Record how the running epoch ended; a `Stop` when the job must not be reset again.
 
-        Hosts whose ranks failed are blacklisted, for good or, with a cooldown range, for a time drawn
-        uniformly from it. Every reset (a failure or a host change) counts against --reset-limit.
+        The failed hosts (`blame_hosts`; a mapping keeps why) are blacklisted, for good or, with a
+        cooldown range, for a time drawn uniformly from it. Every reset (a failure or a host change)
+        counts against --reset-limit.
         """
         if ending is Ending.FINISHED:
             return None
         for name in failed_hosts:
             cooldown = (self.rng.uniform(*self.limits.cooldown_range)
-                        if self.limits.cooldown_range is not None else float("inf"))
+                        if self.limits.cooldown_range is not None else math.inf)
             self.blacklist[name] = now + cooldown
+            self.reasons[name] = failed_hosts[name] if isinstance(failed_hosts, Mapping) else "failed"
         self.resets += 1
         limit = self.limits.reset_limit
         if limit is not None and self.resets > limit:

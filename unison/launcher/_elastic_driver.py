@@ -5,7 +5,9 @@ the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epo
 small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
 ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
 (exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
-failure (anything else; the failed rank's host is blacklisted). The job's shared-memory store is a
+failure (anything else). After a failure it blacklists the failed ranks' hosts and the epoch's remote
+hosts that mpiexec's launcher cannot reach any more (`_host_exec`: a vanished host the discovery
+script still lists fails the launch before any rank starts, so no rank names it). The job's shared-memory store is a
 `JobDirectory` under ``/dev/shm``: removed when the driver ends, and by its reaper if the driver is
 killed. ``--tag-output`` works per epoch as without elastic; ``--output-filename DIR`` writes each
 epoch's files under ``DIR/epoch-N``.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import os
 import shlex
 import socket
@@ -28,8 +31,19 @@ from collections.abc import Callable, Sequence
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..elastic._environment import HOSTS_UPDATED_EXIT
-from ..elastic._membership import Ending, Epoch, Host, Limits, Membership, Stop, Wait, parse_discovery
+from ..elastic._membership import (
+    Ending,
+    Epoch,
+    Host,
+    Limits,
+    Membership,
+    Stop,
+    Wait,
+    blame_hosts,
+    parse_discovery,
+)
 from ..errors import LaunchError
+from ._host_exec import Reach, reach_of, run_on_hosts
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
@@ -233,6 +247,35 @@ def _say(message: str) -> None:
     print(f"unisonrun: elastic: {message}", file=sys.stderr, flush=True)
 
 
+PROBE_TIMEOUT_SECONDS = 10.0
+
+
+def _unreachable(epoch: Epoch, blamed: Sequence[str], reach: Reach, env: dict[str, str]) -> dict[str, str]:
+    """After a failed launch: the epoch's remote hosts (not already blamed) where mpiexec's launcher
+    cannot even run ``true`` now, each with what the launcher said."""
+    hosts = [host.name for host in epoch.hosts if not _is_local(host.name) and host.name not in blamed]
+    if not hosts or not reach.usable:
+        return {}
+    found = {}
+    for answer in run_on_hosts(reach, hosts, "true", env, PROBE_TIMEOUT_SECONDS):
+        what = answer.describe(shlex.join(reach.command(answer.host, "true")))
+        if not answer.started:  # our own launcher program is missing: no host is to blame for that
+            _say(f"could not check whether {answer.host} is reachable: {what}")
+        elif not answer.ok:
+            found[answer.host] = what
+    return found
+
+
+def _blacklisting(membership: Membership, blamed: dict[str, str], now: float) -> str:
+    """The log's account of whom the driver blacklisted, for how long, and why."""
+    parts = []
+    for name, why in blamed.items():
+        left = membership.blacklist.get(name, now) - now
+        duration = "for good" if math.isinf(left) else f"for {left:.1f} s (--blacklist-cooldown-range)"
+        parts.append(f"{name} {duration} ({why})")
+    return "; blacklisting " + ", ".join(parts) if parts else ""
+
+
 def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str = "", mpi_args: str = "",
                 env_pairs: Sequence[tuple[str, str]] = (), launcher_exec: str = "", iface: str = "",
                 timeout: float | None = None, tag_output: bool = False, output_dir: str = "",
@@ -244,6 +287,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
     if not program:
         raise LaunchError("No program given: unisonrun -np N --host-discovery-script S python train.py")
     found = find_mpiexec(mpiexec)
+    reach = reach_of(launcher_exec, mpi_args)
     membership = Membership(options.limits)
     lock = threading.Lock()
     endpoint = _Endpoint()
@@ -286,17 +330,22 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 return exit_status(outcome)
             if outcome.returncode == 0 and not outcome.failures:
                 return 0
+            blamed: dict[str, str] = {}
             if outcome.returncode == HOSTS_UPDATED_EXIT and not outcome.failures:
-                ending, failed = Ending.HOSTS_UPDATED, []
+                ending = Ending.HOSTS_UPDATED
                 _say(f"epoch {decision.number} committed and stopped for a change of hosts")
             else:
                 report(outcome)
                 ending = Ending.FAILED
-                failed = sorted({decision.host_of(rank) for rank in outcome.failures if rank < decision.np})
-                _say(f"epoch {decision.number} failed (exit status {outcome.returncode})"
-                     + (f"; blacklisting {', '.join(failed)}" if failed else ""))
+                by_rank = blame_hosts(decision, outcome.failures, {})
+                blamed = blame_hosts(decision, outcome.failures,
+                                     _unreachable(decision, list(by_rank), reach, env))
             with lock:
-                stop = membership.ended(ending, failed, time.monotonic())
+                now = time.monotonic()
+                stop = membership.ended(ending, blamed, now)
+            if ending is Ending.FAILED:
+                _say(f"epoch {decision.number} failed (exit status {outcome.returncode})"
+                     + _blacklisting(membership, blamed, now))
             if stop is not None:
                 _say(stop.message)
                 return 1

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from unison.elastic._membership import Ending, Epoch, Host, Limits, Membership, Stop, Wait, parse_discovery
+from unison.elastic._membership import (
+    Ending,
+    Epoch,
+    Host,
+    Limits,
+    Membership,
+    Stop,
+    Wait,
+    blame_hosts,
+    parse_discovery,
+)
 from unison.errors import LaunchError
 
 A, B, C = Host("a", 2), Host("b", 2), Host("c", 1)
@@ -97,3 +108,39 @@ def test_epoch_maps_ranks_to_hosts() -> None:
     assert [epoch.host_of(r) for r in range(5)] == ["a", "a", "c", "b", "b"]
     with pytest.raises(ValueError, match="beyond this epoch's 5 ranks"):
         epoch.host_of(5)
+
+
+def test_blame_hosts_names_failed_ranks_hosts_and_unreachable_hosts_in_epoch_order() -> None:
+    epoch = Epoch(0, (A, C, B))  # ranks: a 0-1, c 2, b 3-4
+    assert blame_hosts(epoch, [], {}) == {}
+    assert blame_hosts(epoch, [4, 3, 0], {}) == {"a": "rank 0 failed", "b": "ranks 3, 4 failed"}
+    # A launch onto a vanished host fails in mpiexec before any rank starts: no rank is named.
+    assert blame_hosts(epoch, [], {"c": "exit status 255"}) == {"c": "unreachable: exit status 255"}
+    assert blame_hosts(epoch, [2, 7, -1], {"c": "timed out", "z": "not in this epoch"}) == {
+        "c": "rank 2 failed; unreachable: timed out"}
+
+
+def test_an_unreachable_host_is_blacklisted_so_relaunches_do_not_burn_the_reset_limit() -> None:
+    m = Membership(Limits(min_np=2, reset_limit=1))
+    first = m.plan((A, C, B), now=0)
+    assert isinstance(first, Epoch)
+    m.started(first)
+    blamed = blame_hosts(first, [], {"c": "exit status 255"})
+    assert m.ended(Ending.FAILED, blamed, now=1) is None
+    assert m.blacklisted(now=2) == {"c": (math.inf, "unreachable: exit status 255")}
+    second = m.plan((A, C, B), now=2)
+    assert second == Epoch(1, (A, B))
+    m.started(second)  # type: ignore[arg-type]
+    assert not m.wants_change((A, C, B), now=1e9)  # still listed, still left out: no more resets
+    assert m.ended(Ending.FINISHED) is None and m.resets == 1
+
+
+def test_blacklisted_reports_time_left_and_forgets_expired_cooldowns() -> None:
+    m = Membership(Limits(min_np=1, cooldown_range=(5.0, 5.0)))
+    m.started(Epoch(0, (A, B)))
+    m.ended(Ending.FAILED, {"a": "rank 0 failed"}, now=10)
+    m.ended(Ending.FAILED, ("b",), now=12)
+    assert m.blacklisted(now=13) == {"a": (2.0, "rank 0 failed"), "b": (4.0, "failed")}
+    assert m.blacklisted(now=15) == {"b": (2.0, "failed")}
+    assert m.blacklisted(now=17) == {}
+    assert m.plan((A, B), now=17) == Epoch(1, (A, B))
