@@ -8,7 +8,10 @@ bit, and the history must hold every sample index exactly once per epoch.
 
 Environment: ``ELASTIC_OUT`` (directory for results and progress), ``ELASTIC_SAMPLES``,
 ``ELASTIC_EPOCHS``, ``ELASTIC_STEP_SECONDS``, ``ELASTIC_KILL=COMMIT:RANK`` (that rank SIGKILLs itself
-before the allreduce of the step after that commit, once per job), ``ELASTIC_RAISE=COMMIT:RANK``.
+before the allreduce of the step after that commit, once per job), ``ELASTIC_RAISE=COMMIT:RANK``,
+``ELASTIC_KILL_DURING=COMMIT:RANK`` (in the first launch, every rank starts a 32 MiB allreduce after
+that commit and that rank SIGKILLs itself ``ELASTIC_KILL_DELAY`` seconds into it; each rank writes
+``padding-<rank>-started`` before it and ``padding-<rank>-finished`` if it ever returns).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +75,24 @@ def _trigger(variable: str, commits: int, rank: int, out: Path) -> bool:
     return False
 
 
+def _allreduce_while_killed(commits: int, out: Path) -> None:
+    """The failure in mid-allreduce of ``ELASTIC_KILL_DURING`` (first launch only, at its commit)."""
+    spec = os.environ.get("ELASTIC_KILL_DURING", "")
+    if not spec or os.environ.get("UNISON_ELASTIC_EPOCH", "0") != "0":
+        return
+    at_commit, at_rank = (int(x) for x in spec.split(":"))
+    if commits != at_commit:
+        return
+    rank = hvd.rank()
+    if rank == at_rank:
+        delay = float(os.environ.get("ELASTIC_KILL_DELAY", "0.5"))
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        (out / "elastic_kill_during-done").write_text(str(os.getpid()))
+    (out / f"padding-{rank}-started").write_text(str(time.time()))
+    hvd.allreduce(torch.ones(4 << 20, dtype=torch.float64), op=hvd.Sum, name="padding")
+    (out / f"padding-{rank}-finished").write_text(str(time.time()))
+
+
 def main() -> None:
     hvd.init()
     out = Path(os.environ["ELASTIC_OUT"])
@@ -97,6 +119,7 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if _trigger("ELASTIC_RAISE", state.commits, hvd.rank(), out):
                     raise RuntimeError("injected failure")
+                _allreduce_while_killed(state.commits, out)
                 gradient = hvd.allreduce(contribution, op=hvd.Sum, name="gradient")
                 apply_step(state.model, state.optimizer, gradient)
                 seen = sorted(i for part in hvd.allgather_object(real, name="seen") for i in part)
