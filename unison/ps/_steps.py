@@ -4,6 +4,10 @@ In synchronous mode a server's version is the number of steps it has applied; st
 once every trainer pushed its gradients of step `s`, and a trainer's pull of step `s` waits for
 version `s`. In asynchronous mode every push is applied when it arrives and the version counts pushes;
 a push's staleness is how many updates were applied between the pull it was computed from and it.
+
+Every push of a trainer to a server carries a sequence number (1, 2, ... per server); a server
+remembers the last one it took from each trainer, so a push the trainer sent again (its reply was
+lost) is acknowledged without being applied twice.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Set
 
-__all__ = ["AHEAD_STEPS", "TrainerSeen", "push_refusal", "staleness", "step_blockers", "step_complete"]
+__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "push_refusal", "staleness", "step_blockers",
+           "step_complete"]
 
 # A synchronous push may run this many steps ahead of the server's version (its gradients wait).
 AHEAD_STEPS = 2
@@ -26,6 +31,21 @@ class TrainerSeen:
     last_seen: float = 0.0
     pushed: int = -1  # the last step pushed (synchronous mode), -1 before any
     finished: bool = False
+
+
+def is_duplicate(sequence: int, last_sequence: int) -> bool:
+    """Whether a push numbered `sequence` was taken before, the last one taken from its trainer being `last_sequence`.
+
+    A trainer numbers its pushes to each server 1, 2, ...; it sends one again only when it got no
+    reply, so anything at or below the last number taken is a resend. Numbers may skip (pushes taken
+    after a server's last checkpoint are forgotten when it restarts from it); 0 means an unnumbered
+    push, which is always taken.
+
+    Example:
+        >>> is_duplicate(7, 7), is_duplicate(8, 7), is_duplicate(0, 7)
+        (True, False, False)
+    """
+    return 0 < sequence <= last_sequence
 
 
 def push_refusal(*, step: int, version: int, trainer: int, already: bool) -> str:

@@ -44,10 +44,12 @@ def _pieces(part: Part, chunk_bytes: int) -> Iterator[pb.Piece]:
 def frames(header: pb.Frame, parts: Sequence[Part], chunk_bytes: int) -> Iterator[pb.Frame]:
     """`header` followed by `parts`, as frames of about `chunk_bytes` of tensor data each.
 
-    The first frame is `header` (with the first pieces); every later frame repeats only its trainer
-    and step. A call with no parts sends just the header.
+    The first frame is a copy of `header` (with the first pieces); every later frame repeats only its
+    trainer and step. A call with no parts sends just the header. `header` itself is left as it is,
+    so a call sent again carries the same frames.
     """
-    frame, size = header, 0
+    frame, size = pb.Frame(), 0
+    frame.CopyFrom(header)
     for part in parts:
         for piece in _pieces(part, chunk_bytes):
             if size and size + len(piece.data) + len(piece.ids) > chunk_bytes:

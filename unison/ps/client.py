@@ -96,12 +96,13 @@ class Client:
         self._metadata = ((TOKEN_KEY, secret),)
         self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS) for e in self.endpoints]
         self._versions = [0] * len(self.endpoints)
+        self._sequences = [0] * len(self.endpoints)  # pushes numbered per server, so a resend is not applied twice
         self._plan = DensePlan(len(self.endpoints), {}, ())
         self._tables: dict[str, _Table] = {}
         self._lock = threading.Lock()
         self._counts: dict[str, float] = dict.fromkeys(
             ("pulls", "pushes", "bytes_sent", "bytes_received", "rows_pulled", "rows_pushed", "retries",
-             "pull_seconds", "push_seconds"), 0)
+             "pushes_taken_before", "pull_seconds", "push_seconds"), 0)
         self._closed = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._pool = futures.ThreadPoolExecutor(max_workers=len(self.endpoints), thread_name_prefix="unison-ps-call")
@@ -199,6 +200,7 @@ class Client:
         replies = self._on_every(lambda s: self._call(s, "Hello", lambda: iter([info]), pb.HelloReply))
         for reply in replies:
             self._versions[reply.server] = reply.version
+            self._sequences[reply.server] = max(self._sequences[reply.server], reply.sequence)
         if self.mode == "sync":
             # a restarted trainer takes up at the servers' step
             self.step = min(r.version for r in replies)
@@ -422,10 +424,16 @@ class Client:
         def push_to(server: int) -> Any:
             if not parts_of[server] and self.mode == "async":
                 return None
-            header = pb.Frame(trainer=self.trainer, step=self.step, based_on=self._versions[server])
+            with self._lock:
+                self._sequences[server] += 1
+                sequence = self._sequences[server]
+            header = pb.Frame(trainer=self.trainer, step=self.step, based_on=self._versions[server],
+                              sequence=sequence)
+            # a resend after a lost reply carries the same number: the server takes it once
             return self._call(server, "Push", lambda: frames(header, parts_of[server], self.chunk_bytes), pb.Ack)
 
-        self._on_every(push_to)
+        acks = self._on_every(push_to)
+        self._count(pushes_taken_before=sum(1 for ack in acks if ack is not None and ack.duplicate))
         self.step += 1
         self._count(pushes=1, rows_pushed=rows_pushed, push_seconds=time.perf_counter() - started)
 

@@ -9,7 +9,8 @@ One call from a trainer, through this module:
 3. ``Pull`` answers values (a synchronous pull first waits until the step it asks for is applied,
    and fails naming the trainer that holds the step up if that trainer is gone); ``Push`` applies
    gradients at once (asynchronous) or adds them to the step's sums and applies their average once
-   every trainer pushed the step (synchronous).
+   every trainer pushed the step (synchronous). A push carries its trainer's sequence number; one
+   sent again after a lost reply is acknowledged and not applied twice.
 4. A checkpoint thread writes the shard atomically every `checkpoint_seconds`; ``Checkpoint`` writes
    one on request; a new server with the same checkpoint directory resumes from it.
 """
@@ -37,7 +38,7 @@ from ..service.calls import Gate
 from ..service.server import CHANNEL_OPTIONS
 from . import _checkpoint
 from . import ps_pb2 as pb
-from ._steps import TrainerSeen, push_refusal, staleness, step_blockers, step_complete
+from ._steps import TrainerSeen, is_duplicate, push_refusal, staleness, step_blockers, step_complete
 from ._wire import DEFAULT_CHUNK_BYTES, MAX_KEY_CHARS, Part, floats, frames, ids_of, sum_rows
 from .optim import Optimizer, from_fields
 from .table import INITIALIZERS, Initializer, TableShard
@@ -87,6 +88,7 @@ class _Pending:
     """One synchronous step's gradients, summed over the trainers that pushed it."""
 
     contributors: set[int] = dataclasses.field(default_factory=set)
+    sequences: dict[int, int] = dataclasses.field(default_factory=dict)  # each contributor's push number
     dense: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = dataclasses.field(default_factory=dict)
 
@@ -156,6 +158,10 @@ class ParameterServer:
         self._tables: dict[str, TableShard] = {}
         self._pending: dict[int, _Pending] = {}
         self._trainers: dict[int, TrainerSeen] = {}
+        # the last push number taken from each trainer, and of those applied (sync: the step completed);
+        # the checkpoint keeps the applied ones, as it keeps no pending sums
+        self._sequences: dict[int, int] = {}
+        self._applied_sequences: dict[int, int] = {}
         self.version = 0
         self.restored = False
         self._finished = threading.Event()
@@ -165,7 +171,7 @@ class ParameterServer:
         self._counts: dict[str, int] = dict.fromkeys(
             ("pulls", "pushes", "declares", "bytes_in", "bytes_out", "rows_pulled", "rows_pushed",
              "dense_elements_pulled", "dense_elements_pushed", "refused_requests", "staleness_sum",
-             "staleness_max", "checkpoints", "checkpoint_bytes"), 0)
+             "staleness_max", "duplicate_pushes", "checkpoints", "checkpoint_bytes"), 0)
         self._staleness: dict[int, int] = {}
         self._gate = Gate(secret, 4 * num_trainers + 16, service=f"parameter server {index}",
                           why="a trainer keeps a few open per step")
@@ -237,6 +243,7 @@ class ParameterServer:
             arrays: dict[str, np.ndarray] = {}
             with self._lock:
                 version = self.version
+                sequences = {str(t): n for t, n in sorted(self._applied_sequences.items())}
                 dense = {}
                 for key, block in self._dense.items():
                     if not block.ready:
@@ -252,7 +259,7 @@ class ParameterServer:
                                     "optimizer": _optimizer_fields(table.optimizer)}
                     arrays.update({f"table/{name}/{k}": a for k, a in table.state().items()})
             header = {"version": version, "mode": self.mode, "num_trainers": self.num_trainers,
-                      "dense": dense, "tables": tables}
+                      "dense": dense, "tables": tables, "sequences": sequences}
             path = _checkpoint.checkpoint_path(self.checkpoint_dir, self.index, self.num_servers)
             size = _checkpoint.save(path, header, arrays)
             self._checkpointed_version = version
@@ -284,6 +291,8 @@ class ParameterServer:
             table.restore({k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)})
             self._tables[name] = table
         self.version = int(header["version"])
+        self._applied_sequences = {int(t): int(n) for t, n in header.get("sequences", {}).items()}
+        self._sequences = dict(self._applied_sequences)
         self._checkpointed_version = self.version
         self.restored = True
         log.info("parameter server %d resumed from %s at version %d", self.index, path, self.version)
@@ -408,7 +417,8 @@ class ParameterServer:
         with self._lock:
             self._seen(trainer, host=info.host[:256], pid=info.pid, finished=False)
             return pb.HelloReply(server=self.index, num_servers=self.num_servers, mode=self.mode,
-                                 version=self.version, restored=self.restored)
+                                 version=self.version, restored=self.restored,
+                                 sequence=self._sequences.get(trainer, 0))
 
     def _heartbeat(self, requests: list[pb.TrainerInfo], context: grpc.ServicerContext) -> pb.Ack:
         trainer = self._trainer(requests[0].trainer)
@@ -564,8 +574,14 @@ class ParameterServer:
         for frame in requests:
             for piece in frame.pieces:
                 (sparse if piece.ids else dense).setdefault(piece.key, []).append(piece)
+        sequence = int(header.sequence)
         with self._changed:
             self._seen(trainer)
+            if is_duplicate(sequence, self._sequences.get(trainer, 0)):
+                self._counts["duplicate_pushes"] += 1
+                log.info("parameter server %d: trainer %d sent push %d again; it was taken before", self.index,
+                         trainer, sequence)
+                return pb.Ack(version=self.version, duplicate=True)
             grads = {key: self._dense_gradient(key, pieces) for key, pieces in dense.items()}
             rows = {table: self._sparse_gradient(table, pieces) for table, pieces in sparse.items()}
             if self.mode == "async":
@@ -576,6 +592,8 @@ class ParameterServer:
                 bucket = min(lag, 16)
                 self._staleness[bucket] = self._staleness.get(bucket, 0) + 1
                 self.version += 1
+                if sequence:
+                    self._sequences[trainer] = self._applied_sequences[trainer] = sequence
             else:
                 step = int(header.step)
                 pending = self._pending.get(step)
@@ -592,6 +610,8 @@ class ParameterServer:
                 for table, (ids, values) in rows.items():
                     pending.sparse.setdefault(table, []).append((ids, values))
                 pending.contributors.add(trainer)
+                if sequence:
+                    pending.sequences[trainer] = self._sequences[trainer] = sequence
                 self._seen(trainer, pushed=step)
                 while self.version in self._pending and step_complete(self._pending[self.version].contributors,
                                                                       self.num_trainers):
@@ -600,6 +620,7 @@ class ParameterServer:
                                           np.concatenate([r for _, r in parts]))
                               for t, parts in done.sparse.items()}
                     self._apply(done.dense, summed, 1.0 / self.num_trainers)
+                    self._applied_sequences.update(done.sequences)
                     self.version += 1
             self._counts["pushes"] += 1
             self._changed.notify_all()

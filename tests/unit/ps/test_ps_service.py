@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
 from unison.errors import ConfigError
-from unison.ps import SGD, Adam, Client, Initializer, ParameterServer, RequestError, TableFullError
+from unison.ps import (
+    SGD,
+    Adam,
+    Client,
+    Initializer,
+    ParameterServer,
+    RequestError,
+    TableFullError,
+    _checkpoint,
+)
 from unison.ps import ps_pb2 as pb
 from unison.ps.server import SERVICE_NAME
 
@@ -131,5 +141,31 @@ def test_sync_steps_average_every_trainer_and_async_counts_staleness() -> None:
     stats = srv.statistics()
     assert (stats["staleness_max"], stats["staleness_histogram"]) == (1, {"0": 1, "1": 1})
     np.testing.assert_allclose(a.pull_dense()["w"], -2.0)
+    a.close(), b.close()
+    srv.stop(0.1)
+
+
+@pytest.mark.timeout(30)
+def test_a_sync_push_sent_again_is_taken_once_and_the_checkpoint_keeps_applied_numbers(tmp_path) -> None:
+    srv = ParameterServer(0, 1, 2, SECRET, mode="sync", checkpoint_dir=str(tmp_path))
+    srv.start()
+    a, b = (Client([srv.address], SECRET, trainer=t, num_trainers=2, mode="sync", heartbeat_seconds=0) for t in (0, 1))
+    for c in (a, b):
+        c.connect()
+        c.declare_dense({"w": np.zeros(2, np.float32)}, SGD(1.0))
+    a.push(dense={"w": np.ones(2)})
+    b.push(dense={"w": np.ones(2)})  # step 0 applied
+    a.push(dense={"w": np.full(2, 2.0)})  # step 1 waits for b
+    a._sequences[0], a.step = 1, 1  # a's push of step 1 once more (its pending sum must not double)
+    a.push(dense={"w": np.full(2, 2.0)})
+    a._sequences[0], a.step = 0, 0  # and its push of step 0, which was applied
+    a.push(dense={"w": np.ones(2)})
+    a._sequences[0], a.step = 2, 2
+    assert srv.statistics()["duplicate_pushes"] == 2 and a.statistics()["pushes_taken_before"] == 2
+    path = srv.checkpoint()
+    assert _checkpoint.load(Path(path))[0]["sequences"] == {"0": 1, "1": 1}  # step 1 is not applied
+    b.push(dense={"w": np.full(2, 2.0)})  # step 1 applied: the average of 2 and 2, once
+    np.testing.assert_array_equal(a.pull_dense()["w"], np.full(2, -3.0))
+    assert _checkpoint.load(Path(srv.checkpoint()))[0]["sequences"] == {"0": 2, "1": 2}
     a.close(), b.close()
     srv.stop(0.1)

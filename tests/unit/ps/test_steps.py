@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from unison.ps._steps import AHEAD_STEPS, TrainerSeen, push_refusal, staleness, step_blockers, step_complete
+from unison.ps._steps import (
+    AHEAD_STEPS,
+    TrainerSeen,
+    is_duplicate,
+    push_refusal,
+    staleness,
+    step_blockers,
+    step_complete,
+)
 
 
 def test_push_rules() -> None:
@@ -12,6 +20,13 @@ def test_push_rules() -> None:
     assert "at most 2 steps ahead" in push_refusal(step=7, version=4, trainer=0, already=False)
     assert push_refusal(step=4, version=4, trainer=1, already=True) == (
         "trainer 1 pushed gradients of step 4 twice; push once per step.")
+
+
+def test_a_push_numbered_at_or_below_the_last_taken_is_a_resend() -> None:
+    assert not is_duplicate(1, 0)  # the first push
+    assert is_duplicate(5, 5) and is_duplicate(3, 5)  # sent again after a lost reply
+    assert not is_duplicate(6, 5) and not is_duplicate(9, 5)  # numbers may skip (a server restarted)
+    assert not is_duplicate(0, 5)  # an unnumbered push is always taken
 
 
 def test_step_completes_with_every_trainer() -> None:
