@@ -74,6 +74,8 @@ class _State:
     comm: Any = None  # the job's communicator: where the exit agreement runs
     host = ""
     launcher_dir: Path | None = None
+    launcher_relay = ""  # KEY@HOST:PORT: where markers go when launcher_dir is not on this host
+    failure_recorded = False  # a failed-R marker was written: the first one names the cause
     previous_excepthook: Any = None
     previous_threading_excepthook: Any = None
     aborted_reason = ""  # set once this rank has started aborting the job
@@ -96,7 +98,15 @@ def _launcher_dir(raw: str) -> Path | None:
 
 def _write_marker(name: str, text: str) -> None:
     directory = _state.launcher_dir
-    if directory is None or _state.forked:
+    if _state.forked:
+        return
+    if name.startswith("failed-"):
+        _state.failure_recorded = True
+    if directory is None:
+        if _state.launcher_relay:  # a rank on another host than unisonrun's
+            from .launcher._keeper import send_marker
+
+            send_marker(_state.launcher_relay, name, text)
         return
     try:
         tmp = directory / f".{name}.tmp"
@@ -106,12 +116,15 @@ def _write_marker(name: str, text: str) -> None:
         pass
 
 
-def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None) -> None:
+def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None,
+            launcher_relay: str = "") -> None:
     """Chain the exception hooks and attach the abort plumbing to a freshly started engine.
 
     `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts. `comm` is the
     job's communicator (mpi4py), where the exit agreement of a broken job runs; without it,
     ``COMM_WORLD`` when the job spans it, else a broken job's exit skips MPI finalization.
+    `launcher_relay` is ``UNISON_LAUNCHER_RELAY``: where the markers go when `launcher_dir` is not on
+    this host.
     """
     _state.engine = _state.last_engine = engine
     _state.rank, _state.size, _state.mpi = rank, size, mpi
@@ -122,6 +135,8 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
     _state.aborted_reason = ""
     _state.trailer_printed = False
     _state.launcher_dir = _launcher_dir(launcher_dir)
+    _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
+    _state.failure_recorded = False
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook
@@ -361,9 +376,8 @@ def _finish_broken_job() -> None:
     line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({reason}) "
             f"and not every rank reached its exit within {GRACE_SECONDS:.0f} s (a rank is frozen, dead or "
             "stuck); ending every rank with MPI_Abort.")
-    marker = _state.launcher_dir / f"failed-{_state.rank}" if _state.launcher_dir is not None else None
-    if marker is not None and not marker.exists():  # the first failure this rank reported is the cause
-        _write_marker(marker.name, line + "\n")
+    if not _state.failure_recorded:  # the first failure this rank reported is the cause
+        _write_marker(f"failed-{_state.rank}", line + "\n")
     _stderr("unison: " + line)
     if usable:
         try:
@@ -396,6 +410,7 @@ def _after_fork_in_child() -> None:
         return  # unison has not run in this process: nothing of the job to protect
     _state.forked = True
     _state.launcher_dir = None
+    _state.launcher_relay = ""
     _state.grace_timer = None  # timer threads do not survive fork; alarms are not inherited
     engine, _state.engine = _state.engine, None
     if engine is not None:

@@ -278,7 +278,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
             watch_engine(backend, engine)
         engine.start()
-        _failure.install(engine, rank, size, mpi, settings.launcher_dir, comm=the_comm)
+        _failure.install(engine, rank, size, mpi, settings.launcher_dir, comm=the_comm,
+                         launcher_relay=settings.launcher_relay)
         _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
         if not _atexit_registered:
             atexit.register(shutdown)

@@ -91,6 +91,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("launcher_dir", "UNISON_LAUNCHER_DIR", None, "str", "",
             "Set by unisonrun for the ranks it starts: a private directory where each rank records "
             "that it started, failed or finished, so the launcher can name a rank that died."),
+    Setting("launcher_relay", "UNISON_LAUNCHER_RELAY", None, "str", "",
+            "Set by unisonrun for ranks on other hosts than its own: KEY@HOST:PORT of its marker relay, "
+            "which carries those ranks' started/failed/finished records to the launcher."),
     Setting("elastic_epoch", "UNISON_ELASTIC_EPOCH", None, "int", 0,
             "Set by unisonrun's elastic driver for every launch: the membership epoch."),
     Setting("elastic_driver", "UNISON_ELASTIC_DRIVER", None, "str", "",
@@ -193,6 +196,7 @@ class Settings:
     peer_timeout_seconds: float = 10.0
     start_timeout_seconds: float = 60.0
     launcher_dir: str = ""
+    launcher_relay: str = ""
     elastic_epoch: int = 0
     elastic_driver: str = ""
     elastic_store: str = ""

@@ -12,16 +12,26 @@ The keeper holds the rank's inherited descriptors (output, PMI) open while it wa
 signals mpiexec forwards to the whole process group (the rank gets them too), and exits with the
 rank's status (re-raising the same signal). The rank dies with its keeper (``PR_SET_PDEATHSIG``).
 
+On another host than unisonrun's, where the launcher's directory does not exist, the keeper sends
+the marker over the launcher's marker relay instead (`unison.launcher._relay`; ``send_marker`` below,
+which the ranks use too): a line signed with the relay's key, answered once the marker is on disk.
+
 Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library, so it starts in a
-few tens of milliseconds. Without a rank number or launcher directory it simply becomes the program.
+few tens of milliseconds. Without a rank number, or with neither the launcher's directory nor a relay,
+it simply becomes the program. `command` with ``remote=True`` starts it through ``sh`` so that a host
+without this Python at this path runs the program bare instead of failing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import hmac
+import json
 import os
 import resource
 import signal
+import socket
 import sys
 
 __all__ = ["command", "main"]
@@ -29,16 +39,46 @@ __all__ = ["command", "main"]
 _PR_SET_PDEATHSIG = 1
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
+RELAY_VARIABLE = "UNISON_LAUNCHER_RELAY"  # KEY@HOST:PORT of the launcher's marker relay
+RELAY_TIMEOUT_SECONDS = 2.0
+# Runs the keeper where this Python and this file exist on the rank's host, else the program itself.
+_REMOTE = ('p="$1"; k="$2"; shift 2; if [ -x "$p" ] && [ -f "$k" ]; then exec "$p" -I -S "$k" "$@"; fi; '
+           'exec "$@"')
 # mpiexec signals each rank's whole process group: the rank receives these itself.
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def command(program: list[str]) -> list[str]:
-    """The command line that runs `program` under a keeper with this Python."""
+def command(program: list[str], remote: bool = False) -> list[str]:
+    """The command line that runs `program` under a keeper with this Python (`remote`: on any host)."""
+    if remote:
+        return ["/bin/sh", "-c", _REMOTE, "unison-keeper", sys.executable, os.path.abspath(__file__), *program]
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), *program]
 
 
+def sign(key: str, payload: bytes) -> str:
+    """The relay's signature of `payload` under `key` (hex HMAC-SHA256)."""
+    return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest()
+
+
+def send_marker(relay: str, name: str, text: str) -> bool:
+    """Send marker `name` with `text` to the relay ``KEY@HOST:PORT``; True once it is on the launcher's disk."""
+    key, _, address = relay.partition("@")
+    host, _, port = address.rpartition(":")
+    payload = json.dumps({"name": name, "text": text}).encode()
+    try:
+        with socket.create_connection((host, int(port)), timeout=RELAY_TIMEOUT_SECONDS) as conn:
+            conn.sendall(sign(key, payload).encode() + b" " + payload + b"\n")
+            return conn.makefile("rb").readline().strip() == b"OK"
+    except (OSError, ValueError):
+        return False  # the launcher is gone or unreachable: nobody is left to tell
+
+
 def _record(directory: str, rank: str, pid: int, code: int) -> None:
+    relay = os.environ.get(RELAY_VARIABLE, "")
+    if not os.path.isdir(directory):
+        if relay:
+            send_marker(relay, f"ended-{rank}", f"{pid} {code}\n")
+        return
     tmp = os.path.join(directory, f".ended-{rank}.tmp")
     try:
         with open(tmp, "w") as f:
@@ -73,7 +113,8 @@ def main(program: list[str]) -> int:
     if not program:
         sys.stderr.write("usage: _keeper.py PROGRAM [ARGS...]\n")
         return 2
-    if not rank or not directory or not os.path.isdir(directory):
+    reachable = bool(directory) and (os.path.isdir(directory) or bool(os.environ.get(RELAY_VARIABLE)))
+    if not rank or not reachable:
         os.execvp(program[0], program)
     keeper = os.getpid()
     pid = os.fork()

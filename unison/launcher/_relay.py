@@ -1,0 +1,131 @@
+"""Carry the marker files of ranks on other hosts into the launcher's directory, over a signed TCP line.
+
+The launcher names a failed rank from marker files (`_blame`): ``started-R``, ``failed-R``,
+``finished-R`` from the rank and ``ended-R`` from its keeper. On unisonrun's own host they are written
+straight into its directory. On another host that directory does not exist, so the rank and its keeper
+send each marker here instead (``_keeper.send_marker``): one line, ``SIGNATURE JSON``, where the
+signature is an HMAC-SHA256 of the JSON under a key made for this job and handed to the ranks in
+``UNISON_LAUNCHER_RELAY`` (``KEY@HOST:PORT``). The relay checks the signature, the marker's name and
+size, writes the file atomically and answers ``OK``; anything else is answered ``REFUSED`` and dropped.
+The sender waits for the answer, so a keeper's ``ended-R`` is on disk before mpiexec sees the rank end,
+as it is on the launcher's host.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import re
+import secrets
+import socketserver
+import threading
+from pathlib import Path
+
+from ._keeper import RELAY_VARIABLE, sign
+
+__all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "accept"]
+
+MAX_LINE_BYTES = 65536
+_NAME = re.compile(r"(started|failed|finished|ended)-[0-9]{1,7}")
+
+
+def accept(line: bytes, key: str) -> tuple[str, str] | None:
+    """The marker (name, text) a relay line carries, or None when it is not a well-signed marker.
+
+    Example:
+        >>> payload = b'{"name": "ended-1", "text": "77 -9\\\\n"}'
+        >>> accept(sign("k", payload).encode() + b" " + payload, "k")
+        ('ended-1', '77 -9\\n')
+        >>> accept(sign("other", payload).encode() + b" " + payload, "k") is None
+        True
+    """
+    signature, _, payload = line.strip().partition(b" ")
+    if len(line) > MAX_LINE_BYTES or not hmac.compare_digest(signature.decode(errors="replace"), sign(key, payload)):
+        return None
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or set(message) != {"name", "text"}:
+        return None
+    name, text = message["name"], message["text"]
+    if not isinstance(name, str) or not isinstance(text, str) or not _NAME.fullmatch(name):
+        return None
+    return name, text
+
+
+class MarkerRelay(socketserver.ThreadingTCPServer):
+    """A relay writing the markers it accepts into `directory`; a context manager (``with``).
+
+    Example:
+        >>> with MarkerRelay(directory, "127.0.0.1") as relay:            # doctest: +SKIP
+        ...     env[RELAY_VARIABLE] = relay.variable
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, directory: Path, advertised_host: str) -> None:
+        super().__init__(("0.0.0.0", 0), _Handler)
+        self.directory = Path(directory)
+        self.key = secrets.token_hex(32)
+        self.variable = f"{self.key}@{advertised_host}:{self.server_address[1]}"
+        self.lock = threading.Lock()
+        self.accepted = 0
+        self.refused = 0
+        self.state = "running"
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.2,), daemon=True,
+                                        name="unison-marker-relay")
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<MarkerRelay {self.state} port={self.server_address[1]} accepted={self.accepted}>"
+
+    def __enter__(self) -> MarkerRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: markers written, lines refused."""
+        return {"accepted": self.accepted, "refused": self.refused}
+
+    def receive(self, line: bytes) -> bytes:
+        """Write the marker `line` carries and answer ``OK``, or count it refused."""
+        marker = accept(line, self.key)
+        with self.lock:
+            if marker is None:
+                self.refused += 1
+                return b"REFUSED\n"
+            name, text = marker
+            try:
+                temporary = self.directory / f".{name}.relay"
+                temporary.write_text(text)
+                os.replace(temporary, self.directory / name)
+            except OSError:
+                self.refused += 1
+                return b"REFUSED\n"
+            self.accepted += 1
+        return b"OK\n"
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self.state == "closed":
+            return
+        self.shutdown()
+        self.server_close()
+        self.state = "closed"
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0
+
+    def handle(self) -> None:
+        assert isinstance(self.server, MarkerRelay)
+        try:
+            line = self.rfile.readline(MAX_LINE_BYTES + 1)
+            self.wfile.write(self.server.receive(line))
+        except OSError:  # the sender went away; it gives up by itself
+            pass
