@@ -44,6 +44,7 @@ from ..elastic._membership import (
 )
 from ..errors import LaunchError
 from ._host_exec import Reach, reach_of, run_on_hosts
+from ._jobs import register, update
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
@@ -219,11 +220,44 @@ def _driver_address(endpoint: _Endpoint, local: bool) -> str:
     return f"{host}:{endpoint.server_address[1]}"
 
 
+class _StatusRecord:
+    """The job's record for `unisonrun --status` (`_jobs`), rewritten whenever the driver's state changes."""
+
+    def __init__(self, store: str, program: Sequence[str], membership: Membership, lock: threading.Lock) -> None:
+        self.membership = membership
+        self.lock = lock  # the driver's lock around the membership, not held by the callers
+        self.fields: dict[str, object] = {"epoch": None, "np": 0, "hosts": "", "epoch_started": None, "running": False,
+                                          "launcher_dir": "", "waiting": "", "resets": 0, "failures": 0,
+                                          "blacklist": {}, "discovered": ""}
+        self.record = register(store, program, 0, elastic=self.fields)
+
+    def publish(self, discovered: Sequence[Host] | None = None, **changes: object) -> None:
+        """Rewrite the record with `changes`, the membership's resets and blacklist, and `discovered`."""
+        if self.record is None:
+            return
+        with self.lock:
+            self.fields.update(changes)
+            if discovered is not None:
+                self.fields["discovered"] = ", ".join(f"{h.name}:{h.slots}" for h in discovered)
+            monotonic, wall = time.monotonic(), time.time()
+            self.fields["resets"] = self.membership.resets
+            self.fields["blacklist"] = {name: [None if math.isinf(left) else wall + left, why]
+                                        for name, (left, why) in self.membership.blacklisted(monotonic).items()}
+            update(self.record, np=self.fields["np"], elastic=self.fields)
+
+    def remove(self) -> None:
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
+
+
 def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
                mpi_args: str, launcher_exec: str, iface: str, env_names: Sequence[str],
-               timeout: float | None, tag_output: bool = False, output_dir: str = "") -> JobOutcome:
+               timeout: float | None, tag_output: bool = False, output_dir: str = "",
+               on_launch: Callable[[str], None] | None = None) -> JobOutcome:
     keepers = not launcher_exec and all(_is_local(host.name) for host in epoch.hosts)
     with JobDirectory("unisonrun-") as job:
+        if on_launch is not None:
+            on_launch(str(job.path))
         epoch_env = dict(env)
         epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
         epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
@@ -292,15 +326,23 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
     lock = threading.Lock()
     endpoint = _Endpoint()
 
+    published: list[tuple[Host, ...]] = []  # the discovery answer last written to the status record
+
     def on_hosts(hosts: tuple[Host, ...]) -> None:
         with lock:
             current = membership.current
             if current is not None and membership.wants_change(hosts, time.monotonic()):
                 endpoint.announce(current.number)
+        if published != [hosts]:
+            published[:] = [hosts]
+            status.publish(hosts)
 
     store = _store_directory()
     with store, contextlib.ExitStack() as cleanup:
         cleanup.callback(endpoint.close)
+        status = _StatusRecord(str(store.path), program, membership, lock)
+        store.remove_too(status.record)
+        cleanup.callback(status.remove)
         discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
                                on_hosts)
         cleanup.callback(discovery.stop)
@@ -308,8 +350,10 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
         env = dict(os.environ)
         env.update(env_pairs)
         env[STORE_VARIABLE] = str(store.path)
+        failures = 0
         while True:
-            decision = _wait_for_hosts(options, membership, discovery, lock)
+            decision = _wait_for_hosts(options, membership, discovery, lock,
+                                       lambda message: status.publish(discovery.hosts, waiting=message))
             if isinstance(decision, Stop):
                 _say(decision.message)
                 return 1
@@ -322,9 +366,13 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             if on_epoch is not None:
                 on_epoch(decision)
             remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+            status.publish(discovery.hosts, epoch=decision.number, np=decision.np,
+                           hosts=decision.hosts_argument(), epoch_started=time.time(), running=True, waiting="")
             outcome = _run_epoch(found, decision, program, env, mpi_args=mpi_args, launcher_exec=launcher_exec,
                                  iface=iface, env_names=[name for name, _ in env_pairs], timeout=remaining,
-                                 tag_output=tag_output, output_dir=output_dir)
+                                 tag_output=tag_output, output_dir=output_dir,
+                                 on_launch=lambda path: status.publish(launcher_dir=path))
+            status.publish(launcher_dir="", running=False)
             if outcome.interrupted or outcome.timed_out:
                 report(outcome)
                 return exit_status(outcome)
@@ -343,6 +391,8 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             with lock:
                 now = time.monotonic()
                 stop = membership.ended(ending, blamed, now)
+            failures += ending is Ending.FAILED
+            status.publish(failures=failures)
             if ending is Ending.FAILED:
                 _say(f"epoch {decision.number} failed (exit status {outcome.returncode})"
                      + _blacklisting(membership, blamed, now))
@@ -353,7 +403,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
 
 
 def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: _Discovery,
-                    lock: threading.Lock) -> Epoch | Stop:
+                    lock: threading.Lock, on_wait: Callable[[str], None]) -> Epoch | Stop:
     """The next epoch, once discovery offers --min-np slots; a Stop after --elastic-timeout."""
     deadline = time.monotonic() + options.elastic_timeout
     said = ""
@@ -368,6 +418,7 @@ def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: 
         if decision.message != said:
             said = decision.message
             _say(f"waiting for hosts: {decision.message}")
+            on_wait(decision.message)
         discovery.changed.clear()
         discovery.changed.wait(min(options.discovery_interval, max(0.0, deadline - time.monotonic())) + 0.01)
 

@@ -5,6 +5,11 @@ else ``/tmp/unison-<uid>``, mode 0700): its pid, launcher directory and command.
 the coordinator service (``UNISON_CONTROLLER=grpc``), rank 0 writes the service's address and the
 job's secret into the launcher directory (a 0600 file), so ``unisonrun --status`` needs no address
 and no secret from the user. Nothing is written anywhere else; the record goes when unisonrun ends.
+
+An elastic job's record names its shared-memory store as its directory and carries an ``elastic``
+part that the driver rewrites (atomically) whenever its state changes: the running epoch, its hosts
+and launcher directory, the resets, the blacklist and what discovery offers. ``--status`` prints
+that, the newest commit found in the store, and the running epoch's live table when there is one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +28,8 @@ from typing import Any
 from ..errors import LaunchError
 from ._deaths import alive
 
-__all__ = ["SERVICE_FILE", "register", "registry_dir", "running_jobs", "show_status", "write_service_file"]
+__all__ = ["SERVICE_FILE", "elastic_lines", "register", "registry_dir", "running_jobs", "show_status", "update",
+           "write_service_file"]
 
 SERVICE_FILE = "service.json"
 
@@ -43,15 +50,36 @@ def registry_dir(create: bool = True) -> Path:
     return path
 
 
-def register(directory: str, command: Sequence[str], np: int) -> Path | None:
-    """Record a starting job; returns the record to remove at the end (None if it could not be written)."""
+def register(directory: str, command: Sequence[str], np: int, **extra: Any) -> Path | None:
+    """Record a starting job; returns the record to remove at the end (None if it could not be written).
+
+    `extra` fields (JSON values) are stored beside the others: an elastic job's ``elastic`` part.
+    """
     try:
         record = registry_dir() / f"{os.getpid()}.json"
-        record.write_text(json.dumps({"pid": os.getpid(), "dir": directory, "np": np,
-                                      "command": list(command), "started": time.time()}))
+        _write_record(record, {"pid": os.getpid(), "dir": directory, "np": np, "command": list(command),
+                               "started": time.time(), **extra})
         return record
     except (OSError, LaunchError):
         return None  # status lookups are a convenience; never stop a job over them
+
+
+def update(record: Path | None, **fields: Any) -> None:
+    """Replace fields of a job's record (atomically: `--status` may read it at any moment)."""
+    if record is None:
+        return
+    try:
+        job = json.loads(record.read_text())
+        job.update(fields)
+        _write_record(record, job)
+    except (OSError, ValueError):
+        pass  # the record is gone or damaged: status lookups are a convenience
+
+
+def _write_record(record: Path, job: dict[str, Any]) -> None:
+    temporary = record.with_name(f".{record.name}.{threading.get_ident()}")
+    temporary.write_text(json.dumps(job))
+    os.replace(temporary, record)
 
 
 def running_jobs() -> list[dict[str, Any]]:
@@ -89,7 +117,54 @@ def write_service_file(launcher_dir: str, address: str, secret: str) -> None:
 
 def _describe(job: dict[str, Any]) -> str:
     age = time.time() - job["started"]
-    return f"  pid {job['pid']:>7}  {job['np']} ranks  {age:>7.0f} s  {' '.join(job['command'])[:70]}"
+    elastic = job.get("elastic")
+    kind = f"  elastic, epoch {elastic.get('epoch')}" if isinstance(elastic, dict) else ""
+    return f"  pid {job['pid']:>7}  {job['np']} ranks{kind}  {age:>7.0f} s  {' '.join(job['command'])[:70]}"
+
+
+def _newest_commit(store: str) -> tuple[int, int, str] | None:
+    """The newest commit in an elastic job's store on this host: (commit, epoch, host), or None."""
+    from ..elastic._store import StateStore
+
+    newest = None
+    try:
+        hosts = sorted(entry.name for entry in os.scandir(store) if entry.is_dir())
+    except OSError:
+        return None
+    for host in hosts:
+        found = StateStore(store, host).newest()
+        if found is not None and (newest is None or (found.commit, found.epoch) > newest[:2]):
+            newest = (found.commit, found.epoch, host)
+    return newest
+
+
+def elastic_lines(job: dict[str, Any], now: float) -> list[str]:
+    """What `unisonrun --status` says of an elastic job (its record's ``elastic`` part), before any table."""
+    e = job["elastic"]
+    lines = [f"unisonrun elastic job {job['pid']}: {' '.join(job['command'])}"]
+    if e.get("epoch") is None:
+        lines.append("  no epoch started yet")
+    elif e.get("running"):
+        lines.append(f"  epoch {e['epoch']}: {e['np']} ranks on {e['hosts']}, started "
+                     f"{now - e['epoch_started']:.0f} s ago")
+    else:
+        lines.append(f"  epoch {e['epoch']} ended (it ran {e['np']} ranks on {e['hosts']}); the next is not "
+                     "started yet")
+    if e.get("waiting"):
+        lines.append(f"  waiting for hosts: {e['waiting']}")
+    newest = _newest_commit(job["dir"])
+    commits = (f"commit {newest[0]} (written in epoch {newest[1]}, newest on {newest[2]})" if newest
+               else "none yet")
+    lines.append(f"  commits: {commits}; resets: {e['resets']} ({e['failures']} after a failure)")
+    blacklisted = []
+    for host, (until, why) in sorted(e.get("blacklist", {}).items()):
+        if until is None:
+            blacklisted.append(f"{host} for good ({why})")
+        elif until > now:
+            blacklisted.append(f"{host} for {until - now:.1f} s more ({why})")
+    lines.append(f"  blacklisted: {'; '.join(blacklisted) or 'none'}")
+    lines.append(f"  discovered: {e.get('discovered') or 'nothing yet'}")
+    return lines
 
 
 def show_status(target: str, timeout: float = 5.0) -> int:
@@ -109,14 +184,30 @@ def show_status(target: str, timeout: float = 5.0) -> int:
         listing = "\n".join(_describe(j) for j in jobs)
         raise LaunchError(f"{len(jobs)} unisonrun jobs are running; name one: unisonrun --status PID\n{listing}")
     job = jobs[0]
+    elastic = job.get("elastic")
+    if isinstance(elastic, dict):
+        print("\n".join(elastic_lines(job, time.time())), flush=True)
+        service = Path(elastic.get("launcher_dir") or job["dir"]) / SERVICE_FILE
+        if not service.exists():
+            print("  (no live rank table: the running epoch has no coordinator service; start the job with "
+                  "UNISON_CONTROLLER=grpc for one)", flush=True)
+            return 0
+        return _table(service, timeout)
     service = Path(job["dir"]) / SERVICE_FILE
     if not service.exists():
         raise LaunchError(
             f"Job {job['pid']} runs no coordinator service to ask (or its rank 0 is on another host): start "
             "it with UNISON_CONTROLLER=grpc for live status, or use python -m unison.status HOST:PORT."
         )
-    info = json.loads(service.read_text())
     print(f"unisonrun job {job['pid']}: {' '.join(job['command'])}", file=sys.stderr)
+    return _table(service, timeout)
+
+
+def _table(service: Path, timeout: float) -> int:
+    """Print the live table of the job's coordinator service (its address and secret in `service`)."""
+    from ..status import main as status_main
+
+    info = json.loads(service.read_text())
     os.environ["UNISON_SECRET"] = info["secret"]
     os.environ.pop("UNISON_SECRET_FILE", None)
     return status_main([info["address"], "--timeout", str(timeout)])
