@@ -38,6 +38,7 @@ from ...errors import (
     UnisonNotImplementedError,
 )
 from . import _status_op
+from ._gpu import route_for, run_on_device
 
 __all__ = ["executing_eagerly", "graph_name", "no_autograph", "run", "to_tf_error"]
 
@@ -168,10 +169,11 @@ def _off_pool(graph_fn: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Ten
 
 
 def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
-        op_name: str = "UnisonCollective", blocking: bool = True) -> list[tf.Tensor]:
+        op_name: str = "UnisonCollective", blocking: bool = True, device_path: bool = False) -> list[tf.Tensor]:
     """Call ``fn(*numpy_inputs) -> list of arrays`` on tensors and return tensors of `output_dtypes`.
 
-    Eagerly `fn` runs at once in this thread. Inside `tf.function` it becomes one stateful
+    Eagerly `fn` runs at once in this thread; with `device_path` (`fn` also takes CuPy arrays), eager
+    GPU tensors reach it as CuPy arrays and its results return to the GPU (`_gpu.route_for` decides). Inside `tf.function` it becomes one stateful
     numpy_function op. In a ``tf.compat.v1`` graph, an `fn` that may wait for other ranks
     (`blocking`) runs off the inter-op pool (`_off_pool`). In a graph a unison error does not
     escape the Python kernel: it is filed, and the outputs are read after a status op that fails
@@ -179,7 +181,10 @@ def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[t
     """
     inputs = [tf.convert_to_tensor(t) for t in inputs]
     if executing_eagerly():
+        route = route_for(inputs, device_path=device_path, op_name=op_name.split("_", 1)[0])
         try:
+            if route.device == "cuda":
+                return run_on_device(fn, inputs, output_dtypes)
             outputs = fn(*_numpy_args(inputs))
         except UnisonError as error:
             raise to_tf_error(error) from error

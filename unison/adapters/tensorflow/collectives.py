@@ -97,7 +97,8 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
                                     postscale_factor=postscale, process_set=process_set)]
             return [np.reshape(o, a.shape) for o, a in zip(outs, arrays)]
 
-        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllreduce_{name}"),
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllreduce_{name}",
+                                  device_path=True),
                               [x.shape for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
@@ -196,7 +197,8 @@ def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: Proc
                 return C.grouped_allgather(list(arrays), name=name, process_set=process_set)
             return [C.allgather(arrays[0], name=name, process_set=process_set)]
 
-        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllgather_{name}"),
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodAllgather_{name}",
+                                  device_path=True),
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
@@ -258,7 +260,7 @@ def _broadcast_many(tensors: Sequence[Any], root_rank: int, names: Sequence[str 
         return [np.reshape(S.synchronize(h), a.shape) for h, a in zip(handles, arrays)]
 
     xs = [tf.convert_to_tensor(t) for t in tensors]
-    return _with_shape(run(fn, xs, [x.dtype for x in xs], f"HorovodBroadcast_{names[0]}"),
+    return _with_shape(run(fn, xs, [x.dtype for x in xs], f"HorovodBroadcast_{names[0]}", device_path=True),
                        [x.shape for x in xs])
 
 
@@ -360,7 +362,8 @@ def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, 
             return [C.reducescatter(arrays[0], name=name, op=op, process_set=process_set,
                                     prescale_factor=prescale, postscale_factor=postscale)]
 
-        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodReducescatter_{name}"),
+        outputs = _with_shape(run(fn, inputs, [x.dtype for x in inputs], f"HorovodReducescatter_{name}",
+                                  device_path=True),
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
