@@ -87,6 +87,29 @@ def sync_quit() -> None:
     os._exit(0)
 
 
+def sync_pauses() -> None:
+    """STEPS synchronous steps of w -= 0.1 (SGD, gradient one); after pulling each step of PAUSES, write
+    OUT.ready-<step> and wait for OUT.go-<step>. Write w, or the error that stopped training, to OUT."""
+    ps.init()
+    ps.declare_dense({"w": np.zeros(4, np.float32)}, ps.SGD(0.1))
+    pauses = {int(s) for s in os.environ["PAUSES"].split(",")}
+    try:
+        for step in range(int(os.environ["STEPS"])):
+            ps.pull_dense()
+            if step in pauses:
+                Path(f"{out}.ready-{step}").write_text("")
+                deadline = time.monotonic() + 60
+                while not Path(f"{out}.go-{step}").exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            ps.push(dense={"w": np.ones(4, np.float32)})
+        w = ps.pull_dense()["w"]
+    except ps.RequestError as exc:
+        out.write_text(json.dumps({"error": str(exc)}))
+        raise SystemExit(3) from None
+    out.write_text(json.dumps({"w": w.tolist()}))
+    ps.shutdown()
+
+
 def keras_sync() -> None:
     """A Keras model with the layer trained by model.fit, and the same model with keras.layers.Embedding.
 
@@ -127,4 +150,4 @@ def keras_sync() -> None:
 
 
 {"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
- "keras_sync": keras_sync}[scenario]()
+ "sync_pauses": sync_pauses, "keras_sync": keras_sync}[scenario]()

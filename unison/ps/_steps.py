@@ -8,6 +8,11 @@ a push's staleness is how many updates were applied between the pull it was comp
 Every push of a trainer to a server carries a sequence number (1, 2, ... per server); a server
 remembers the last one it took from each trainer, so a push the trainer sent again (its reply was
 lost) is acknowledged without being applied twice.
+
+A server that restarts comes back at the step of its checkpoint (or 0 without one), while the
+trainers are at their own step. In synchronous mode their step goes on only where the two agree
+(the checkpoint was taken at the step the trainers are at); otherwise steps were lost on this server
+that the trainers and other servers kept, and the trainers' calls are refused (`resume_refusal`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Set
 
-__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "push_refusal", "staleness", "step_blockers",
-           "step_complete"]
+__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "push_refusal", "resume_refusal", "staleness",
+           "step_blockers", "step_complete"]
 
 # A synchronous push may run this many steps ahead of the server's version (its gradients wait).
 AHEAD_STEPS = 2
@@ -66,6 +71,35 @@ def push_refusal(*, step: int, version: int, trainer: int, already: bool) -> str
     if already:
         return f"trainer {trainer} pushed gradients of step {step} twice; push once per step."
     return ""
+
+
+def resume_refusal(*, server: int, version: int, restored: bool, trainer: int, step: int) -> str:
+    """Why a synchronous call of `trainer` at `step` is refused by a server process it has not met, or "" when it goes on.
+
+    The trainer said hello to an earlier process of server `server`, which restarted at step
+    `version` (from its checkpoint when `restored`). The trainer has pushed steps below `step`; the
+    server has applied steps below `version`. Only when the two are equal does this server hold what
+    the trainer believes it does; then the trainer goes on with the new process.
+
+    Example:
+        >>> resume_refusal(server=0, version=5, restored=True, trainer=1, step=5)
+        ''
+        >>> resume_refusal(server=0, version=5, restored=True, trainer=1, step=7)[:80]
+        'parameter server 0 restarted from its checkpoint at step 5, but trainer 1 is at s'
+    """
+    if step == version:
+        return ""
+    how = f"from its checkpoint at step {version}" if restored else "without a checkpoint, at step 0"
+    if step > version:
+        lost = f"steps {version} to {step - 1}" if step - 1 > version else f"step {version}"
+        why = (f"{lost} of this server are lost while the trainers (and any other servers) went on past them, so "
+               "synchronous training cannot go on consistently")
+    else:
+        why = ("the checkpoint holds steps the trainer has not pushed, so it is not this job's checkpoint or "
+               "the trainer is not this job's")
+    return (f"parameter server {server} restarted {how}, but trainer {trainer} is at step {step}: {why}. Restart "
+            "the job from checkpoints of one step on every server (ps.checkpoint() called by a trainer between "
+            "its pull and its push writes them), servers first; a trainer that starts takes the servers' step.")
 
 
 def step_complete(contributors: Set[int], num_trainers: int) -> bool:

@@ -96,6 +96,7 @@ class Client:
         self._metadata = ((TOKEN_KEY, secret),)
         self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS) for e in self.endpoints]
         self._versions = [0] * len(self.endpoints)
+        self._incarnations = [0] * len(self.endpoints)  # the server process each call is meant for
         self._sequences = [0] * len(self.endpoints)  # pushes numbered per server, so a resend is not applied twice
         self._plan = DensePlan(len(self.endpoints), {}, ())
         self._tables: dict[str, _Table] = {}
@@ -201,6 +202,7 @@ class Client:
         for reply in replies:
             self._versions[reply.server] = reply.version
             self._sequences[reply.server] = max(self._sequences[reply.server], reply.sequence)
+            self._incarnations[reply.server] = reply.incarnation
         if self.mode == "sync":
             # a restarted trainer takes up at the servers' step
             self.step = min(r.version for r in replies)
@@ -330,7 +332,8 @@ class Client:
                       for t, (u, _, p) in splits.items() if len(p[server])]
             if not keys and not pieces:
                 return None
-            header = pb.Frame(trainer=self.trainer, step=self.step, keys=keys, pieces=pieces)
+            header = pb.Frame(trainer=self.trainer, step=self.step, keys=keys, pieces=pieces,
+                              incarnation=self._incarnations[server])
             return self._call(server, "Pull", lambda: iter([header]), pb.Frame, streaming=True)  # type: ignore[no-any-return]
 
         replies = self._on_every(pull_from)
@@ -339,6 +342,7 @@ class Client:
             if reply is None:
                 continue
             self._versions[server] = reply[0].step
+            self._incarnations[server] = reply[0].incarnation
             for frame in reply:
                 for piece in frame.pieces:
                     data = floats(piece.data, f"reply for {piece.key!r}")
@@ -428,9 +432,11 @@ class Client:
                 self._sequences[server] += 1
                 sequence = self._sequences[server]
             header = pb.Frame(trainer=self.trainer, step=self.step, based_on=self._versions[server],
-                              sequence=sequence)
+                              sequence=sequence, incarnation=self._incarnations[server])
             # a resend after a lost reply carries the same number: the server takes it once
-            return self._call(server, "Push", lambda: frames(header, parts_of[server], self.chunk_bytes), pb.Ack)
+            ack = self._call(server, "Push", lambda: frames(header, parts_of[server], self.chunk_bytes), pb.Ack)
+            self._incarnations[server] = ack.incarnation
+            return ack
 
         acks = self._on_every(push_to)
         self._count(pushes_taken_before=sum(1 for ack in acks if ack is not None and ack.duplicate))

@@ -23,20 +23,22 @@ class TrainerInfo(_message.Message):
     def __init__(self, trainer: _Optional[int] = ..., num_trainers: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("server", "num_servers", "mode", "version", "restored", "sequence")
+    __slots__ = ("server", "num_servers", "mode", "version", "restored", "incarnation", "sequence")
     SERVER_FIELD_NUMBER: _ClassVar[int]
     NUM_SERVERS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     server: int
     num_servers: int
     mode: str
     version: int
     restored: bool
+    incarnation: int
     sequence: int
-    def __init__(self, server: _Optional[int] = ..., num_servers: _Optional[int] = ..., mode: _Optional[str] = ..., version: _Optional[int] = ..., restored: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
+    def __init__(self, server: _Optional[int] = ..., num_servers: _Optional[int] = ..., mode: _Optional[str] = ..., version: _Optional[int] = ..., restored: _Optional[bool] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class Optimizer(_message.Message):
     __slots__ = ("kind", "fields")
@@ -90,7 +92,7 @@ class Piece(_message.Message):
     def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., ids: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("trainer", "step", "based_on", "dense", "tables", "optimizer", "pieces", "keys", "sequence")
+    __slots__ = ("trainer", "step", "based_on", "dense", "tables", "optimizer", "pieces", "keys", "sequence", "incarnation")
     TRAINER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     BASED_ON_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +102,7 @@ class Frame(_message.Message):
     PIECES_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     trainer: int
     step: int
     based_on: int
@@ -109,17 +112,20 @@ class Frame(_message.Message):
     pieces: _containers.RepeatedCompositeFieldContainer[Piece]
     keys: _containers.RepeatedScalarFieldContainer[str]
     sequence: int
-    def __init__(self, trainer: _Optional[int] = ..., step: _Optional[int] = ..., based_on: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseDecl, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableDecl, _Mapping]]] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[Piece, _Mapping]]] = ..., keys: _Optional[_Iterable[str]] = ..., sequence: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, trainer: _Optional[int] = ..., step: _Optional[int] = ..., based_on: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[DenseDecl, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableDecl, _Mapping]]] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[Piece, _Mapping]]] = ..., keys: _Optional[_Iterable[str]] = ..., sequence: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("version", "note", "duplicate")
+    __slots__ = ("version", "note", "incarnation", "duplicate")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     version: int
     note: str
+    incarnation: int
     duplicate: bool
-    def __init__(self, version: _Optional[int] = ..., note: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., note: _Optional[str] = ..., incarnation: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -10,7 +10,9 @@ One call from a trainer, through this module:
    and fails naming the trainer that holds the step up if that trainer is gone); ``Push`` applies
    gradients at once (asynchronous) or adds them to the step's sums and applies their average once
    every trainer pushed the step (synchronous). A push carries its trainer's sequence number; one
-   sent again after a lost reply is acknowledged and not applied twice.
+   sent again after a lost reply is acknowledged and not applied twice. In synchronous mode, a
+   trainer that last met an earlier process of this server (it restarted) goes on only if this
+   process resumed at the trainer's step; otherwise its call is refused, naming both steps.
 4. A checkpoint thread writes the shard atomically every `checkpoint_seconds`; ``Checkpoint`` writes
    one on request; a new server with the same checkpoint directory resumes from it.
 """
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +41,15 @@ from ..service.calls import Gate
 from ..service.server import CHANNEL_OPTIONS
 from . import _checkpoint
 from . import ps_pb2 as pb
-from ._steps import TrainerSeen, is_duplicate, push_refusal, staleness, step_blockers, step_complete
+from ._steps import (
+    TrainerSeen,
+    is_duplicate,
+    push_refusal,
+    resume_refusal,
+    staleness,
+    step_blockers,
+    step_complete,
+)
 from ._wire import DEFAULT_CHUNK_BYTES, MAX_KEY_CHARS, Part, floats, frames, ids_of, sum_rows
 from .optim import Optimizer, from_fields
 from .table import INITIALIZERS, Initializer, TableShard
@@ -164,6 +175,8 @@ class ParameterServer:
         self._applied_sequences: dict[int, int] = {}
         self.version = 0
         self.restored = False
+        # this process, told apart from earlier and later processes of the same server
+        self.incarnation = secrets.randbits(63) | 1
         self._finished = threading.Event()
         self._stopping = threading.Event()
         self._checkpoint_lock = threading.Lock()
@@ -417,7 +430,7 @@ class ParameterServer:
         with self._lock:
             self._seen(trainer, host=info.host[:256], pid=info.pid, finished=False)
             return pb.HelloReply(server=self.index, num_servers=self.num_servers, mode=self.mode,
-                                 version=self.version, restored=self.restored,
+                                 version=self.version, restored=self.restored, incarnation=self.incarnation,
                                  sequence=self._sequences.get(trainer, 0))
 
     def _heartbeat(self, requests: list[pb.TrainerInfo], context: grpc.ServicerContext) -> pb.Ack:
@@ -534,6 +547,7 @@ class ParameterServer:
         step = int(header.step)
         with self._changed:
             self._seen(trainer)
+            self._check_resume(header, trainer, step)
             for key in keys:
                 if key not in self._dense:
                     raise _Refused(grpc.StatusCode.NOT_FOUND, f"dense block {key!r} is not declared on parameter "
@@ -558,7 +572,17 @@ class ParameterServer:
                 self._counts["rows_pulled"] += len(ids)
             self._counts["pulls"] += 1
             version = self.version
-        yield from frames(pb.Frame(step=version), parts, self.chunk_bytes)
+        yield from frames(pb.Frame(step=version, incarnation=self.incarnation), parts, self.chunk_bytes)
+
+    def _check_resume(self, header: pb.Frame, trainer: int, step: int) -> None:
+        """Refuse a synchronous call from a trainer that met an earlier process of this server, unless the steps agree."""
+        if self.mode != "sync" or header.incarnation == self.incarnation:
+            return
+        refusal = resume_refusal(server=self.index, version=self.version, restored=self.restored, trainer=trainer,
+                                 step=step)
+        if refusal:
+            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        log.info("parameter server %d: trainer %d goes on at step %d with this process", self.index, trainer, step)
 
     def _blockers(self, step: int) -> list[str]:
         pending = self._pending.get(step)
@@ -581,7 +605,7 @@ class ParameterServer:
                 self._counts["duplicate_pushes"] += 1
                 log.info("parameter server %d: trainer %d sent push %d again; it was taken before", self.index,
                          trainer, sequence)
-                return pb.Ack(version=self.version, duplicate=True)
+                return pb.Ack(version=self.version, incarnation=self.incarnation, duplicate=True)
             grads = {key: self._dense_gradient(key, pieces) for key, pieces in dense.items()}
             rows = {table: self._sparse_gradient(table, pieces) for table, pieces in sparse.items()}
             if self.mode == "async":
@@ -596,6 +620,7 @@ class ParameterServer:
                     self._sequences[trainer] = self._applied_sequences[trainer] = sequence
             else:
                 step = int(header.step)
+                self._check_resume(header, trainer, step)
                 pending = self._pending.get(step)
                 refusal = push_refusal(step=step, version=self.version, trainer=trainer,
                                        already=pending is not None and trainer in pending.contributors)
@@ -624,7 +649,7 @@ class ParameterServer:
                     self.version += 1
             self._counts["pushes"] += 1
             self._changed.notify_all()
-            return pb.Ack(version=self.version)
+            return pb.Ack(version=self.version, incarnation=self.incarnation)
 
     def _dense_gradient(self, key: str, pieces: list[pb.Piece]) -> np.ndarray:
         block = self._dense.get(key)

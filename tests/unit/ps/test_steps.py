@@ -7,6 +7,7 @@ from unison.ps._steps import (
     TrainerSeen,
     is_duplicate,
     push_refusal,
+    resume_refusal,
     staleness,
     step_blockers,
     step_complete,
@@ -27,6 +28,19 @@ def test_a_push_numbered_at_or_below_the_last_taken_is_a_resend() -> None:
     assert is_duplicate(5, 5) and is_duplicate(3, 5)  # sent again after a lost reply
     assert not is_duplicate(6, 5) and not is_duplicate(9, 5)  # numbers may skip (a server restarted)
     assert not is_duplicate(0, 5)  # an unnumbered push is always taken
+
+
+def test_a_trainer_goes_on_with_a_restarted_server_only_at_the_step_it_resumed_at() -> None:
+    assert resume_refusal(server=1, version=6, restored=True, trainer=0, step=6) == ""
+    assert resume_refusal(server=1, version=6, restored=True, trainer=2, step=8).startswith(
+        "parameter server 1 restarted from its checkpoint at step 6, but trainer 2 is at step 8: steps 6 to 7 of "
+        "this server are lost while the trainers (and any other servers) went on past them")
+    assert "step 6 of this server are lost" in resume_refusal(server=1, version=6, restored=True, trainer=2, step=7)
+    assert resume_refusal(server=0, version=0, restored=False, trainer=1, step=3).startswith(
+        "parameter server 0 restarted without a checkpoint, at step 0, but trainer 1 is at step 3")
+    behind = resume_refusal(server=0, version=9, restored=True, trainer=1, step=3)
+    assert "the checkpoint holds steps the trainer has not pushed" in behind
+    assert "Restart the job from checkpoints of one step on every server" in behind
 
 
 def test_step_completes_with_every_trainer() -> None:
