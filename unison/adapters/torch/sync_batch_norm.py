@@ -1,8 +1,13 @@
-"""`SyncBatchNorm`: batch normalization with statistics over the whole global batch, CPU included.
+"""`SyncBatchNorm`: batch normalization with statistics over the whole global batch, on CPU and CUDA tensors.
 
 Forward allgathers each rank's (count, mean, biased variance) per channel and combines them with the
 parallel-variance formula (stable, and exact for unequal per-rank batch sizes); backward allreduces
 the per-channel sums of ``dy`` and ``dy * (x - mean)``. Horovod's version refuses CPU tensors.
+
+One code path serves both devices: the statistics stay tensors on the input's device from the local
+moments to the normalized output, so CUDA inputs are exchanged through the GPU data plane and the host
+never reads them (no ``.item()``, no Python branch on a gathered value). The one exception is a rank
+whose own batch is empty: it reads the global count to refuse a batch that is empty everywhere.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from . import collectives as c
 
-__all__ = ["SyncBatchNorm"]
+__all__ = ["SyncBatchNorm", "combine_statistics", "local_statistics"]
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -30,27 +35,56 @@ def _broadcastable(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return v.reshape(1, -1, *([1] * (x.dim() - 2)))
 
 
+def local_statistics(x: torch.Tensor) -> torch.Tensor:
+    """This rank's row ``[count, mean_0..mean_C-1, var_0..var_C-1]`` (float64, on `x`'s device).
+
+    Example:
+        >>> local_statistics(torch.tensor([[1.0], [3.0]])).tolist()
+        [[2.0, 2.0, 1.0]]
+    """
+    flat = _channels_last(x.detach()).double()
+    channels, count = flat.shape
+    mean = flat.mean(1) if count else flat.new_zeros(channels)
+    var = flat.var(1, unbiased=False) if count else flat.new_zeros(channels)
+    # new_full fills on the device: no host-to-device copy for the count
+    return torch.cat([flat.new_full((1,), float(count)), mean, var]).unsqueeze(0)
+
+
+def combine_statistics(gathered: torch.Tensor, channels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean, biased variance, total count) of the global batch from every rank's `local_statistics`.
+
+    Pure tensor arithmetic on `gathered`'s device; the total stays a 0-dim tensor. An empty global
+    batch gives NaN statistics (the caller refuses it).
+
+    Example:
+        >>> rows = torch.cat([local_statistics(torch.tensor([[1.0]])), local_statistics(torch.tensor([[3.0]]))])
+        >>> [t.item() for t in combine_statistics(rows, 1)]
+        [2.0, 1.0, 2.0]
+    """
+    counts, means, variances = gathered[:, :1], gathered[:, 1:1 + channels], gathered[:, 1 + channels:]
+    total = counts.sum()
+    mean = (counts * means).sum(0) / total
+    var = (counts * (variances + (means - mean) ** 2)).sum(0) / total
+    return mean, var, total
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, eps: float,
                 momentum: float) -> torch.Tensor:
-        flat = _channels_last(x.detach()).double()
-        count = flat.shape[1]
-        local_mean = flat.mean(1) if count else flat.new_zeros(flat.shape[0])
-        local_var = flat.var(1, unbiased=False) if count else flat.new_zeros(flat.shape[0])
-        stats = torch.cat([flat.new_tensor([float(count)]), local_mean, local_var]).unsqueeze(0)
+        channels = x.shape[1]
+        stats = local_statistics(x)
         gathered = c.synchronize(c.allgather_async(stats))
-        counts, means, variances = gathered[:, :1], gathered[:, 1 : 1 + flat.shape[0]], gathered[:, 1 + flat.shape[0]:]
-        total = counts.sum()
-        if total == 0:
+        mean, var, total = combine_statistics(gathered, channels)
+        if x.numel() == 0 and float(total) == 0:
+            # Only a rank with an empty batch reads the total; if it is zero, every rank is here.
             raise InvalidArgumentError("SyncBatchNorm got an empty batch on every rank.")
-        mean = (counts * means).sum(0) / total
-        var = (counts * (variances + (means - mean) ** 2)).sum(0) / total
         if running_mean is not None and running_var is not None:
-            unbiased = var * (total / (total - 1)) if total > 1 else var
+            # Bessel's correction, 1 for a global batch of one sample, without a host branch.
+            correction = torch.where(total > 1, total / (total - 1).clamp(min=1), torch.ones_like(total))
             running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+            running_var.mul_(1 - momentum).add_((var * correction).to(running_var.dtype), alpha=momentum)
         invstd = torch.rsqrt(var + eps)
         mean_x, invstd_x = mean.to(x.dtype), invstd.to(x.dtype)
         y = (x - _broadcastable(mean_x, x)) * _broadcastable(invstd_x, x)
@@ -59,7 +93,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if bias is not None:
             y = y + _broadcastable(bias, x)
         ctx.save_for_backward(x, weight, mean_x, invstd_x)
-        ctx.total = float(total)
+        ctx.total = total
         ctx.has_bias = bias is not None
         return y
 
@@ -73,11 +107,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         sums = torch.cat([local_sum_dy, local_sum_dy_xmu]).double()
         sums = c.synchronize(c.allreduce_async(sums, op=ReduceOp.SUM))
         channels = mean.shape[0]
-        sum_dy, sum_dy_xmu = sums[:channels].to(x.dtype), sums[channels:].to(x.dtype)
+        # The global means of dy and dy * (x - mean), divided in float64 before narrowing to x's dtype.
+        means = (sums / ctx.total).to(x.dtype)
+        mean_dy, mean_dy_xmu = means[:channels], means[channels:]
         scale = invstd if weight is None else invstd * weight
         grad_x = _broadcastable(scale, x) * (
-            dy - _broadcastable(sum_dy / ctx.total, x)
-            - xmu * _broadcastable(invstd * invstd * sum_dy_xmu / ctx.total, x)
+            dy - _broadcastable(mean_dy, x) - xmu * _broadcastable(invstd * invstd * mean_dy_xmu, x)
         )
         grad_w = local_sum_dy_xmu * invstd if weight is not None and ctx.needs_input_grad[1] else None
         grad_b = local_sum_dy if ctx.has_bias and ctx.needs_input_grad[2] else None
@@ -85,11 +120,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
 
 
 class SyncBatchNorm(_BatchNorm):
-    """Batch normalization over the global batch of every rank, on CPU tensors too.
+    """Batch normalization over the global batch of every rank, on CPU and CUDA tensors.
 
     A drop-in for ``torch.nn.BatchNorm{1,2,3}d``: in training the mean and variance are computed over
     all ranks' samples (and the running statistics updated with them), so the output equals
     BatchNorm on the concatenated batch. In eval mode it is plain BatchNorm with running statistics.
+    CUDA inputs exchange their statistics through the GPU data plane (NCCL), never through the host.
     Parameter gradients are this rank's share; DistributedOptimizer averages them like any other.
 
     Example:
