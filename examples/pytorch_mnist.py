@@ -2,18 +2,22 @@
 
 Run: mpiexec -n 2 python examples/pytorch_mnist.py [--epochs 8] [--checkpoint checkpoints/pytorch_digits.pt]
                                                   [--compression none|fp16|bf16|topk|powersgd|partial]
+                                                  [--device cpu|cuda]
 (with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
 ``.venv/bin/mpiexec -n 2 .venv/bin/python examples/pytorch_mnist.py``)
 
 Each rank trains on its own shard of the training set (rows rank::size); DistributedOptimizer
 averages gradients, rank 0 prints per-epoch loss/accuracy (summed over every rank's shard, then
 divided, so the numbers are exact) and saves a checkpoint atomically (temp file, fsync, rename).
+With ``--device cuda`` each rank trains on the GPU numbered by its local rank and gradients are
+reduced on the GPUs (NCCL; install the ``gpu-cuda12`` or ``gpu-cuda13`` extra, docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import tempfile
 
 import torch
@@ -45,6 +49,31 @@ class Net(torch.nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc(x.flatten(1))
+
+
+def require_cuda(device: str) -> None:
+    """Exit with the reason when `--device cuda` is asked for and PyTorch sees no GPU (before any rank waits)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"--device cuda needs a GPU that PyTorch can use, and torch.cuda.is_available() is False on "
+            f"{socket.gethostname()} (torch {torch.__version__}, built for CUDA {torch.version.cuda}). "
+            "Install a CUDA build of PyTorch, check CUDA_VISIBLE_DEVICES, or run with --device cpu."
+        )
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's device: the CPU, or the GPU numbered by its local rank (one GPU per rank, as NCCL wants)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if hvd.local_rank() >= gpus:
+        raise SystemExit(
+            f"--device cuda gives each rank the GPU numbered by its local rank, and local rank "
+            f"{hvd.local_rank()} (rank {hvd.rank()}) has none: {gpus} GPU(s) are visible on "
+            f"{socket.gethostname()}. Start at most {gpus} rank(s) per host."
+        )
+    torch.cuda.set_device(hvd.local_rank())
+    return torch.device("cuda", hvd.local_rank())
 
 
 def save_atomically(state: dict, path: str) -> None:
@@ -83,9 +112,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", default="checkpoints/pytorch_digits.pt")
     parser.add_argument("--compression", choices=sorted(COMPRESSION), default="none",
                         help="how gradients travel between ranks")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="train on the CPU, or on the GPU numbered by each rank's local rank")
     args = parser.parse_args()
 
+    require_cuda(args.device)
     hvd.init()
+    device = rank_device(args.device)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     digits = load_digits()
@@ -94,8 +127,9 @@ def main() -> None:
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0)
     x_train, y_train = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
     x_test, y_test = x_test[hvd.rank()::hvd.size()], y_test[hvd.rank()::hvd.size()]
+    x_train, y_train, x_test, y_test = (t.to(device) for t in (x_train, y_train, x_test, y_test))
 
-    model = Net()
+    model = Net().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=COMPRESSION[args.compression]())
@@ -107,7 +141,7 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
         for step in range(steps):
-            rows = order[step * args.batch_size : (step + 1) * args.batch_size]
+            rows = order[step * args.batch_size : (step + 1) * args.batch_size].to(device)
             opt.zero_grad()
             F.cross_entropy(model(x_train[rows]), y_train[rows]).backward()
             opt.step()

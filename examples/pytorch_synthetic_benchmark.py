@@ -1,15 +1,18 @@
 """Synthetic training throughput with unison.torch (img/sec), after Horovod's synthetic benchmark.
 
 Run: mpiexec -n 2 python examples/pytorch_synthetic_benchmark.py [--batch-size 32] [--num-iters 10]
+                                                                [--device cpu|cuda]
 (with the virtual environment active: ``. .venv/bin/activate`` after ``make venv``; or by path:
 ``.venv/bin/mpiexec -n 2 .venv/bin/python examples/pytorch_synthetic_benchmark.py``)
 
-The model is defined here (a small ResNet-style convnet) so nothing is downloaded.
+The model is defined here (a small ResNet-style convnet) so nothing is downloaded. With
+``--device cuda`` each rank uses the GPU numbered by its local rank; timings then wait for the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import timeit
 
 import numpy as np
@@ -43,6 +46,31 @@ class SmallResNet(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+def require_cuda(device: str) -> None:
+    """Exit with the reason when `--device cuda` is asked for and PyTorch sees no GPU (before any rank waits)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            f"--device cuda needs a GPU that PyTorch can use, and torch.cuda.is_available() is False on "
+            f"{socket.gethostname()} (torch {torch.__version__}, built for CUDA {torch.version.cuda}). "
+            "Install a CUDA build of PyTorch, check CUDA_VISIBLE_DEVICES, or run with --device cpu."
+        )
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's device: the CPU, or the GPU numbered by its local rank (one GPU per rank, as NCCL wants)."""
+    if device == "cpu":
+        return torch.device("cpu")
+    gpus = torch.cuda.device_count()
+    if hvd.local_rank() >= gpus:
+        raise SystemExit(
+            f"--device cuda gives each rank the GPU numbered by its local rank, and local rank "
+            f"{hvd.local_rank()} (rank {hvd.rank()}) has none: {gpus} GPU(s) are visible on "
+            f"{socket.gethostname()}. Start at most {gpus} rank(s) per host."
+        )
+    torch.cuda.set_device(hvd.local_rank())
+    return torch.device("cuda", hvd.local_rank())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=32)
@@ -51,23 +79,29 @@ def main() -> None:
     parser.add_argument("--num-batches-per-iter", type=int, default=5)
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--fp16-allreduce", action="store_true")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="run on the CPU, or on the GPU numbered by each rank's local rank")
     args = parser.parse_args()
 
+    require_cuda(args.device)
     hvd.init()
+    device = rank_device(args.device)
     torch.set_num_threads(1)
-    model = SmallResNet()
+    model = SmallResNet().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size())
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-    target = torch.randint(0, 100, (args.batch_size,))
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    target = torch.randint(0, 100, (args.batch_size,), device=device)
 
     def benchmark_step() -> None:
         opt.zero_grad()
         F.cross_entropy(model(data), target).backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # time the GPU's work, not only its launch
 
     def log(text: str) -> None:
         if hvd.rank() == 0:
