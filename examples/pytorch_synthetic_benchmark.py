@@ -49,9 +49,10 @@ class SmallResNet(torch.nn.Module):
 def require_cuda(device: str) -> None:
     """Exit with the reason when `--device cuda` is asked for and PyTorch sees no GPU (before any rank waits)."""
     if device == "cuda" and not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise SystemExit(
             f"--device cuda needs a GPU that PyTorch can use, and torch.cuda.is_available() is False on "
-            f"{socket.gethostname()} (torch {torch.__version__}, built for CUDA {torch.version.cuda}). "
+            f"{socket.gethostname()} (torch {torch.__version__}, {build}). "
             "Install a CUDA build of PyTorch, check CUDA_VISIBLE_DEVICES, or run with --device cpu."
         )
 

@@ -42,7 +42,7 @@ def test_cuda_without_a_gpu_exits_with_the_reason(script: str) -> None:
     done = run(script, "--device", "cuda", ranks=1, timeout=120)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert re.search(r"--device cuda needs a GPU that PyTorch can use, and torch\.cuda\.is_available\(\) is False "
-                     r"on \S+ \(torch .+, built for CUDA .+\)\. Install a CUDA build of PyTorch, check "
+                     r"on \S+ \(torch .+, (built for CUDA .+|a CPU-only build)\)\. Install a CUDA build of PyTorch, check "
                      r"CUDA_VISIBLE_DEVICES, or run with --device cpu\.", done.stderr), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
 
