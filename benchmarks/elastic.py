@@ -11,11 +11,17 @@ Run: ``python benchmarks/elastic.py [--quick] [--out FILE]`` (writes ``benchmark
 * steady state: 2 ranks, median step time without elastic (plain unisonrun, no state) and under the
   elastic driver with a commit every step.
 * scale-up: from the discovery script offering a second host to the first step completed on 2 ranks.
+
+``--emulated`` runs recovery, steady state and scale-up across 2 emulated hosts instead
+(`unison.testing.hosts`: network namespaces joined by veth links, MPI over TCP between them, each host
+its own store writer; needs root), recorded under ``emulated_hosts`` in the results.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -24,12 +30,39 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 UNISONRUN = [PYTHON, "-m", "unison.launcher"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where the 2-host runs happen: two host names, unisonrun's extra options, and how to start it."""
+
+    hosts: tuple[str, str]
+    args: tuple[str, ...] = ()
+    wrap: Callable[[list[str]], list[str]] = list
+
+
+LOCAL = Place(("localhost", "127.0.0.1"))  # two names of this machine: two hosts to the driver
+
+
+@contextlib.contextmanager
+def emulated() -> Iterator[Place]:
+    """2 emulated hosts (h0, h1), unisonrun started in h0."""
+    sys.path.insert(0, str(HERE.parent))
+    from unison.testing.hosts import EmulatedHosts, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"--emulated needs emulated hosts: {reason}")
+    with EmulatedHosts(hosts=2, slots=1) as cluster:
+        yield Place(("h0", "h1"), ("--launcher-exec", cluster.launcher_exec, "--iface", "eth0"),
+                    lambda cmd: cluster.exec_command(0, cmd))
 
 
 def mlp() -> Any:
@@ -91,7 +124,8 @@ def worker(mode: str, out: Path, steps: int) -> None:
             record["steps"].append(time.time())
             if live:  # recovery and scale-up read these as the job runs; the steady state writes at the end
                 log.write_text(json.dumps(record))
-                (out / "progress").write_text(f"{state.step} {hvd.size()}")
+                (out / "progress.tmp").write_text(f"{state.step} {hvd.size()}")
+                os.replace(out / "progress.tmp", out / "progress")  # read while the job runs: whole or not at all
 
     train(state)
     log.write_text(json.dumps(record))
@@ -105,11 +139,13 @@ def _discovery(out: Path, hosts: list[str]) -> str:
     return f"cat {path}"
 
 
-def _elastic(out: Path, np: int, steps: int, env: dict[str, str], min_np: int = 1) -> subprocess.Popen[str]:
-    return subprocess.Popen([*UNISONRUN, "-np", str(np), "--min-np", str(min_np), "--max-np", "2",
-                             "--host-discovery-script", f"cat {out / 'hosts'}", "--discovery-interval", "0.2",
-                             PYTHON, __file__, "--worker", "elastic", "--dir", str(out), "--steps", str(steps)],
-                            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def _elastic(place: Place, out: Path, np: int, steps: int, env: dict[str, str],
+             min_np: int = 1) -> subprocess.Popen[str]:
+    cmd = [*UNISONRUN, "-np", str(np), "--min-np", str(min_np), "--max-np", "2", *place.args,
+           "--host-discovery-script", f"cat {out / 'hosts'}", "--discovery-interval", "0.2",
+           PYTHON, __file__, "--worker", "elastic", "--dir", str(out), "--steps", str(steps)]
+    return subprocess.Popen(place.wrap(cmd), env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _logs(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
@@ -120,11 +156,11 @@ def _logs(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return logs
 
 
-def recovery(steps: int) -> dict[str, float]:
+def recovery(place: Place, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
-        _discovery(out, ["localhost", "127.0.0.1"])
-        proc = _elastic(out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1"})
+        _discovery(out, list(place.hosts))
+        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1"})
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"the recovery run failed:\n{err}")
@@ -142,18 +178,20 @@ def recovery(steps: int) -> dict[str, float]:
                 "size_after": after["size"]}
 
 
-def _steady_once(label: str, steps: int) -> list[float]:
+def _steady_once(place: Place, label: str, steps: int) -> list[float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         if label == "plain":
-            done = subprocess.run([*UNISONRUN, "-np", "2", PYTHON, __file__, "--worker", "plain", "--dir", str(out),
-                                   "--steps", str(steps)], capture_output=True, text=True, timeout=300)
+            hosts = ["-H", ",".join(f"{h}:1" for h in place.hosts)] if place.args else []
+            cmd = [*UNISONRUN, "-np", "2", *hosts, *place.args, PYTHON, __file__, "--worker", "plain",
+                   "--dir", str(out), "--steps", str(steps)]
+            done = subprocess.run(place.wrap(cmd), capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 raise RuntimeError(done.stderr)
         else:
-            # Two host names (two writers on this one machine), or one host with 2 slots (one writer).
-            _discovery(out, ["localhost", "127.0.0.1"] if label.endswith("2_hosts") else ["localhost:2"])
-            proc = _elastic(out, 2, steps, {}, min_np=2)
+            # Two hosts (two writers), or one host with 2 slots (one writer).
+            _discovery(out, list(place.hosts) if label.endswith("2_hosts") else [f"{place.hosts[0]}:2"])
+            proc = _elastic(place, out, 2, steps, {}, min_np=2)
             _, err = proc.communicate(timeout=300)
             if proc.returncode != 0:
                 raise RuntimeError(err)
@@ -161,14 +199,14 @@ def _steady_once(label: str, steps: int) -> list[float]:
         return stamps
 
 
-def steady(steps: int, repeats: int) -> dict[str, Any]:
+def steady(place: Place, steps: int, repeats: int) -> dict[str, Any]:
     """Median step time of each configuration, `repeats` runs each, alternated (the machine is shared)."""
     labels = ("plain", "commit_every_step_2_hosts", "commit_every_step_1_host")
     medians: dict[str, list[float]] = {label: [] for label in labels}
     skip = min(3, steps // 4)
     for _ in range(repeats):
         for label in labels:
-            stamps = _steady_once(label, steps)
+            stamps = _steady_once(place, label, steps)
             medians[label].append(statistics.median(b - a for a, b in zip(stamps[skip:], stamps[skip + 1:])))
     result: dict[str, Any] = {f"{label}_step_s": values for label, values in medians.items()}
     for label in labels[1:]:
@@ -177,16 +215,16 @@ def steady(steps: int, repeats: int) -> dict[str, Any]:
     return result
 
 
-def scale_up(steps: int) -> dict[str, float]:
+def scale_up(place: Place, steps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
-        _discovery(out, ["localhost"])
-        proc = _elastic(out, 1, steps, {"BENCH_LIVE_LOG": "1"})
+        _discovery(out, [place.hosts[0]])
+        proc = _elastic(place, out, 1, steps, {"BENCH_LIVE_LOG": "1"})
         offered = 0.0
         while proc.poll() is None:
             progress = out / "progress"
             if not offered and progress.exists() and int(progress.read_text().split()[0]) >= 4:
-                _discovery(out, ["localhost", "127.0.0.1"])
+                _discovery(out, list(place.hosts))
                 offered = time.time()
             time.sleep(0.02)
         if proc.returncode != 0 or not offered:
@@ -243,6 +281,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(HERE / "results" / "elastic.json"))
     parser.add_argument("--only", default="recovery,commit,steady,scale_up")
+    parser.add_argument("--emulated", action="store_true", help="also run recovery, steady and scale-up "
+                        "across 2 emulated hosts (root)")
     parser.add_argument("--worker", default="")
     parser.add_argument("--dir", default="")
     parser.add_argument("--steps", type=int, default=20)
@@ -252,11 +292,22 @@ def main() -> None:
         return
     steps = 10 if args.quick else 20
     result: dict[str, Any] = {"load_average_before": os.getloadavg()}
-    runs = {"recovery": lambda: recovery(steps), "commit": lambda: commit_cost(3 if args.quick else 10),
-            "steady": lambda: steady(2 * steps, 1 if args.quick else 3), "scale_up": lambda: scale_up(steps)}
+    repeats = 1 if args.quick else 3
+    runs: dict[str, Callable[[Place], Any]] = {
+        "recovery": lambda place: recovery(place, steps),
+        "commit": lambda place: commit_cost(3 if args.quick else 10),
+        "steady": lambda place: steady(place, 2 * steps, repeats),
+        "scale_up": lambda place: scale_up(place, steps)}
     for name in args.only.split(","):
-        result[name] = runs[name]()
+        result[name] = runs[name](LOCAL)
         print(name, json.dumps(result[name]), flush=True)
+    if args.emulated:
+        result["emulated_hosts"] = {}
+        with emulated() as place:
+            for name in args.only.split(","):
+                if name != "commit":  # one process: no hosts involved
+                    result["emulated_hosts"][name] = runs[name](place)
+                    print("emulated hosts:", name, json.dumps(result["emulated_hosts"][name]), flush=True)
     result["load_average_after"] = os.getloadavg()
     print("load average before", result["load_average_before"], "after", result["load_average_after"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
