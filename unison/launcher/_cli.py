@@ -72,8 +72,9 @@ def parser() -> argparse.ArgumentParser:
                    "UNISON_CONTROLLER=grpc), or of the job with that unisonrun pid or service address")
     add_elastic_arguments(p)
     p.add_argument("--pservers", type=int, default=0, metavar="N",
-                   help="also start N parameter servers on this host running the same program (its "
-                   "unison.ps.init() serves there); the -np processes are its trainers (docs/ps.md)")
+                   help="also start N parameter servers running the same program (its unison.ps.init() "
+                   "serves there): on this host, or with -H/--hostfile round robin over the hosts, started "
+                   "as mpiexec starts ranks there; the -np processes are its trainers (docs/ps.md)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
 
@@ -178,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.pservers:
             from ._pservers import parameter_servers
 
-            with parameter_servers(args.pservers, args.np, command) as trainer_env:
+            with parameter_servers(args.pservers, args.np, command, hosts=args.hosts, hostfile=args.hostfile,
+                                   launcher_exec=args.launcher_exec) as trainer_env:
                 return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile,
                               tag_output=args.tag_output, output_dir=args.output_filename,
                               env_pairs=env_pairs(args.env, os.environ), mpi_args=args.mpi_args,

@@ -19,6 +19,9 @@ variable                           meaning                                      
 ``UNISON_PS_ADDRESS_FILE``         a server listens on any port and writes its address here
 ``UNISON_SECRET``/``_FILE``        the job secret, as for the coordinator service
 =================================  ===========================================  ===========================
+
+A server whose own entry in ``UNISON_PS_ENDPOINTS`` has port 0 listens on every interface on a free
+port and writes it to ``UNISON_PS_ADDRESS_FILE`` (how ``unisonrun`` starts servers on several hosts).
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
     endpoints = tuple(raw_endpoints or ())
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"{where} lists servers as host:port. Got {endpoint!r} in {where}={raw_endpoints!r}.")
     where_n, raw_trainers = _get(environ, settings, overrides, "num_trainers")
     if raw_trainers is None:
@@ -157,6 +160,9 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
                               "UNISON_PS_ADDRESS_FILE (listen on any port and write the address there).")
         if not 0 <= index < max(num_servers, 1):
             raise ConfigError(f"UNISON_PS_SERVER_INDEX must be in range({num_servers}). Got {index}.")
+        if endpoints and endpoints[index % len(endpoints)].endswith(":0") and not address_file:
+            raise ConfigError(f"{where} gives this server port 0 (any free port), so the trainers could not know "
+                              "it: set UNISON_PS_ADDRESS_FILE to learn the port, or give a port.")
     else:
         where_t, raw_id = _get(environ, settings, overrides, "trainer_id")
         if raw_id is None:
@@ -169,6 +175,8 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
             raise ConfigError(f"{where_t} must be in range(num_trainers={num_trainers}). Got {index}.")
         if not endpoints:
             raise ConfigError("A trainer needs UNISON_PS_ENDPOINTS: every server's host:port, comma-separated.")
+        if any(e.endswith(":0") for e in endpoints):
+            raise ConfigError(f"A trainer needs every server's port; {where} has port 0 in {list(endpoints)}.")
         num_servers = len(endpoints)
     where_m, mode = _get(environ, settings, overrides, "mode")
     mode = mode or "async"

@@ -30,6 +30,13 @@ def test_the_mpi_rank_is_the_trainer_id_when_none_is_set() -> None:
     assert role.index == 3
 
 
+def test_a_server_given_port_0_and_an_address_file_listens_on_any_port() -> None:
+    role = resolve_role({**SECRET, "UNISON_PS_ROLE": "server", "UNISON_PS_SERVER_INDEX": "1",
+                         "UNISON_PS_ENDPOINTS": "h0:0,h1:0", "UNISON_PS_NUM_TRAINERS": "2",
+                         "UNISON_PS_ADDRESS_FILE": "/tmp/a"})
+    assert (role.index, role.endpoints[role.index], role.address_file) == (1, "h1:0", "/tmp/a")
+
+
 def test_keywords_win_over_variables() -> None:
     role = resolve_role({**SECRET, "UNISON_PS_ROLE": "server", "UNISON_PS_NUM_TRAINERS": "2"}, role="trainer",
                         trainer_id=0, endpoints=["h:9"], mode="sync")
@@ -41,6 +48,9 @@ def test_keywords_win_over_variables() -> None:
     ({"UNISON_PS_TRAINER_ID": "x"}, r"UNISON_PS_TRAINER_ID must be a non-negative integer\. Got UNISON_PS_TRAINER_ID='x'"),
     ({"UNISON_PS_TRAINER_ID": "5"}, r"UNISON_PS_TRAINER_ID must be in range\(num_trainers=2\)\. Got 5"),
     ({"UNISON_PS_ROLE": "boss"}, r"UNISON_PS_ROLE must be 'server' or 'trainer'\. Got UNISON_PS_ROLE='boss'"),
+    ({"UNISON_PS_ENDPOINTS": "h:1,g:0"}, r"A trainer needs every server's port; UNISON_PS_ENDPOINTS has port 0"),
+    ({"UNISON_PS_ROLE": "server", "UNISON_PS_SERVER_INDEX": "1", "UNISON_PS_ENDPOINTS": "h:1,g:0"},
+     r"UNISON_PS_ENDPOINTS gives this server port 0 \(any free port\), so the trainers could not know it"),
 ])
 def test_a_bad_value_names_its_variable(env: dict[str, str], match: str) -> None:
     base = {**SECRET, "UNISON_PS_ROLE": "trainer", "UNISON_PS_TRAINER_ID": "0", "UNISON_PS_ENDPOINTS": "h:1",

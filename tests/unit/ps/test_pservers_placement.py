@@ -1,0 +1,37 @@
+"""Where `unisonrun --pservers` puts the servers: the hosts of -H or a hostfile, dealt round robin."""
+
+from __future__ import annotations
+
+import pytest
+
+from unison.errors import LaunchError
+from unison.launcher._pservers import Placement, _spans_hosts, hosts_of, place_servers
+
+
+def test_hosts_come_from_the_option_or_the_hostfile_once_each_in_order() -> None:
+    assert hosts_of("") == []
+    assert hosts_of("b:2,a:1,b:1") == ["b", "a"]
+    assert hosts_of("", "# nodes\nnode1 slots=4\n\nnode2:2  # two\nnode1\n") == ["node1", "node2"]
+
+
+def test_servers_are_dealt_round_robin_and_this_host_is_local() -> None:
+    placed = place_servers(5, ["h0", "h1"], "h0")
+    assert [(p.index, p.host, p.local) for p in placed] == [
+        (0, "h0", True), (1, "h1", False), (2, "h0", True), (3, "h1", False), (4, "h0", True)]
+    assert [p.local for p in place_servers(2, ["localhost", "node7"], "node7.cluster.example")] == [True, True]
+
+
+def test_without_hosts_every_server_is_here_on_loopback() -> None:
+    placed = place_servers(2, [], "h0")
+    assert placed == [Placement(0, "127.0.0.1", True), Placement(1, "127.0.0.1", True)]
+    assert not _spans_hosts(placed, [], "h0")
+
+
+def test_servers_listen_on_every_interface_when_trainers_may_run_elsewhere() -> None:
+    assert _spans_hosts(place_servers(1, ["h0", "h1"], "h0"), ["h0", "h1"], "h0")  # the server is here, a trainer is not
+    assert not _spans_hosts(place_servers(2, ["h0"], "h0"), ["h0"], "h0")
+
+
+def test_at_least_one_server() -> None:
+    with pytest.raises(LaunchError, match=r"--pservers must be at least 1. Got --pservers 0."):
+        place_servers(0, ["h0"], "h0")
