@@ -129,28 +129,50 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Keep ``state.batch`` at the last finished batch; after a reset the first epoch runs only its remaining steps."""
+    """Keep ``state.batch`` at the last finished batch; after a reset the first epoch runs only its remaining steps.
+
+    ``state.batch`` is the epoch's index of the last finished batch, 0 at an epoch's end (Horovod's
+    meaning). A ``fit`` that starts at ``state.batch`` b > 0 numbers its first epoch's batches from
+    b + 1 and ends that epoch after its remaining ``steps - b - 1`` steps: Keras 3 reads no step count
+    from the callbacks' ``params``, so the callback sets ``model.stop_training`` and clears it at the
+    epoch's end. The data must go on where the committed batches left off (e.g. a repeated dataset
+    with ``steps_per_epoch``, started at batch b + 1). A commit after batch 0 reads as the epoch's
+    start, so batch 0 runs again; one after the last batch but before the epoch's end runs one step
+    more (Keras runs at least one step an epoch).
+    """
 
     def __init__(self, state: Any) -> None:
         super().__init__()
         self.state = state
         self.steps_per_epoch: int | None = None
+        self._first_batch = 0  # the epoch's batch at this fit's batch 0 (after a reset, the next one)
+        self._last_batch: int | None = None  # the fit's batch that ends a resumed epoch
+        self._stopped = False
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         params = self.params if isinstance(self.params, dict) else {}
+        self._first_batch, self._last_batch = 0, None
         if params.get("steps"):
             if self.steps_per_epoch is None:
                 self.steps_per_epoch = params["steps"]
-            params["steps"] = self.steps_per_epoch - self.state.batch
+            done = self.state.batch + 1 if self.state.batch > 0 else 0
+            params["steps"] = self.steps_per_epoch - done
+            if done:
+                self._first_batch, self._last_batch = done, self.steps_per_epoch - done - 1
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
-        self.state.batch = batch
+        self.state.batch = self._first_batch + batch
+        if self._last_batch is not None and batch >= self._last_batch and self.model is not None:
+            self.model.stop_training = self._stopped = True
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.on_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.state.batch = 0
+        self._first_batch, self._last_batch = 0, None
+        if self._stopped and self.model is not None:
+            self.model.stop_training = self._stopped = False  # only the resumed epoch ends early, not fit
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
