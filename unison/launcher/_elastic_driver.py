@@ -5,12 +5,15 @@ the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epo
 small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
 ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
 (exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
-failure (anything else). After a failure it blacklists the failed ranks' hosts and the epoch's remote
-hosts that mpiexec's launcher cannot reach any more (`_host_exec`: a vanished host the discovery
-script still lists fails the launch before any rank starts, so no rank names it). The job's shared-memory store is a
-`JobDirectory` under ``/dev/shm``: removed when the driver ends, and by its reaper if the driver is
-killed. ``--tag-output`` works per epoch as without elastic; ``--output-filename DIR`` writes each
-epoch's files under ``DIR/epoch-N``.
+failure (anything else). After a failure it blacklists the failed ranks' hosts and the epoch's
+remote hosts that mpiexec's launcher cannot reach any more (`_host_exec`: a vanished host the
+discovery script still lists fails the launch before any rank starts, so no rank names it).
+
+The job's shared-memory store is a `JobDirectory` under ``/dev/shm``: removed when the driver ends,
+and by its reaper if the driver is killed; the same path on the other hosts that ran ranks is removed
+through mpiexec's launcher when the driver ends (best effort, logged). ``unisonrun --status`` reads
+the job's record (`_jobs`), which the driver rewrites at every change. ``--tag-output`` works per
+epoch as without elastic; ``--output-filename DIR`` writes each epoch's files under ``DIR/epoch-N``.
 """
 
 from __future__ import annotations
@@ -300,6 +303,22 @@ def _unreachable(epoch: Epoch, blamed: Sequence[str], reach: Reach, env: dict[st
     return found
 
 
+def _remove_remote_stores(hosts: Sequence[str], store: str, reach: Reach, env: dict[str, str]) -> None:
+    """Remove the job's store directory on each remote host that ran ranks (best effort, logged)."""
+    remote = [name for name in hosts if not _is_local(name)]
+    if not remote:
+        return
+    if not reach.usable:
+        _say(f"left the job's store {store} on {', '.join(remote)}: --mpi-args choose how mpiexec reaches "
+             "them, which the driver cannot follow; remove it there")
+        return
+    command = f"rm -rf -- {shlex.quote(store)}"
+    for answer in run_on_hosts(reach, remote, command, env, PROBE_TIMEOUT_SECONDS):
+        if not answer.ok:
+            _say(f"could not remove the job's store {store} on {answer.host}: "
+                 + answer.describe(shlex.join(reach.command(answer.host, command))))
+
+
 def _blacklisting(membership: Membership, blamed: dict[str, str], now: float) -> str:
     """The log's account of whom the driver blacklisted, for how long, and why."""
     parts = []
@@ -351,6 +370,10 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
         env.update(env_pairs)
         env[STORE_VARIABLE] = str(store.path)
         failures = 0
+        # Hosts that may hold a store: every host of every epoch, less those found unreachable since
+        # (a vanished host took its store with it; asking it again would only wait for a timeout).
+        stores: dict[str, None] = {}
+        cleanup.callback(lambda: _remove_remote_stores(list(stores), str(store.path), reach, env))
         while True:
             decision = _wait_for_hosts(options, membership, discovery, lock,
                                        lambda message: status.publish(discovery.hosts, waiting=message))
@@ -360,6 +383,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             with lock:
                 membership.started(decision)
                 endpoint.begin(decision.number)
+            stores.update(dict.fromkeys(host.name for host in decision.hosts))
             local = all(_is_local(host.name) for host in decision.hosts)
             env["UNISON_ELASTIC_DRIVER"] = _driver_address(endpoint, local)
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
@@ -386,8 +410,10 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 report(outcome)
                 ending = Ending.FAILED
                 by_rank = blame_hosts(decision, outcome.failures, {})
-                blamed = blame_hosts(decision, outcome.failures,
-                                     _unreachable(decision, list(by_rank), reach, env))
+                unreachable = _unreachable(decision, list(by_rank), reach, env)
+                blamed = blame_hosts(decision, outcome.failures, unreachable)
+                for name in unreachable:
+                    stores.pop(name, None)
             with lock:
                 now = time.monotonic()
                 stop = membership.ended(ending, blamed, now)
