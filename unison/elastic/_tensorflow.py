@@ -162,8 +162,9 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.state.batch = self._first_batch + batch
-        if self._last_batch is not None and batch >= self._last_batch and self.model is not None:
-            self.model.stop_training = self._stopped = True
+        model = self.model
+        if self._last_batch is not None and batch >= self._last_batch and model is not None and not model.stop_training:
+            model.stop_training = self._stopped = True  # a stop another callback asked for stays
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         self.on_batch_end(batch, logs)

@@ -71,3 +71,19 @@ def test_update_batch_state_resumes_the_epoch_after_the_committed_batch(committe
     assert steps.epochs == [0, 0] and len(history.epoch) == 2  # the early end of epoch 0 did not end fit
     assert model.stop_training is False
     assert int(model.optimizer.iterations) == len(first_epoch) + STEPS
+
+
+def test_update_batch_state_keeps_a_stop_another_callback_asked_for() -> None:
+    from unison.elastic._tensorflow import UpdateBatchStateCallback
+
+    class Stop(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch == 3:  # the resumed epoch's last step, where UpdateBatchStateCallback stops it too
+                self.model.stop_training = True
+
+    model = _model()
+    state = types.SimpleNamespace(batch=3)
+    data = tf.data.Dataset.from_tensor_slices((np.ones((1, 2, 2)), np.zeros((1, 2, 1)))).repeat()
+    history = model.fit(data, steps_per_epoch=STEPS, epochs=2, verbose=0, shuffle=False,
+                        callbacks=[Stop(), UpdateBatchStateCallback(state)])
+    assert len(history.epoch) == 1 and int(model.optimizer.iterations) == 4 and model.stop_training is True
