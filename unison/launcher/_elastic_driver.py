@@ -25,7 +25,6 @@ import math
 import os
 import shlex
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -46,8 +45,9 @@ from ..elastic._membership import (
     parse_discovery,
 )
 from ..errors import LaunchError
+from ._elastic_endpoint import Endpoint, driver_address
 from ._host_exec import Reach, reach_of, run_on_hosts
-from ._jobs import register, update
+from ._jobs import ElasticRecord
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
@@ -111,51 +111,6 @@ def options_from(args: argparse.Namespace) -> ElasticOptions | None:
                           args.slots_per_host, args.elastic_timeout, args.discovery_interval)
 
 
-class _Endpoint(socketserver.ThreadingTCPServer):
-    """Answers ``CHECK <epoch>`` with ``OK <epoch> <changes>`` for the running epoch, else ``STALE <epoch>``."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        super().__init__(("0.0.0.0", 0), _Handler)
-        self.lock = threading.Lock()
-        self.epoch = -1
-        self.changes = 0
-        self.refused = 0
-        self.thread = threading.Thread(target=self.serve_forever, args=(0.2,), daemon=True,
-                                       name="unison-elastic-endpoint")
-        self.thread.start()
-
-    def begin(self, epoch: int) -> None:
-        with self.lock:
-            self.epoch, self.changes = epoch, 0
-
-    def announce(self, epoch: int) -> None:
-        with self.lock:
-            if epoch == self.epoch and self.changes == 0:
-                self.changes = 1
-
-    def answer(self, line: str) -> str:
-        words = line.split()
-        with self.lock:
-            if len(words) == 2 and words[0] == "CHECK" and words[1] == str(self.epoch):
-                return f"OK {self.epoch} {self.changes}\n"
-            self.refused += 1
-            return f"STALE {self.epoch}\n"
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        line = self.rfile.readline(200).decode(errors="replace")
-        assert isinstance(self.server, _Endpoint)
-        self.wfile.write(self.server.answer(line).encode())
-
-
 class _Discovery:
     """Runs the discovery script every interval in a thread; keeps the last good answer."""
 
@@ -216,41 +171,6 @@ STORE_VARIABLE = "UNISON_ELASTIC_STORE"  # marks every rank of the job for the s
 def _store_directory() -> JobDirectory:
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     return JobDirectory(f"unison-elastic-{os.getuid()}-", base=base, variable=STORE_VARIABLE)
-
-
-def _driver_address(endpoint: _Endpoint, local: bool) -> str:
-    host = "127.0.0.1" if local else socket.gethostname()
-    return f"{host}:{endpoint.server_address[1]}"
-
-
-class _StatusRecord:
-    """The job's record for `unisonrun --status` (`_jobs`), rewritten whenever the driver's state changes."""
-
-    def __init__(self, store: str, program: Sequence[str], membership: Membership, lock: threading.Lock) -> None:
-        self.membership = membership
-        self.lock = lock  # the driver's lock around the membership, not held by the callers
-        self.fields: dict[str, object] = {"epoch": None, "np": 0, "hosts": "", "epoch_started": None, "running": False,
-                                          "launcher_dir": "", "waiting": "", "resets": 0, "failures": 0,
-                                          "blacklist": {}, "discovered": ""}
-        self.record = register(store, program, 0, elastic=self.fields)
-
-    def publish(self, discovered: Sequence[Host] | None = None, **changes: object) -> None:
-        """Rewrite the record with `changes`, the membership's resets and blacklist, and `discovered`."""
-        if self.record is None:
-            return
-        with self.lock:
-            self.fields.update(changes)
-            if discovered is not None:
-                self.fields["discovered"] = ", ".join(f"{h.name}:{h.slots}" for h in discovered)
-            monotonic, wall = time.monotonic(), time.time()
-            self.fields["resets"] = self.membership.resets
-            self.fields["blacklist"] = {name: [None if math.isinf(left) else wall + left, why]
-                                        for name, (left, why) in self.membership.blacklisted(monotonic).items()}
-            update(self.record, np=self.fields["np"], elastic=self.fields)
-
-    def remove(self) -> None:
-        if self.record is not None:
-            self.record.unlink(missing_ok=True)
 
 
 def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
@@ -343,7 +263,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
     reach = reach_of(launcher_exec, mpi_args)
     membership = Membership(options.limits)
     lock = threading.Lock()
-    endpoint = _Endpoint()
+    endpoint = Endpoint()
 
     published: list[tuple[Host, ...]] = []  # the discovery answer last written to the status record
 
@@ -359,7 +279,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
     store = _store_directory()
     with store, contextlib.ExitStack() as cleanup:
         cleanup.callback(endpoint.close)
-        status = _StatusRecord(str(store.path), program, membership, lock)
+        status = ElasticRecord(str(store.path), program, membership, lock)
         store.remove_too(status.record)
         cleanup.callback(status.remove)
         discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
@@ -385,7 +305,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 endpoint.begin(decision.number)
             stores.update(dict.fromkeys(host.name for host in decision.hosts))
             local = all(_is_local(host.name) for host in decision.hosts)
-            env["UNISON_ELASTIC_DRIVER"] = _driver_address(endpoint, local)
+            env["UNISON_ELASTIC_DRIVER"] = driver_address(endpoint, local)
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
             if on_epoch is not None:
                 on_epoch(decision)

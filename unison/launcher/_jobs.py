@@ -15,6 +15,7 @@ that, the newest commit found in the store, and the running epoch's live table w
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import sys
@@ -23,12 +24,15 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LaunchError
 from ._deaths import alive
 
-__all__ = ["SERVICE_FILE", "elastic_lines", "register", "registry_dir", "running_jobs", "show_status", "update",
+if TYPE_CHECKING:
+    from ..elastic._membership import Host, Membership
+
+__all__ = ["SERVICE_FILE", "ElasticRecord", "elastic_lines", "register", "registry_dir", "running_jobs", "show_status", "update",
            "write_service_file"]
 
 SERVICE_FILE = "service.json"
@@ -98,6 +102,39 @@ def running_jobs() -> list[dict[str, Any]]:
         else:
             record.unlink(missing_ok=True)
     return sorted(jobs, key=lambda j: j["started"])
+
+
+class ElasticRecord:
+    """An elastic job's record, rewritten by the driver whenever its state changes (epoch, waiting, blacklist)."""
+
+    def __init__(self, store: str, program: Sequence[str], membership: Membership, lock: threading.Lock) -> None:
+        self.membership = membership
+        self.lock = lock  # the driver's lock around the membership, not held by the callers
+        self.fields: dict[str, object] = {"epoch": None, "np": 0, "hosts": "", "epoch_started": None,
+                                          "running": False, "launcher_dir": "", "waiting": "", "resets": 0,
+                                          "failures": 0, "blacklist": {}, "discovered": ""}
+        self.record = register(store, program, 0, elastic=self.fields)
+
+    def __repr__(self) -> str:
+        return f"<ElasticRecord {self.record} epoch={self.fields['epoch']} running={self.fields['running']}>"
+
+    def publish(self, discovered: Sequence[Host] | None = None, **changes: object) -> None:
+        """Rewrite the record with `changes`, the membership's resets and blacklist, and `discovered`."""
+        if self.record is None:
+            return
+        with self.lock:
+            self.fields.update(changes)
+            if discovered is not None:
+                self.fields["discovered"] = ", ".join(f"{h.name}:{h.slots}" for h in discovered)
+            monotonic, wall = time.monotonic(), time.time()
+            self.fields["resets"] = self.membership.resets
+            self.fields["blacklist"] = {name: [None if math.isinf(left) else wall + left, why]
+                                        for name, (left, why) in self.membership.blacklisted(monotonic).items()}
+            update(self.record, np=self.fields["np"], elastic=self.fields)
+
+    def remove(self) -> None:
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
 
 
 def write_service_file(launcher_dir: str, address: str, secret: str) -> None:
