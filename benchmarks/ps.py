@@ -18,6 +18,14 @@ on this machine (shared memory), 1 or 2 servers. Modes:
   join. Its bytes per step are not counted.
 
 Run: ``python benchmarks/ps.py`` (writes benchmarks/results/ps.json).
+
+``python benchmarks/ps.py --hosts`` instead runs on 2 emulated hosts (`unison.testing.hosts`, network
+namespaces with 1 Gbit/s links; needs root), one trainer per host: ``ps-async`` and ``ps-sync``
+under ``unisonrun -np 2 --pservers 2`` (one server per host, placed by unisonrun), and
+``allreduce`` under ``unisonrun -np 2`` on the TCP netmod of the emulated links. The three modes
+run in rounds, each round starting with the next mode (so none always runs first or last); the
+table takes each mode's median over the rounds, with the load average before every run. It writes
+the ``emulated_hosts`` entry of benchmarks/results/ps.json and leaves the rest as it is.
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ def trainer(mode: str, steps: int, warmup: int, out: str) -> None:
             before = client.statistics()
 
     rate = _train(model, step, batches, warmup)
+    out = out.replace("{trainer}", str(client.trainer))
     after = client.statistics()
     moved = after["bytes_sent"] + after["bytes_received"] - before["bytes_sent"] - before["bytes_received"]
     unique = float(np.mean([len(np.unique(ids)) for ids, _ in batches[warmup:]]))
@@ -243,6 +252,46 @@ def run_allreduce(steps: int, warmup: int, tmp: Path) -> dict[str, float]:
     return result
 
 
+def run_on_hosts(rounds: int, steps: int, warmup: int, rate_mbit: float, tmp: Path) -> dict[str, object]:
+    """The three modes on 2 emulated hosts, in alternating rounds; each mode's runs and medians."""
+    from unison.testing.hosts import EmulatedHosts, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"--hosts: {reason}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    env["PYTHONPATH"] = str(ROOT)
+    modes = ["ps-async", "ps-sync", "allreduce"]
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    me = [sys.executable, __file__, "--steps", str(steps), "--warmup", str(warmup)]
+    with EmulatedHosts(hosts=2, slots=1, rate_mbit=rate_mbit) as cluster:
+        for r in range(rounds):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+                load = os.getloadavg()[0]
+                if mode == "allreduce":
+                    out = tmp / f"allreduce-{r}.json"
+                    done = cluster.run(me + ["--allreduce-rank", "--out", str(out)], env=env, timeout=900)
+                    outs = [out]
+                else:
+                    out = tmp / f"{mode}-{r}-{{trainer}}.json"
+                    done = cluster.run(me + ["--trainer", mode[3:], "--out", str(out)], timeout=900,
+                                       env=dict(env, UNISON_PS_MODE=mode[3:]), unisonrun_args=["--pservers", "2"])
+                    outs = [Path(str(out).replace("{trainer}", str(t))) for t in range(2)]
+                if done.returncode != 0:
+                    raise SystemExit(f"{mode} failed on the emulated hosts:\n{done.stderr[-3000:]}")
+                results = [json.loads(o.read_text()) for o in outs]
+                rate = sum(x["samples_per_second"] for x in results) * (2 if mode == "allreduce" else 1)
+                row = {"load_before": load, "samples_per_second": rate,
+                       "bytes_per_step": float(np.mean([x["bytes_per_step"] for x in results]))}
+                runs[mode].append(row)
+                print(json.dumps({"mode": mode, "round": r, **row}), flush=True)
+    medians = {m: float(np.median([x["samples_per_second"] for x in rows])) for m, rows in runs.items()}
+    return {"hosts": 2, "trainers_per_host": 1, "servers_per_host": 1, "rate_mbit": rate_mbit, "rounds": rounds,
+            "steps": steps, "warmup": warmup, "runs": runs, "median_samples_per_second": medians,
+            "async_over_allreduce": medians["ps-async"] / medians["allreduce"],
+            "sync_over_allreduce": medians["ps-sync"] / medians["allreduce"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120)
@@ -250,6 +299,9 @@ def main() -> None:
     parser.add_argument("--trainer", default="")
     parser.add_argument("--allreduce-rank", action="store_true")
     parser.add_argument("--tf-pss", type=int, default=0, help="run the tf-pss mode with this many ps")
+    parser.add_argument("--hosts", action="store_true", help="run on 2 emulated hosts with capped links")
+    parser.add_argument("--rounds", type=int, default=3, help="--hosts: rounds of the three modes")
+    parser.add_argument("--rate-mbit", type=float, default=1000.0, help="--hosts: link rate")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ps.json"))
     args = parser.parse_args()
     if args.trainer:
@@ -263,6 +315,13 @@ def main() -> None:
         return
     import tempfile
 
+    previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if args.hosts:
+        with tempfile.TemporaryDirectory() as directory:
+            previous["emulated_hosts"] = run_on_hosts(args.rounds, args.steps, args.warmup, args.rate_mbit,
+                                                      Path(directory))
+        Path(args.out).write_text(json.dumps(previous, indent=1) + "\n")
+        return
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
@@ -283,7 +342,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "model": {"fields": FIELDS, "ids": IDS, "dim": DIM, "batch_per_trainer": BATCH, "trainers": 2},
-        "steps": args.steps, "warmup": args.warmup, "rows": rows}, indent=1) + "\n")
+        "steps": args.steps, "warmup": args.warmup, "rows": rows,
+        **({"emulated_hosts": previous["emulated_hosts"]} if "emulated_hosts" in previous else {})}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
