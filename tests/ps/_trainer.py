@@ -149,5 +149,45 @@ def keras_sync() -> None:
     ps.shutdown()
 
 
+def keras_mask() -> None:
+    """mask_zero: the layer with padding id 0 under model.fit, beside keras.layers.Embedding with and without it."""
+    import keras
+
+    import unison.ps.keras as psk
+
+    ps.init()
+    init = ps.Initializer("uniform", 0.5, seed=5)
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, 32, size=(48, 5)).astype(np.int64)
+    ids[:, 2:] *= rng.integers(0, 2, size=(48, 3))  # some padding in most rows
+    ids[::4, 1:] = 0  # and rows of one id
+    target = rng.standard_normal((48, 1)).astype(np.float32)
+
+    def make(embedding: keras.layers.Layer) -> keras.Model:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((5,), dtype="int64"), embedding, keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        return model
+
+    layer = psk.DistributedEmbedding("emb", 32, 4, initializer=init, optimizer=ps.SGD(0.5), mask_zero=True)
+    model = make(layer)
+    refs = {}
+    for masked in (True, False):
+        refs[masked] = make(keras.layers.Embedding(32, 4, mask_zero=masked))
+        refs[masked].layers[0].set_weights([init.rows(np.arange(32), 4)])
+        refs[masked].layers[-1].set_weights(model.layers[-1].get_weights())
+    mask = np.asarray(layer.compute_mask(ids))
+    model.fit(ids, target, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for ref in refs.values():
+        ref.fit(ids, target, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    np.savez(out, rows=ps.pull_sparse("emb", np.arange(32)), start=init.rows(np.arange(32), 4), mask=mask, ids=ids,
+             pred=model.predict(ids, verbose=0), config=np.array([layer.get_config()["mask_zero"]]),
+             **{f"ref_{m}_rows": r.layers[0].get_weights()[0] for m, r in refs.items()},
+             **{f"ref_{m}_pred": r.predict(ids, verbose=0) for m, r in refs.items()})
+    ps.shutdown()
+
+
 {"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
- "sync_pauses": sync_pauses, "keras_sync": keras_sync}[scenario]()
+ "sync_pauses": sync_pauses, "keras_sync": keras_sync,
+ "keras_mask": keras_mask}[scenario]()

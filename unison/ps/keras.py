@@ -50,6 +50,10 @@ class DistributedEmbedding(keras.layers.Layer):
         output_dim: the width of a row.
         initializer: how rows start (default: uniform in [-0.05, 0.05)).
         optimizer: applied by the servers to this table's rows (default: SGD).
+        mask_zero: treat id 0 as padding, as ``keras.layers.Embedding`` does: the layer gives the mask
+            ``ids != 0`` to the layers after it (which must support masking), so padding does not
+            count in their results, and its row gets a zero gradient. Id 0 is then not a row to
+            train; `input_dim` counts it as one all the same.
         client: the connection to use (default: the one `unison.ps.init` made).
         **kwargs: Keras layer arguments (``name``, ``dtype`` ...).
 
@@ -60,7 +64,8 @@ class DistributedEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, table: str, input_dim: int, output_dim: int, *, initializer: Initializer | None = None,
-                 optimizer: Optimizer | None = None, client: Client | None = None, **kwargs: Any) -> None:
+                 optimizer: Optimizer | None = None, mask_zero: bool = False, client: Client | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if int(input_dim) < 1 or int(output_dim) < 1:
             raise ValueError(f"input_dim and output_dim must be at least 1. Got input_dim={input_dim}, "
@@ -69,6 +74,8 @@ class DistributedEmbedding(keras.layers.Layer):
         self._client = client
         self._initializer, self._optimizer = initializer, optimizer
         self._declared = False
+        self.mask_zero = bool(mask_zero)
+        self.supports_masking = self.mask_zero
         self.supports_jit = False  # the pull and push are Python calls
         self._counts = {"pulls": 0, "pushes": 0, "rows_pulled": 0, "rows_pushed": 0}
 
@@ -88,6 +95,12 @@ class DistributedEmbedding(keras.layers.Layer):
         # always zero; its gradient is zero too: it only makes the tape record the lookup
         self._anchor = self.add_weight(name="gradient_anchor", shape=(), initializer="zeros", trainable=True)
         self.built = True
+
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        """``inputs != 0`` with `mask_zero`, else no mask (as ``keras.layers.Embedding``)."""
+        if not self.mask_zero:
+            return None
+        return keras.ops.not_equal(inputs, 0)
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return (*tuple(input_shape), self.output_dim)
@@ -136,5 +149,6 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
-        config.update(table=self.table, input_dim=self.input_dim, output_dim=self.output_dim)
+        config.update(table=self.table, input_dim=self.input_dim, output_dim=self.output_dim,
+                      mask_zero=self.mask_zero)
         return config
