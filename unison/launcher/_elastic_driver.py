@@ -51,6 +51,7 @@ from ._jobs import ElasticRecord
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
+from ._relay import RELAY_VARIABLE, MarkerRelay
 from ._supervise import JobOutcome, exit_status, report, supervise
 
 __all__ = ["ElasticOptions", "add_arguments", "options_from", "run_elastic"]
@@ -177,12 +178,16 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
                mpi_args: str, launcher_exec: str, iface: str, env_names: Sequence[str],
                timeout: float | None, tag_output: bool = False, output_dir: str = "",
                on_launch: Callable[[str], None] | None = None) -> JobOutcome:
-    keepers = not launcher_exec and all(_is_local(host.name) for host in epoch.hosts)
-    with JobDirectory("unisonrun-") as job:
+    remote = bool(launcher_exec) or not all(_is_local(host.name) for host in epoch.hosts)
+    with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         if on_launch is not None:
             on_launch(str(job.path))
         epoch_env = dict(env)
         epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
+        if remote:  # ranks and keepers on other hosts send their markers to the relay
+            relay = stack.enter_context(MarkerRelay(job.path, socket.gethostname()))
+            epoch_env[RELAY_VARIABLE] = relay.variable
+            env_names = [*env_names, RELAY_VARIABLE]
         epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
         epoch_env["UNISON_ELASTIC_HOSTS"] = epoch.hosts_argument()
         if output_dir:  # one directory per epoch: a rank number names a different process each epoch
@@ -192,12 +197,12 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (_cli.launch)
             output_dir = output_dir or str(job.path)
             tails = (epoch.np, output_dir)
-        cmd = found.command(epoch.np, keeper_command(list(program)) if keepers else program,
+        cmd = found.command(epoch.np, keeper_command(list(program), remote=remote),
                             hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
                             launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
                             output_dir=output_dir)
         return supervise(cmd, job.path, epoch_env, timeout=timeout, tails=tails, announce=True,
-                         keepers=keepers)
+                         keepers=True)
 
 
 def _say(message: str) -> None:
