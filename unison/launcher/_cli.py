@@ -31,6 +31,8 @@ examples:
   unisonrun -np 4 python train.py
   unisonrun -np 4 -H host1:2,host2:2 python train.py      (hosts reached by mpiexec's own launcher)
   unisonrun -np 2 --tag-output --timeout 3600 python train.py
+  unisonrun -np 4 -H host1:2,host2:2 --pservers 2 python train.py
+                                                           (parameter servers, one per host: docs/ps.md)
   unisonrun --check-build
   unisonrun --status                                       (live table of your running job;
                                                             needs UNISON_CONTROLLER=grpc)
