@@ -9,14 +9,13 @@ refuses ``rm`` on h2, so that host shows the failure being logged and its store 
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from elastic._harness import check_committed, run
 
+from multihost._private_mounts import launcher_exec_into, private_mounts
 from unison.testing.hosts import EmulatedHosts, unavailable_reason
 
 REASON = unavailable_reason()
@@ -25,49 +24,17 @@ pytestmark = [pytest.mark.timeout(150),
 
 REMOTE = ("h1", "h2")
 
-# Mpiexec calls it as `SCRIPT [ssh options] HOST COMMAND...`.
-LAUNCHER = """#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-host="$1"; shift
-echo "$host $*" >> {log}
+# Logs every call; refuses to remove anything on h2.
+BEFORE = """echo "$host $*" >> {log}
 case "$host $*" in
   "h2 rm "*) echo "refusing to remove anything on h2" >&2; exit 3 ;;
-esac
-case "$host" in
-{cases}
-esac
-exec nsenter --target="$holder" --mount -- {real} "$host" "$@"
-"""
+esac"""
 
 
 def _sh(*args: str) -> str:
     done = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, f"{args}: {done.stderr}"
     return done.stdout
-
-
-@contextlib.contextmanager
-def _private_shm(hosts: Sequence[str]) -> Iterator[dict[str, int]]:
-    """A mount namespace per host with a tmpfs of its own on /dev/shm, held by a sleeping process; yields
-    host -> that process's pid (``nsenter --target PID --mount`` enters it)."""
-    holders: dict[str, subprocess.Popen[str]] = {}
-    try:
-        for host in hosts:
-            holders[host] = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 "mount -t tmpfs -o size=64m,mode=1777 tmpfs /dev/shm && echo ready && exec sleep 600"],
-                stdout=subprocess.PIPE, text=True)
-            assert holders[host].stdout is not None and holders[host].stdout.readline() == "ready\n"
-        yield {host: holder.pid for host, holder in holders.items()}
-    finally:
-        for holder in holders.values():
-            holder.kill()
-            holder.communicate(timeout=30)
 
 
 def _stores_on(holder: int) -> list[str]:
@@ -79,11 +46,9 @@ def _stores_on(holder: int) -> list[str]:
 
 def test_the_store_is_removed_on_each_remote_host_and_a_failure_is_logged(tmp_path: Path) -> None:
     log = tmp_path / "launcher.log"
-    with EmulatedHosts(hosts=3, slots=1) as cluster, _private_shm(REMOTE) as holders:
-        launcher = tmp_path / "launcher-exec"
-        cases = "\n".join(f"  {host}) holder={pid} ;;" for host, pid in holders.items())
-        launcher.write_text(LAUNCHER.format(log=log, cases=cases, real=cluster.launcher_exec))
-        launcher.chmod(0o755)
+    with EmulatedHosts(hosts=3, slots=1) as cluster, private_mounts(REMOTE, "/dev/shm") as holders:
+        launcher = launcher_exec_into(tmp_path / "launcher-exec", holders, cluster.launcher_exec,
+                                      BEFORE.format(log=log))
         seen: dict[str, list[str]] = {}
 
         def look(commits: int, size: int) -> None:

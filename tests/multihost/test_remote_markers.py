@@ -1,0 +1,44 @@
+"""A rank on another host than unisonrun's, where the launcher's directory does not exist, is still named.
+
+h1 and h2 get a /tmp of their own (the launcher's job directory lives in h0's /tmp), so their ranks
+and keepers can only reach the launcher through its marker relay, as on real hosts. Rank 1, on h1,
+SIGKILLs itself: the driver must name it, on h1, and blacklist h1; the job goes on from its last
+commit on h0 and h2, bit for bit.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from elastic._harness import check_committed, run
+
+from multihost._private_mounts import launcher_exec_into, private_mounts
+from unison.testing.hosts import EmulatedHosts, unavailable_reason
+
+REASON = unavailable_reason()
+pytestmark = [pytest.mark.timeout(150),
+              pytest.mark.skipif(bool(REASON), reason=f"{REASON}; this test runs a job across emulated hosts")]
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every emulated host sees (not under /tmp, which h1 and h2 have their own of)."""
+    path = Path(tempfile.mkdtemp(prefix="unison-test-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_rank_killed_on_a_host_without_the_launchers_directory_is_named(shared_dir: Path) -> None:
+    with EmulatedHosts(hosts=3, slots=1) as cluster, private_mounts(("h1", "h2"), "/tmp") as holders:
+        launcher = launcher_exec_into(shared_dir / "launcher-exec", holders, cluster.launcher_exec)
+        job = run(shared_dir, cluster.hostnames, ["-np", "3", "--min-np", "2", "--launcher-exec", launcher,
+                                                  "--iface", "eth0"],
+                  env={"ELASTIC_KILL": "2:1"}, timeout=120, wrap=lambda cmd: cluster.exec_command(0, cmd))
+    check_committed(job, samples=24, epochs=2, size=2)
+    assert "rank 1 (h1, pid " in job.stderr and "killed by signal 9 (SIGKILL)" in job.stderr, job.stderr
+    assert "epoch 0 failed (exit status" in job.stderr and "blacklisting h1 for good (rank 1 failed)" in job.stderr
+    assert "epoch 1: 2 ranks on h0:1,h2:1" in job.stderr, job.stderr
