@@ -2,13 +2,15 @@
 
 h1 and h2 get a /tmp of their own (the launcher's job directory lives in h0's /tmp), so their ranks
 and keepers can only reach the launcher through its marker relay, as on real hosts. Rank 1, on h1,
-SIGKILLs itself: the driver must name it, on h1, and blacklist h1; the job goes on from its last
-commit on h0 and h2, bit for bit.
+SIGKILLs itself or raises. In a plain job unisonrun names it, on h1; in an elastic job the driver
+also blacklists h1 and the job goes on from its last commit on h0 and h2, bit for bit.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,3 +44,33 @@ def test_a_rank_killed_on_a_host_without_the_launchers_directory_is_named(shared
     assert "rank 1 (h1, pid " in job.stderr and "killed by signal 9 (SIGKILL)" in job.stderr, job.stderr
     assert "epoch 0 failed (exit status" in job.stderr and "blacklisting h1 for good (rank 1 failed)" in job.stderr
     assert "epoch 1: 2 ranks on h0:1,h2:1" in job.stderr, job.stderr
+
+
+DIES = """
+import os, signal, sys, unison
+unison.init()
+unison.barrier()
+if unison.rank() == 1:
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError("rank 1 gives up on h1")
+unison.barrier()
+"""
+
+
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_plain_job_names_the_rank_that_failed_on_another_host(shared_dir: Path, how: str) -> None:
+    program = shared_dir / "dies.py"
+    program.write_text(DIES)
+    with EmulatedHosts(hosts=3, slots=1) as cluster, private_mounts(("h1", "h2"), "/tmp") as holders:
+        launcher = launcher_exec_into(shared_dir / "launcher-exec", holders, cluster.launcher_exec)
+        cmd = [sys.executable, "-m", "unison.launcher", "-np", "3", "-H", cluster.hosts_argument,
+               "--launcher-exec", launcher, "--iface", "eth0", sys.executable, str(program), how]
+        done = subprocess.run(cluster.exec_command(0, cmd), capture_output=True, text=True, timeout=100)
+    assert done.returncode != 0
+    if how == "kill":
+        assert "unisonrun: rank 1 (h1, pid " in done.stderr, done.stderr
+        assert "ended without shutting unison down (killed by signal 9 (SIGKILL))" in done.stderr, done.stderr
+    else:
+        assert "unisonrun: rank 1 (h1, pid " in done.stderr and "ValueError: rank 1 gives up on h1" in done.stderr
+    assert "rank 0 (" not in done.stderr.split("unisonrun:", 1)[-1] and "rank 2 (" not in done.stderr

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -22,6 +24,7 @@ from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._program import check_program
 from ._reaper import JobDirectory
+from ._relay import RELAY_VARIABLE, MarkerRelay
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["main", "parser"]
@@ -86,7 +89,7 @@ _HOST_OPTIONS = frozenset({"-hosts", "-host", "-H", "--host", "-f", "-hostfile",
 
 
 def _local_only(hosts: str, hostfile: str, launcher_exec: str, extra: Sequence[str]) -> bool:
-    """True when every rank runs on this host (then each runs under a keeper with this Python)."""
+    """True when every rank runs on this host (else keepers take their remote form, and markers the relay)."""
     return not (hosts or hostfile or launcher_exec) and not any(
         arg.split("=", 1)[0] in _HOST_OPTIONS for arg in extra)
 
@@ -109,29 +112,33 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     if output_dir:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     extra = shlex.split(mpi_args)
-    keepers = _local_only(hosts, hostfile, launcher_exec, extra)
-    with JobDirectory("unisonrun-") as job:
+    remote = not _local_only(hosts, hostfile, launcher_exec, extra)
+    names = [name for name, _ in env_pairs]
+    with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         directory = str(job.path)
         env = dict(os.environ)
         env.update(extra_env or {})
         env.update(env_pairs)  # values travel in mpiexec's environment, never on its command line
         env[LAUNCHER_DIR_VARIABLE] = directory
+        if remote:  # ranks and keepers on other hosts send their markers to the relay
+            relay = stack.enter_context(MarkerRelay(job.path, socket.gethostname()))
+            env[RELAY_VARIABLE] = relay.variable
+            names.append(RELAY_VARIABLE)
         tails = None
         if tag_output and found.vendor != "openmpi":
             # Hydra's own -prepend-rank tags each chunk it reads, not each line: write every rank's
             # output to files and tag whole lines while copying them out.
             output_dir = output_dir or directory
             tails = (np, output_dir)
-        cmd = found.command(np, keeper_command(list(program)) if keepers else program, hosts=hosts,
+        cmd = found.command(np, keeper_command(list(program), remote=remote), hosts=hosts,
                             hostfile=hostfile, tag_output=tag_output, output_dir=output_dir,
-                            env_names=[name for name, _ in env_pairs], extra=extra,
-                            launcher_exec=launcher_exec, iface=iface)
+                            env_names=names, extra=extra, launcher_exec=launcher_exec, iface=iface)
         record = register(directory, program, np)
         job.remove_too(record)
         try:
             outcome = supervise(cmd, job.path, env, timeout=timeout,
                                 stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails,
-                                announce=True, keepers=keepers)
+                                announce=True, keepers=True)
         finally:
             if record is not None:
                 record.unlink(missing_ok=True)
