@@ -124,8 +124,9 @@ def worker(mode: str, out: Path, steps: int) -> None:
             record["steps"].append(time.time())
             if live:  # recovery and scale-up read these as the job runs; the steady state writes at the end
                 log.write_text(json.dumps(record))
-                (out / "progress.tmp").write_text(f"{state.step} {hvd.size()}")
-                os.replace(out / "progress.tmp", out / "progress")  # read while the job runs: whole or not at all
+                if hvd.rank() == 0:  # read while the job runs: whole or not at all
+                    (out / "progress.tmp").write_text(f"{state.step} {hvd.size()}")
+                    os.replace(out / "progress.tmp", out / "progress")
 
     train(state)
     log.write_text(json.dumps(record))
@@ -162,8 +163,8 @@ def recovery(place: Place, steps: int) -> dict[str, float]:
         _discovery(out, list(place.hosts))
         proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1"})
         _, err = proc.communicate(timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the recovery run failed:\n{err}")
+        if proc.returncode != 0 or not (out / "killed").exists():
+            raise RuntimeError(f"the recovery run failed (exit status {proc.returncode}):\n{err}")
         killed = float((out / "killed").read_text())
         logs = _logs(out)
         after = logs[(1, 0)]
