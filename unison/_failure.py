@@ -166,7 +166,8 @@ def mark_finished() -> None:
 
     A rank of a broken job says so only at exit, once every rank got there (`_finish_broken_job`).
     """
-    if _state.engine is not None and not _state.aborted_reason and not _state.broken_reason:
+    if (_state.engine is not None and not _state.aborted_reason and not _state.broken_reason
+            and not _state.failure_recorded):
         _write_marker(f"finished-{_state.rank}", "\n")
 
 
@@ -240,11 +241,15 @@ def abort_job(exc: BaseException) -> None:
     `AbortedError`, a `ShutdownError`), or when unison is not running here.
     """
     engine = _state.engine
-    if engine is None or _state.size < 2 or engine.state != "running" or _state.aborted_reason:
+    if engine is None or engine.state != "running" or _state.aborted_reason:
         return
     if isinstance(exc, (AbortedError, ShutdownError)):
         return
     reason = describe(exc, _state.rank, _state.host, os.getpid())
+    if _state.size < 2:  # nobody to stop, but the launcher names this rank (an elastic driver, its host)
+        if not _state.failure_recorded:
+            _write_marker(f"failed-{_state.rank}", reason + "\n")
+        return
     _state.aborted_reason = reason
     _write_marker(f"failed-{_state.rank}", reason + "\n")
     if engine.abort(reason, ABORT_TIMEOUT_SECONDS):
@@ -368,7 +373,7 @@ def _finish_broken_job() -> None:
     engine_busy = _state.last_engine is not None and _state.last_engine.thread_alive
     usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
-        if not _state.aborted_reason:
+        if not _state.aborted_reason and not _state.failure_recorded:
             _write_marker(f"finished-{_state.rank}", "\n")
         _arm_alarm(FINALIZE_SECONDS)
         return

@@ -16,7 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import LaunchError
 
-__all__ = ["Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait", "blame_hosts", "parse_discovery"]
+__all__ = ["FAILURES_WITHOUT_COMMIT", "Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait",
+           "blame_hosts", "parse_discovery"]
+
+FAILURES_WITHOUT_COMMIT = 3  # failed launches in a row with no commit, after which the job stops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +190,7 @@ class Membership:
         self.reasons: dict[str, str] = {}  # host -> why it was blacklisted last
         self.resets = 0
         self.epochs = 0
+        self.failed_without_commit = 0  # failed epochs in a row that made no commit
         self.current: Epoch | None = None
 
     def __repr__(self) -> str:
@@ -253,21 +257,37 @@ class Membership:
         return self.current is not None and self.desired(discovered, now) != self.current.hosts
 
     def ended(self, ending: Ending, failed_hosts: Sequence[str] | Mapping[str, str] = (),
-              now: float = 0.0) -> Stop | None:
+              now: float = 0.0, committed: bool = True) -> Stop | None:
         """Record how the running epoch ended; a `Stop` when the job must not be reset again.
 
         The failed hosts (`blame_hosts`; a mapping keeps why) are blacklisted, for good or, with a
         cooldown range, for a time drawn uniformly from it. Every reset (a failure or a host change)
-        counts against --reset-limit.
+        counts against --reset-limit. `committed` says whether the epoch made any commit: after
+        `FAILURES_WITHOUT_COMMIT` failed epochs in a row that made none, the job stops, whatever the
+        reset limit (a program that fails before its first commit would otherwise be relaunched for
+        as long as hosts are left, or forever when the failure names no host).
+
+        Example:
+            >>> m = Membership(Limits(min_np=1, max_np=1))
+            >>> [m.ended(Ending.FAILED, committed=False) is None for _ in range(2)]
+            [True, True]
+            >>> print(m.ended(Ending.FAILED, committed=False).message)  # doctest: +ELLIPSIS
+            3 launches in a row failed before their first commit; stopping instead of launching again...
         """
         if ending is Ending.FINISHED:
             return None
+        failed_early = ending is Ending.FAILED and not committed
+        self.failed_without_commit = self.failed_without_commit + 1 if failed_early else 0
         for name in failed_hosts:
             cooldown = (self.rng.uniform(*self.limits.cooldown_range)
                         if self.limits.cooldown_range is not None else math.inf)
             self.blacklist[name] = now + cooldown
             self.reasons[name] = failed_hosts[name] if isinstance(failed_hosts, Mapping) else "failed"
         self.resets += 1
+        if self.failed_without_commit >= FAILURES_WITHOUT_COMMIT:
+            return Stop(f"{self.failed_without_commit} launches in a row failed before their first commit; "
+                        "stopping instead of launching again. The ranks' output above says why: a program "
+                        "that fails every time it starts needs fixing, not relaunching.")
         limit = self.limits.reset_limit
         if limit is not None and self.resets > limit:
             why = "a rank failed" if ending is Ending.FAILED else "the hosts changed"

@@ -317,6 +317,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
             status.publish(discovery.hosts, epoch=decision.number, np=decision.np,
                            hosts=decision.hosts_argument(), epoch_started=time.time(), running=True, waiting="")
+            asked = endpoint.statistics()["answered"]  # rank 0 asks at its commits: a sign of progress
             outcome = _run_epoch(found, decision, program, env, mpi_args=mpi_args, launcher_exec=launcher_exec,
                                  iface=iface, env_names=[name for name, _ in env_pairs], timeout=remaining,
                                  tag_output=tag_output, output_dir=output_dir,
@@ -341,7 +342,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                     stores.pop(name, None)
             with lock:
                 now = time.monotonic()
-                stop = membership.ended(ending, blamed, now)
+                stop = membership.ended(ending, blamed, now, committed=endpoint.statistics()["answered"] > asked)
             failures += ending is Ending.FAILED
             status.publish(failures=failures)
             if ending is Ending.FAILED:

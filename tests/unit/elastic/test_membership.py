@@ -144,3 +144,18 @@ def test_blacklisted_reports_time_left_and_forgets_expired_cooldowns() -> None:
     assert m.blacklisted(now=15) == {"b": (2.0, "failed")}
     assert m.blacklisted(now=17) == {}
     assert m.plan((A, B), now=17) == Epoch(1, (A, B))
+
+
+def test_launches_failing_before_their_first_commit_stop_the_job_after_three_in_a_row() -> None:
+    m = Membership(Limits(min_np=1, cooldown_range=(0.0, 0.0)))
+    m.started(m.plan((A,), now=0))  # type: ignore[arg-type]
+    assert m.ended(Ending.FAILED, now=1, committed=False) is None
+    assert m.ended(Ending.FAILED, now=2, committed=False) is None
+    assert m.ended(Ending.FAILED, now=3, committed=True) is None  # it made progress: count again
+    assert m.ended(Ending.FAILED, now=4, committed=False) is None
+    assert m.ended(Ending.HOSTS_UPDATED, now=5, committed=False) is None  # not a failure
+    assert m.ended(Ending.FAILED, now=6, committed=False) is None
+    assert m.ended(Ending.FAILED, now=7, committed=False) is None
+    stop = m.ended(Ending.FAILED, failed_hosts=("a",), now=8, committed=False)
+    assert isinstance(stop, Stop) and stop.message.startswith("3 launches in a row failed before their first commit")
+    assert m.failed_without_commit == 3
