@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import tempfile
 
 import torch
 import torch.nn.functional as F
+from _torch_device import rank_device, require_cuda
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -49,32 +49,6 @@ class Net(torch.nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc(x.flatten(1))
-
-
-def require_cuda(device: str) -> None:
-    """Exit with the reason when `--device cuda` is asked for and PyTorch sees no GPU (before any rank waits)."""
-    if device == "cuda" and not torch.cuda.is_available():
-        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise SystemExit(
-            f"--device cuda needs a GPU that PyTorch can use, and torch.cuda.is_available() is False on "
-            f"{socket.gethostname()} (torch {torch.__version__}, {build}). "
-            "Install a CUDA build of PyTorch, check CUDA_VISIBLE_DEVICES, or run with --device cpu."
-        )
-
-
-def rank_device(device: str) -> torch.device:
-    """This rank's device: the CPU, or the GPU numbered by its local rank (one GPU per rank, as NCCL wants)."""
-    if device == "cpu":
-        return torch.device("cpu")
-    gpus = torch.cuda.device_count()
-    if hvd.local_rank() >= gpus:
-        raise SystemExit(
-            f"--device cuda gives each rank the GPU numbered by its local rank, and local rank "
-            f"{hvd.local_rank()} (rank {hvd.rank()}) has none: {gpus} GPU(s) are visible on "
-            f"{socket.gethostname()}. Start at most {gpus} rank(s) per host."
-        )
-    torch.cuda.set_device(hvd.local_rank())
-    return torch.device("cuda", hvd.local_rank())
 
 
 def save_atomically(state: dict, path: str) -> None:
