@@ -76,11 +76,13 @@ class StateStore:
         size = sum(view.nbytes for view in views)
         if size:
             target = np.frombuffer(self._map(slot, size), dtype=np.uint8)
-            at = 0
-            for view in views:
-                np.copyto(target[at:at + view.nbytes], np.frombuffer(view, dtype=np.uint8))
-                at += view.nbytes
-            del target  # the mapping may be closed and replaced at the next size change
+            try:
+                at = 0
+                for view in views:
+                    np.copyto(target[at:at + view.nbytes], np.frombuffer(view, dtype=np.uint8))
+                    at += view.nbytes
+            finally:  # even on an error: an exported mapping could not be closed at the next size change
+                del target
         else:
             self._unmap(slot)
             (self.path / f"slot-{slot}").write_bytes(b"")
@@ -100,6 +102,9 @@ class StateStore:
         fd = os.open(self.path / f"slot-{slot}", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, size)
+            # Reserve the pages now: a full tmpfs then fails here with ENOSPC, where a store into a
+            # sparse mapping would kill the process with SIGBUS (no error, no traceback, the host blamed).
+            os.posix_fallocate(fd, 0, size)
             mapped = self._maps[slot] = mmap.mmap(fd, size)
         finally:
             os.close(fd)

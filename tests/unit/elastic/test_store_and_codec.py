@@ -69,6 +69,57 @@ def test_slots_stay_mapped_across_commits_of_changing_sizes(tmp_path: Path) -> N
     assert store._maps == {} and reader.read() is not None
 
 
+_FULL_TMPFS = """
+import sys
+from unison.elastic._store import CommitId, StateStore
+store = StateStore(sys.argv[1], "h")
+try:
+    store.write(CommitId(1, 0), [bytes(256 * 1024)])
+except OSError as exc:
+    print("refused:", exc.strerror)
+"""
+
+
+def test_a_commit_larger_than_the_free_shared_memory_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    # A 64 KiB tmpfs of this test's own (a mount namespace): stores into a sparse mapping past the
+    # free space would end the writer with SIGBUS, no traceback, and get its host blacklisted.
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount a small tmpfs")
+    script = (f"mount -t tmpfs -o size=64k tmpfs {tmp_path} || exit 99; "
+              f'exec "{sys.executable}" -c "$0" {tmp_path}')
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script, _FULL_TMPFS], capture_output=True,
+                          text=True, timeout=60)
+    if done.returncode == 99 or "unshare" in done.stderr and done.returncode == 1:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    assert (done.returncode, done.stdout) == (0, "refused: No space left on device\n"), done.stderr
+
+
+def test_a_failed_copy_leaves_no_exported_mapping_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from unison.elastic import _store
+
+    store = StateStore(tmp_path, "h")
+    store.write(CommitId(1, 0), [b"one"])
+    copies = []
+
+    def failing_copyto(target: object, source: object) -> None:
+        copies.append(1)
+        del target, source  # as numpy's C code: no frame of its own keeps the views
+        raise MemoryError("copy failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_store.np, "copyto", failing_copyto)
+        with pytest.raises(MemoryError) as failed:
+            store.write(CommitId(2, 0), [b"two", b"parts"])
+    assert copies and failed.traceback  # the traceback (and its frames) still alive
+    store.write(CommitId(2, 0), [b"longer now"])  # remaps slot 1: closing it must not meet an export
+    store.close()
+    assert store.read() == (CommitId(2, 0), bytearray(b"longer now"))
+
+
 def test_commit_order_prefers_more_commits_then_the_later_epoch() -> None:
     assert max([CommitId(11, 3), CommitId(11, 4), CommitId(10, 9)]) == CommitId(11, 4)
     assert max([CommitId(12, 1), CommitId(11, 4)]) == CommitId(12, 1)
