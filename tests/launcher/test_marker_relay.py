@@ -102,3 +102,49 @@ def test_ranks_away_from_the_launcher_directory_relay_started_and_failed(tmp_pat
     assert sorted(markers.started) == [0, 1]
     assert list(markers.failed) == [1], done.stderr
     assert "ValueError: rank 1 gives up" in markers.failed[1]
+
+
+def test_a_signature_that_is_not_ascii_is_refused_not_an_error(tmp_path: Path) -> None:
+    import socket
+
+    payload = b'{"name": "ended-1", "text": "1 0"}'
+    assert accept(b"\xff" * 64 + b" " + payload, "k") is None
+    with MarkerRelay(tmp_path, "127.0.0.1") as relay:
+        with socket.create_connection(("127.0.0.1", relay.server_address[1]), timeout=10) as conn:
+            conn.sendall(b"\xff" * 64 + b" " + payload + b"\n")
+            assert conn.makefile("rb").readline() == b"REFUSED\n"
+        assert relay.statistics() == {"accepted": 0, "refused": 1}
+
+
+def test_a_sender_trickling_its_line_is_cut_off_after_the_line_time(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time
+
+    from unison.launcher import _relay
+
+    monkeypatch.setattr(_relay, "LINE_SECONDS", 1.0, raising=False)
+    with MarkerRelay(tmp_path, "127.0.0.1") as relay:
+        with socket.create_connection(("127.0.0.1", relay.server_address[1]), timeout=10) as conn:
+            started = time.monotonic()
+            with pytest.raises(OSError):  # the relay closed the connection: a send or the read fails
+                while time.monotonic() - started < 6:
+                    conn.sendall(b"x")  # one byte every 0.2 s: each read comes well within any per-read timeout
+                    time.sleep(0.2)
+                    conn.settimeout(0.001)
+                    try:
+                        if conn.recv(1) == b"":
+                            raise ConnectionResetError("closed by the relay")
+                    except TimeoutError:
+                        pass
+                    conn.settimeout(10)
+            assert time.monotonic() - started < 3
+        assert send_marker(relay.variable, "started-0", "h 1\n")  # the relay still serves others
+
+
+def test_no_marker_is_written_once_the_relay_is_closed(tmp_path: Path) -> None:
+    relay = MarkerRelay(tmp_path, "127.0.0.1")
+    relay.close()
+    payload = json.dumps({"name": "ended-4", "text": "1 0\n"}).encode()
+    assert relay.receive(sign(relay.key, payload).encode() + b" " + payload + b"\n") == b"REFUSED\n"
+    assert list(tmp_path.iterdir()) == []

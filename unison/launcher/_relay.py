@@ -18,8 +18,10 @@ import json
 import os
 import re
 import secrets
+import socket
 import socketserver
 import threading
+import time
 from pathlib import Path
 
 from ._keeper import RELAY_VARIABLE, sign
@@ -27,6 +29,7 @@ from ._keeper import RELAY_VARIABLE, sign
 __all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "accept"]
 
 MAX_LINE_BYTES = 65536
+LINE_SECONDS = 5.0  # a sender has this long in all to send its line: a slow one cannot hold a thread
 _NAME = re.compile(r"(started|failed|finished|ended)-[0-9]{1,7}")
 
 
@@ -41,7 +44,8 @@ def accept(line: bytes, key: str) -> tuple[str, str] | None:
         True
     """
     signature, _, payload = line.strip().partition(b" ")
-    if len(line) > MAX_LINE_BYTES or not hmac.compare_digest(signature.decode(errors="replace"), sign(key, payload)):
+    # Compared as bytes: compare_digest raises TypeError on a str with non-ASCII characters.
+    if len(line) > MAX_LINE_BYTES or not hmac.compare_digest(signature, sign(key, payload).encode()):
         return None
     try:
         message = json.loads(payload)
@@ -96,7 +100,7 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
         """Write the marker `line` carries and answer ``OK``, or count it refused."""
         marker = accept(line, self.key)
         with self.lock:
-            if marker is None:
+            if marker is None or self.state != "running":  # closed: the launcher's directory is going away
                 self.refused += 1
                 return b"REFUSED\n"
             name, text = marker
@@ -114,18 +118,32 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
         """Stop serving (idempotent)."""
         if self.state == "closed":
             return
+        with self.lock:  # waits for a marker being written; none is written after this
+            self.state = "closing"
         self.shutdown()
         self.server_close()
         self.state = "closed"
 
 
-class _Handler(socketserver.StreamRequestHandler):
-    timeout = 5.0
-
+class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         assert isinstance(self.server, MarkerRelay)
         try:
-            line = self.rfile.readline(MAX_LINE_BYTES + 1)
-            self.wfile.write(self.server.receive(line))
-        except OSError:  # the sender went away; it gives up by itself
+            self.request.sendall(self.server.receive(_read_line(self.request, time.monotonic() + LINE_SECONDS)))
+        except OSError:  # the sender went away, or took too long; it gives up by itself
             pass
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes:
+    """One line from `conn` (at most MAX_LINE_BYTES + 1 bytes; what came before EOF), by `deadline`."""
+    line = b""
+    while b"\n" not in line and len(line) <= MAX_LINE_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the sender took too long")
+        conn.settimeout(left)
+        chunk = conn.recv(MAX_LINE_BYTES + 1 - len(line))
+        if not chunk:
+            break
+        line += chunk
+    return line.partition(b"\n")[0] + b"\n" if b"\n" in line else line
