@@ -86,6 +86,11 @@ def check_committed(job: Job, samples: int, epochs: int, size: int) -> None:
     history = results[0]["history"]
     assert isinstance(history, list)
     assert _train.replay(history) == (results[0]["weight"], results[0]["momentum"])
+    check_each_sample_once(history, samples, epochs)
+
+
+def check_each_sample_once(history: Sequence[tuple[int, Sequence[int]]], samples: int, epochs: int) -> None:
+    """`history` ((epoch, sample indices) per committed step) holds every sample exactly once per epoch."""
     per_epoch = collections.defaultdict(list)
     for epoch, indices in history:
         per_epoch[epoch] += indices

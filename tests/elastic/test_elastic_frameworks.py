@@ -9,14 +9,13 @@ once per epoch.
 
 from __future__ import annotations
 
-import collections
 import json
 from pathlib import Path
 
 import pytest
 
 from . import _train_keras, _train_tf
-from ._harness import HOSTS, Job, run
+from ._harness import HOSTS, Job, check_each_sample_once, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,12 +56,7 @@ def test_tensorflow_loop_after_a_kill_equals_its_replay(tmp_path: Path, mode: st
     history = first["history"]
     assert _train_tf.replay(history, mode) == {"weight": first["weight"], "optimizer": first["optimizer"]}
     assert first["commits"] == len(history) + epochs  # a commit each step and at each epoch's end
-    per_epoch = collections.defaultdict(list)
-    for epoch, indices in history:
-        per_epoch[epoch] += indices
-    assert sorted(per_epoch) == list(range(epochs))
-    for epoch, indices in per_epoch.items():
-        assert sorted(indices) == list(range(samples)), f"epoch {epoch}: {sorted(indices)}"
+    check_each_sample_once(history, samples, epochs)
     assert [[len(b) for e, b in history if e == epoch] for epoch in range(epochs)] == steps
 
 
