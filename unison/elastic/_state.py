@@ -36,6 +36,9 @@ __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "ru
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
 _UPDATES_NAME = "unison.elastic.host_updates"
+# The State whose host check is in flight in this process: the broadcast's one name is used by one
+# collective at a time, so a State starting its check first finishes another's (two States committing).
+_checking: list[State] = []
 
 
 class State:
@@ -54,6 +57,7 @@ class State:
         self._driver_updates = 0
         self._asked_at = float("-inf")
         self._pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
+        self._checked: int | None = None  # its value, when another State's check finished it first
         self.commits = 0  # commits since the job began (carried across launches)
 
     def __repr__(self) -> str:
@@ -115,17 +119,27 @@ class State:
                 self._asked_at = now
                 self._driver_updates = ask_driver(env.driver, env.epoch)
         count = np.array([self._driver_updates], dtype=np.int64)
+        for other in list(_checking):
+            other._resolve_check()
         self._pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
+        _checking[:] = [self]
+
+    def _resolve_check(self) -> None:
+        """Wait for this State's check broadcast, if one runs, and keep its value for the next check."""
+        from .._submit import synchronize
+
+        if _checking and _checking[0] is self:
+            _checking.clear()
+        pending, self._pending_check = self._pending_check, None
+        if pending is not None:
+            synchronize(pending[0])
+            self._checked = int(pending[1][0])
 
     def _finish_check(self) -> int:
         """Rank 0's count from the previous check (this rank's known count when there was none)."""
-        from .._submit import synchronize
-
-        pending, self._pending_check = self._pending_check, None
-        if pending is None:
-            return self._known_updates
-        synchronize(pending[0])
-        return int(pending[1][0])
+        self._resolve_check()
+        seen, self._checked = self._checked, None
+        return self._known_updates if seen is None else seen
 
     def _settle(self) -> None:
         """Finish what the last commit left running (the host check's broadcast), on every rank at the end of `run`."""

@@ -58,3 +58,49 @@ def test_tensorflow_state_restores_variables() -> None:
     assert variable.numpy().tolist() == [5.0, 6.0] and state.batch == 4
     with pytest.raises(ValueError, match="TensorFlow 1 graph mode"):
         TensorFlowState([variable], session=object())
+
+
+def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake engine where a broadcast stays in flight until it is synchronized (a peer not there
+    # yet): a second one under the same name raises, as the engine does.
+    import unison._collectives
+    import unison._submit
+    from unison.elastic import _state
+    from unison.elastic._environment import ElasticEnvironment
+    from unison.errors import DuplicateNameError
+
+    in_flight: dict[str, int] = {}
+    names: dict[int, str] = {}
+
+    def broadcast_async_(tensor: object, root_rank: int, name: str = "") -> int:
+        if name in in_flight:
+            raise DuplicateNameError(f"{name} is in flight")
+        handle = in_flight[name] = len(names) + 1
+        names[handle] = name
+        return handle
+
+    def synchronize(handle: int) -> None:
+        del in_flight[names.pop(handle)]
+
+    changes = [0]
+    monkeypatch.setattr(unison._collectives, "broadcast_async_", broadcast_async_)
+    monkeypatch.setattr(unison._submit, "synchronize", synchronize)
+    monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
+    monkeypatch.setattr(_state, "ask_driver", lambda address, epoch: changes[0])
+    monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
+    model = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, step=0)
+    data = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, position=0)
+    for _ in range(3):
+        model.commit()
+        data.commit()
+    changes[0] = 1  # the driver announces a change: each state raises at its second check after it
+    model.commit()
+    data.commit()
+    with pytest.raises(HostsUpdatedInterrupt):
+        model.commit()
+    with pytest.raises(HostsUpdatedInterrupt):
+        data.commit()
+    model._settle()
+    data._settle()
+    assert in_flight == {} and names == {}
