@@ -188,6 +188,149 @@ def keras_mask() -> None:
     ps.shutdown()
 
 
+def _keras_dense_model(seed: int, embedding: object | None, name: str = "net") -> object:
+    """The dense model of the ServerOptimizer tests: an MLP, after a 3-id embedding when one is given."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    if embedding is None:
+        head = [keras.Input((5,))]
+    else:
+        head = [keras.Input((3,), dtype="int64"), embedding, keras.layers.Flatten()]
+    return keras.Sequential([*head, keras.layers.Dense(4, activation="tanh", name="hidden"),
+                             keras.layers.Dense(1, name="out")], name=name)
+
+
+def _keras_dense_data(embedding: bool, steps: int = 6, size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    if embedding:
+        x = rng.integers(0, 64, size=(steps * size, 3)).astype(np.int64)
+    else:
+        x = rng.standard_normal((steps * size, 5)).astype(np.float32)
+    return x, rng.standard_normal((steps * size, 1)).astype(np.float32)
+
+
+def keras_dense_sync() -> None:
+    """model.fit with ServerOptimizer on this trainer's half of every global batch of 16 (KERAS_EMBEDDING=1 puts
+    a DistributedEmbedding first, KERAS_EAGER=1 runs eagerly). Trainer 0 also trains the reference: the same
+    model from its own starting values on the global batches in one process, the servers' optimizer applied
+    in NumPy (and SGD to a keras.layers.Embedding's matrix)."""
+    import keras
+    import tensorflow as tf
+
+    import unison.ps.keras as psk
+
+    client = ps.init()
+    embedded = os.environ.get("KERAS_EMBEDDING") == "1"
+    eager = os.environ.get("KERAS_EAGER") == "1"
+    init = ps.Initializer("uniform", 0.5, seed=3)
+    dense_opt = ps.Momentum(0.1, momentum=0.9) if embedded else ps.Adam(0.01)
+    layer = psk.DistributedEmbedding("emb", 64, 8, initializer=init, optimizer=ps.SGD(0.5)) if embedded else None
+    model = _keras_dense_model(10 + client.trainer, layer)  # each trainer starts from its own values
+    start = [w.copy() for w in model.get_weights()]
+    opt = psk.ServerOptimizer(dense_opt)
+    model.compile(optimizer=opt, loss="mse", run_eagerly=eager)
+    if eager:  # an eager step builds its optimizer after the forward pass: too late
+        opt.build(model.trainable_variables)
+    x, y = _keras_dense_data(embedded)
+    mine = np.concatenate([np.arange(i, i + 8) + 8 * client.trainer for i in range(0, len(x), 16)])
+    history = model.fit(x[mine], y[mine], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    got = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    if embedded:
+        got["rows"] = ps.pull_sparse("emb", np.arange(64))
+        got["layer_pushes"] = np.array(layer.statistics()["pushes"])
+    got.update(loss=np.array(history.history["loss"]), start0=start[0], steps=np.array(opt.statistics()["steps"]),
+               version=np.array(ps.server_statistics()[0]["version"]))
+    if client.trainer == 0:
+        ref = _keras_dense_model(0, keras.layers.Embedding(64, 8) if embedded else None, name="reference")
+        ref.set_weights(([init.rows(np.arange(64), 8)] if embedded else []) + start[int(embedded):])
+        states = [(dense_opt.new_slots((1, int(np.prod(v.shape)))), np.zeros(1, np.int64)) for v in ref.trainable_variables]
+        for i in range(0, len(x), 16):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(ref(x[i:i + 16]) - y[i:i + 16]))
+            for k, (v, g) in enumerate(zip(ref.trainable_variables, tape.gradient(loss, ref.trainable_variables))):
+                value, grad = v.numpy().reshape(1, -1), tf.convert_to_tensor(g).numpy().reshape(1, -1)
+                if embedded and k == 0:
+                    value -= np.float32(0.5) * grad  # the table's SGD
+                else:
+                    dense_opt.apply(value, *states[k], np.array([0]), grad)
+                v.assign(value.reshape(v.shape))
+        got.update({f"ref{i}": w for i, w in enumerate(ref.get_weights())})
+    np.savez(out, **got)
+    ps.shutdown()
+
+
+def keras_dense_async() -> None:
+    """model.fit with ServerOptimizer(SGD) in asynchronous mode on this trainer's share of a linear regression;
+    both trainers start once both said hello, and read the servers' statistics once both finished."""
+
+    import unison.ps.keras as psk
+
+    client = ps.init()
+    deadline = time.monotonic() + 60
+    while len(ps.server_statistics()[0]["trainers"]) < client.num_trainers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1600, 5)).astype(np.float32)
+    y = (x @ rng.standard_normal((5, 1)) + 0.05 * rng.standard_normal((1600, 1))).astype(np.float32)
+    mine = slice(client.trainer, None, client.num_trainers)
+    model = _keras_dense_model(client.trainer, None)
+    opt = psk.ServerOptimizer(ps.SGD(0.05))
+    model.compile(optimizer=opt, loss="mse")
+    before = model.evaluate(x, y, verbose=0)
+    model.fit(x[mine], y[mine], batch_size=4, epochs=2, shuffle=False, verbose=0)
+    after = model.evaluate(x, y, verbose=0)
+    Path(f"{out}.done").write_text("")
+    others = [Path(str(out).replace(f"t{client.trainer}", f"t{t}") + ".done") for t in range(client.num_trainers)]
+    while not all(p.exists() for p in others) and time.monotonic() < deadline + 120:
+        time.sleep(0.05)
+    out.write_text(json.dumps({"loss": [before, after], "optimizer": opt.statistics(),
+                               "servers": ps.server_statistics()}))
+    ps.shutdown()
+
+
+def keras_dense_errors() -> None:
+    """Misuses of ServerOptimizer, each caught and written to OUT as {case: [error type, message]}."""
+    import keras
+
+    import unison.ps.keras as psk
+
+    ps.init()
+    x, y = _keras_dense_data(False, steps=1)
+    caught: dict[str, list[str]] = {}
+
+    def attempt(case: str, action: object) -> None:
+        try:
+            action()  # type: ignore[operator]
+        except Exception as exc:  # noqa: BLE001 - recorded for the test to check
+            caught[case] = [type(exc).__name__, str(exc)]
+
+    def fit(model: keras.Model, opt: object, **compile_args: object) -> None:
+        model.compile(optimizer=opt, loss="mse", **compile_args)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+    attempt("keras_optimizer", lambda: psk.ServerOptimizer(keras.optimizers.Adam()))  # type: ignore[arg-type]
+    grown = _keras_dense_model(0, None, name="grown")
+    grown_opt = psk.ServerOptimizer(ps.SGD(0.1), name="grown_opt")
+    fit(grown, grown_opt)
+    grown.add(keras.layers.Dense(1, name="extra"))
+    attempt("created_after", lambda: fit(grown, grown_opt))
+    first = _keras_dense_model(0, None, name="resized")
+    resized_opt = psk.ServerOptimizer(ps.SGD(0.1), name="resized_opt")
+    fit(first, resized_opt)
+    keras.utils.set_random_seed(0)
+    wider = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh", name="hidden"),
+                              keras.layers.Dense(1, name="out")], name="resized")
+    attempt("shape_changed", lambda: fit(wider, resized_opt))
+    attempt("eager_unbuilt", lambda: fit(_keras_dense_model(0, None, name="eager"),
+                                         psk.ServerOptimizer(name="eager_opt"), run_eagerly=True))
+    attempt("xla", lambda: fit(_keras_dense_model(0, None, name="xla"), psk.ServerOptimizer(name="xla_opt"),
+                               jit_compile=True))
+    out.write_text(json.dumps(caught))
+    ps.shutdown()
+
+
 {"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
  "sync_pauses": sync_pauses, "keras_sync": keras_sync,
- "keras_mask": keras_mask}[scenario]()
+ "keras_mask": keras_mask, "keras_dense_sync": keras_dense_sync, "keras_dense_async": keras_dense_async,
+ "keras_dense_errors": keras_dense_errors}[scenario]()

@@ -6,14 +6,16 @@ table's optimizer. The layer's one Keras weight is a scalar that is always zero:
 lookup on the gradient tape, so ``model.fit``'s backward reaches the layer's gradient function
 (``tf.custom_gradient``), which does the push. The pull and the push are ``tf.py_function`` calls, so
 the layer runs in ``model.fit`` in graph mode as well as with ``run_eagerly=True``; it opts out of XLA
-(``supports_jit = False``). Dense layers are trained by the model's own Keras optimizer.
+(``supports_jit = False``). Dense layers are trained by the model's own Keras optimizer, or on the
+servers by `ServerOptimizer`, which then sends the layer's rows in its own push (one push per step).
 
 Example:
     >>> import keras, unison.ps as ps, unison.ps.keras as psk                     # doctest: +SKIP
     >>> ps.init()                                                               # doctest: +SKIP
     >>> model = keras.Sequential([psk.DistributedEmbedding("ads", 1_000_000, 16, optimizer=ps.Adagrad(0.05)),
     ...                           keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])  # doctest: +SKIP
-    >>> model.compile(optimizer="adam", loss="mse"); model.fit(ids, labels)      # doctest: +SKIP
+    >>> model.compile(optimizer=psk.ServerOptimizer(ps.Adam(0.001)), loss="mse")  # doctest: +SKIP
+    >>> model.fit(ids, labels)                                                  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError
 from . import _api
+from ._keras_optimizer import ServerOptimizer, check_backend, register_embedding
 from .client import Client
 from .optim import Optimizer
 from .table import Initializer
@@ -32,9 +35,18 @@ try:
     import keras
     import tensorflow as tf
 except ImportError as exc:  # pragma: no cover - keras is optional
-    raise MissingDependencyError("unison.ps.keras needs Keras 3 on TensorFlow: `pip install tensorflow keras`.") from exc
+    raise MissingDependencyError("unison.ps.keras needs Keras 3 on TensorFlow: `pip install tensorflow keras` "
+                                 f"(importing them failed: {exc}).") from exc
 
-__all__ = ["DistributedEmbedding"]
+__all__ = ["DistributedEmbedding", "ServerOptimizer"]
+
+
+class _KeptRows:
+    """Backward passes' (ids, rows) kept for a `ServerOptimizer`; a plain object, so Keras does not track them."""
+
+    def __init__(self) -> None:
+        self.deferred = False
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
 
 
 class DistributedEmbedding(keras.layers.Layer):
@@ -43,6 +55,8 @@ class DistributedEmbedding(keras.layers.Layer):
     Each backward pass pushes the gradients of the rows it looked up (one push per layer per
     step), so every trainer of a synchronous job must call the layer the same number of times per
     step. The servers apply ``optimizer`` to the rows; the model's Keras optimizer never sees them.
+    Under a `ServerOptimizer` the layer hands the rows over instead, and the optimizer pushes them
+    with the dense gradients: one push per step, however many times the layer ran.
 
     Args:
         table: the table's name on the servers (the same on every trainer).
@@ -66,6 +80,7 @@ class DistributedEmbedding(keras.layers.Layer):
     def __init__(self, table: str, input_dim: int, output_dim: int, *, initializer: Initializer | None = None,
                  optimizer: Optimizer | None = None, mask_zero: bool = False, client: Client | None = None,
                  **kwargs: Any) -> None:
+        check_backend("unison.ps.keras.DistributedEmbedding")
         super().__init__(**kwargs)
         if int(input_dim) < 1 or int(output_dim) < 1:
             raise ValueError(f"input_dim and output_dim must be at least 1. Got input_dim={input_dim}, "
@@ -74,6 +89,7 @@ class DistributedEmbedding(keras.layers.Layer):
         self._client = client
         self._initializer, self._optimizer = initializer, optimizer
         self._declared = False
+        self._kept = _KeptRows()
         self.mask_zero = bool(mask_zero)
         self.supports_masking = self.mask_zero
         self.supports_jit = False  # the pull and push are Python calls
@@ -94,6 +110,7 @@ class DistributedEmbedding(keras.layers.Layer):
     def build(self, input_shape: Any = None) -> None:
         # always zero; its gradient is zero too: it only makes the tape record the lookup
         self._anchor = self.add_weight(name="gradient_anchor", shape=(), initializer="zeros", trainable=True)
+        register_embedding(self._anchor, self)
         self.built = True
 
     def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
@@ -119,10 +136,24 @@ class DistributedEmbedding(keras.layers.Layer):
         self._counts["rows_pulled"] += len(ids)
         return np.asarray(rows, dtype=np.float32).reshape(len(ids), self.output_dim)
 
+    def defer_pushes(self) -> None:
+        """Keep each backward pass's rows for `take_gradients` instead of pushing them (a `ServerOptimizer` does)."""
+        self._kept.deferred = True
+
+    def take_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (ids, gradient rows) kept since the last call, or None when there are none."""
+        parts, self._kept.parts = self._kept.parts, []
+        if not parts:
+            return None
+        return np.concatenate([i for i, _ in parts]), np.concatenate([r for _, r in parts])
+
     def _push(self, unique: Any, grad: Any) -> np.ndarray:
         ids = np.asarray(unique.numpy(), dtype=np.int64)
         rows = np.asarray(grad.numpy(), dtype=np.float32).reshape(len(ids), self.output_dim)
-        self.client.push(sparse={self.table: (ids, rows)})
+        if self._kept.deferred:
+            self._kept.parts.append((ids, rows))
+        else:
+            self.client.push(sparse={self.table: (ids, rows)})
         self._counts["pushes"] += 1
         self._counts["rows_pushed"] += len(ids)
         return np.zeros((), np.float32)
