@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ case "$host" in
   up) exec sh -c "$*" ;;
   down) echo "cannot reach $host" >&2; exit 255 ;;
   slow) exec sleep 30 ;;
+  leaves) setsid sleep 8.25 & echo "left one behind" ;;
 esac
 """
 
@@ -45,6 +47,14 @@ def test_a_host_past_the_time_limit_is_killed_and_says_so(tmp_path: Path) -> Non
     assert time.monotonic() - start < 10
     assert answer.returncode is None and answer.started and not answer.ok
     assert answer.describe("L slow true") == "L slow true ran past the time limit"
+
+
+def test_a_launcher_that_leaves_a_process_holding_its_output_answers_at_once(tmp_path: Path) -> None:
+    start = time.monotonic()
+    [answer] = run_on_hosts(Reach(_launcher(tmp_path)), ["leaves"], "true", timeout_seconds=5)
+    subprocess.run(["pkill", "-f", "sleep 8.25"], check=False)
+    assert time.monotonic() - start < 4  # its exit is the answer, not the end of its output
+    assert answer == HostAnswer("leaves", 0, "left one behind")
 
 
 def test_a_missing_launcher_is_not_a_host_failure(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ import os
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from typing import IO
 
 __all__ = ["HostAnswer", "Reach", "reach_of", "run_on_hosts"]
 
@@ -75,32 +77,38 @@ def reach_of(launcher_exec: str, mpi_args: str) -> Reach:
 def run_on_hosts(reach: Reach, hosts: Sequence[str], remote: str, env: Mapping[str, str] | None = None,
                  timeout_seconds: float = 10.0) -> list[HostAnswer]:
     """Run the shell command `remote` on every host in `hosts` at once; one answer per host, in order."""
-    running: list[tuple[str, subprocess.Popen[str] | None, str]] = []
+    # Output goes to files, not pipes: a launcher that leaves a process behind holding its output
+    # (an ssh master, a daemon it started) must not make its host look slow, or the driver wait.
+    running: list[tuple[str, subprocess.Popen[str] | None, IO[str] | None, str]] = []
     for host in hosts:
+        output_file: IO[str] = tempfile.TemporaryFile(mode="w+")
         try:
             proc = subprocess.Popen(reach.command(host, remote), env=None if env is None else dict(env),
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stdin=subprocess.DEVNULL, stdout=output_file,
                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
         except OSError as exc:
-            running.append((host, None, str(exc)))
+            output_file.close()
+            running.append((host, None, None, str(exc)))
         else:
-            running.append((host, proc, ""))
+            running.append((host, proc, output_file, ""))
     deadline = time.monotonic() + timeout_seconds
     answers = []
-    for host, started, error in running:
-        if started is None:
+    for host, started, kept, error in running:
+        if started is None or kept is None:
             answers.append(HostAnswer(host, None, error, started=False))
             continue
-        proc = started
+        proc, output_file = started, kept
         try:
-            output, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            returncode: int | None = proc.returncode
+            returncode: int | None = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the launcher and whatever it started
             except ProcessLookupError:
                 pass
-            output, _ = proc.communicate()
+            proc.wait()
             returncode = None
+        with output_file:
+            output_file.seek(0)
+            output = output_file.read(64 * _OUTPUT_CHARS)
         answers.append(HostAnswer(host, returncode, " ".join(output.split())[:_OUTPUT_CHARS]))
     return answers
