@@ -70,3 +70,19 @@ def test_reach_follows_the_jobs_launcher() -> None:
     assert reach_of("", "-launcher slurm") == Reach("", usable=False)
     assert reach_of("", "--mca plm_rsh_agent /x/agent") == Reach("", usable=False)
     assert reach_of("/x/exec", "-launcher-exec=/y") == Reach("/x/exec", usable=True)
+
+
+def test_the_driver_blacklists_no_host_when_every_host_fails_alike(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from unison.elastic._membership import Epoch, Host
+    from unison.launcher._elastic_driver import _unreachable
+
+    alike = tmp_path / "alike"
+    alike.write_text('#!/bin/sh\necho "ssh: Could not resolve hostname $1" >&2; exit 255\n')
+    alike.chmod(0o755)
+    epoch = Epoch(0, (Host("down", 1), Host("other-down", 1)))
+    assert _unreachable(epoch, [], Reach(str(alike)), {}) == {}
+    assert "none of down, other-down could be reached, all alike" in capsys.readouterr().err
+    # One host failing on its own is blamed as before.
+    found = _unreachable(Epoch(0, (Host("down", 1), Host("up", 1))), [], Reach(_launcher(tmp_path)), {})
+    assert list(found) == ["down"] and "exited with status 255: cannot reach down" in found["down"]

@@ -219,12 +219,19 @@ def _unreachable(epoch: Epoch, blamed: Sequence[str], reach: Reach, env: dict[st
     if not hosts or not reach.usable:
         return {}
     found = {}
-    for answer in run_on_hosts(reach, hosts, "true", env, PROBE_TIMEOUT_SECONDS):
+    answers = run_on_hosts(reach, hosts, "true", env, PROBE_TIMEOUT_SECONDS)
+    for answer in answers:
         what = answer.describe(shlex.join(reach.command(answer.host, "true")))
         if not answer.started:  # our own launcher program is missing: no host is to blame for that
             _say(f"could not check whether {answer.host} is reachable: {what}")
         elif not answer.ok:
             found[answer.host] = what
+    said = {(a.returncode, a.output.replace(a.host, "HOST")) for a in answers}
+    if len(answers) > 1 and len(found) == len(answers) and len(said) == 1:
+        # Every host failing alike points at this host (its ssh keys, DNS, network), not at them.
+        _say(f"none of {', '.join(hosts)} could be reached, all alike ({found[hosts[0]]}); that looks like "
+             "a problem of this host, so none is blacklisted for it")
+        return {}
     return found
 
 
