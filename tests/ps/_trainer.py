@@ -330,7 +330,28 @@ def keras_dense_errors() -> None:
     ps.shutdown()
 
 
+def keras_dense_lost() -> None:
+    """Synchronous model.fit with ServerOptimizer; trainer 1 leaves after 2 steps without telling the servers,
+    trainer 0 writes the error that ends its fit to OUT as [type, message]."""
+    import unison.ps.keras as psk
+
+    client = ps.init()
+    model = _keras_dense_model(0, None)
+    model.compile(optimizer=psk.ServerOptimizer(ps.SGD(0.1)), loss="mse")
+    x, y = _keras_dense_data(False, steps=10, size=8)
+    if client.trainer == 1:
+        model.fit(x[:16], y[:16], batch_size=8, epochs=1, shuffle=False, verbose=0)
+        os._exit(0)
+    try:
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    except Exception as exc:  # noqa: BLE001 - recorded for the test to check
+        out.write_text(json.dumps([type(exc).__name__, str(exc)]))
+        raise SystemExit(3) from None
+    out.write_text(json.dumps(["none", "fit ended without an error"]))
+
+
 {"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
  "sync_pauses": sync_pauses, "keras_sync": keras_sync,
  "keras_mask": keras_mask, "keras_dense_sync": keras_dense_sync, "keras_dense_async": keras_dense_async,
- "keras_dense_errors": keras_dense_errors}[scenario]()
+ "keras_dense_errors": keras_dense_errors,
+ "keras_dense_lost": keras_dense_lost}[scenario]()

@@ -124,3 +124,22 @@ def test_a_backend_other_than_tensorflow_is_named() -> None:
         assert re.fullmatch(rf"unison.ps.keras.{what} needs Keras's TensorFlow backend; this process runs Keras on "
                             r"'torch'. Set KERAS_BACKEND=tensorflow before keras is first imported \(or \"backend\": "
                             r"\"tensorflow\" in ~/.keras/keras.json\).", message), message
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_trainer_ends_the_sync_fit_of_the_others_with_an_error_naming_it(tmp_path) -> None:
+    pytest.importorskip("keras")
+    endpoints = [f"127.0.0.1:{free_port()}"]
+    server = start_server(0, endpoints, 2, "sync", UNISON_PS_TRAINER_TIMEOUT_SECONDS="1.5")
+    outs = [tmp_path / "t0.json", tmp_path / "t1.json"]
+    trainers = [start_trainer(t, endpoints, 2, "sync", "keras_dense_lost", outs[t]) for t in range(2)]
+    try:
+        assert wait_all(trainers, 100) == [3, 0]
+    finally:
+        stop(*trainers, server)
+    kind, message = json.loads(outs[0].read_text())
+    # raised inside a tf.py_function: TensorFlow reports it as its own error, with the TrainerLostError's text
+    assert kind == "UnknownError", (kind, message)
+    assert re.search(r"TrainerLostError: trainer 0: step 2 did not complete on parameter server 0: trainer 1 "
+                     r"\(\S+, pid \d+\) pushed steps up to 1 and sent nothing for \d+\.\d s; it died or is stopped",
+                     message), message

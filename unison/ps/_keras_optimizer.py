@@ -15,6 +15,7 @@ and the optimizer sends them in the same push as the dense gradients: one push p
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import weakref
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ except ImportError as exc:  # pragma: no cover - keras is optional
                                  f"(importing them failed: {exc}).") from exc
 
 __all__ = ["ServerOptimizer", "check_backend", "register_embedding"]
+
+log = logging.getLogger(__name__)
 
 
 class _Embedding(Protocol):
@@ -302,8 +305,14 @@ class ServerOptimizer(keras.optimizers.Optimizer):
                 pieces.setdefault(layer.table, []).append(taken)
         sparse = {table: (np.concatenate([i for i, _ in parts]), np.concatenate([r for _, r in parts]))
                   for table, parts in pieces.items()}
-        self.client.push(dense=dense, sparse=sparse)
-        values = self.client.pull_dense(names) if names else {}
+        try:
+            self.client.push(dense=dense, sparse=sparse)
+            values = self.client.pull_dense(names) if names else {}
+        except Exception as exc:
+            # in graph mode TensorFlow re-raises it as its own error, the text deep in a traceback: say it plainly
+            log.error("ServerOptimizer %r: step %d failed: %s: %s", self.name, self._counts.steps + 1,
+                      type(exc).__name__, exc)
+            raise
         self._counts.steps += 1
         self._counts.rows_pushed += sum(len(ids) for ids, _ in sparse.values())
         self._counts.seconds += time.perf_counter() - started
