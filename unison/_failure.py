@@ -106,7 +106,8 @@ def _write_marker(name: str, text: str) -> None:
         if _state.launcher_relay:  # a rank on another host than unisonrun's
             from .launcher._keeper import send_marker
 
-            send_marker(_state.launcher_relay, name, text)
+            if not send_marker(_state.launcher_relay, name, text):
+                _state.launcher_relay = ""  # unreachable once: do not make every later marker wait too
         return
     try:
         tmp = directory / f".{name}.tmp"

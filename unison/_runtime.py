@@ -393,6 +393,9 @@ def shutdown() -> None:
     Safe to call more than once, and called automatically at exit.
     """
     global _job
+    elastic = sys.modules.get("unison.elastic._state")  # only if an elastic State was ever made
+    if elastic is not None and _job is not None:
+        elastic.settle_checks()
     with _init_lock:
         current = _job
         if current is None:

@@ -135,6 +135,21 @@ class State:
             synchronize(pending[0])
             self._checked = int(pending[1][0])
 
+    def _drop_check(self, timeout_seconds: float) -> None:
+        """At shutdown: let the check broadcast in flight finish (every rank started it), but wait at
+        most `timeout_seconds` and never raise: the job is ending either way."""
+        from .._submit import poll
+
+        pending, self._pending_check = self._pending_check, None
+        if _checking and _checking[0] is self:
+            _checking.clear()
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            while pending is not None and not poll(pending[0]) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        except Exception:  # noqa: BLE001  (the job already stopped: nothing left to wait for)
+            pass
+
     def _finish_check(self) -> int:
         """Rank 0's count from the previous check (this rank's known count when there was none)."""
         self._resolve_check()
@@ -381,3 +396,11 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., 
             raise SystemExit(HOSTS_UPDATED_EXIT) from None
 
     return wrapper
+
+
+def settle_checks(timeout_seconds: float = 10.0) -> None:
+    """Called by ``shutdown()``: finish the host check a State left in flight, so that no rank leaves
+    while another still waits for that broadcast (a `commit()` outside ``hvd.elastic.run``, or a
+    ``hvd.shutdown()`` inside it)."""
+    for state in list(_checking):
+        state._drop_check(timeout_seconds)

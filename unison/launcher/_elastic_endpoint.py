@@ -63,10 +63,15 @@ class Endpoint(socketserver.ThreadingTCPServer):
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0  # a connection that says nothing does not keep its thread
+
     def handle(self) -> None:
-        line = self.rfile.readline(200).decode(errors="replace")
         assert isinstance(self.server, Endpoint)
-        self.wfile.write(self.server.answer(line).encode())
+        try:
+            line = self.rfile.readline(200).decode(errors="replace")
+            self.wfile.write(self.server.answer(line).encode())
+        except OSError:  # it went away or timed out: nothing to answer
+            pass
 
 
 def driver_address(endpoint: Endpoint, local: bool) -> str:
