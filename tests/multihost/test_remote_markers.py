@@ -1,13 +1,16 @@
 """A rank on another host than unisonrun's, where the launcher's directory does not exist, is still named.
 
-h1 and h2 get a /tmp of their own (the launcher's job directory lives in h0's /tmp), so their ranks
-and keepers can only reach the launcher through its marker relay, as on real hosts. Rank 1, on h1,
+unisonrun makes its job directories under a directory (its TMPDIR) that h1 and h2 each see replaced
+by an empty one of their own, so their ranks and keepers can only reach the launcher through its
+marker relay, as on real hosts. Rank 1, on h1,
 SIGKILLs itself or raises. In a plain job unisonrun names it, on h1; in an elastic job the driver
 also blacklists h1 and the job goes on from its last commit on h0 and h2, bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -28,18 +31,25 @@ pytestmark = [pytest.mark.timeout(150),
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """A directory every emulated host sees (not under /tmp, which h1 and h2 have their own of)."""
-    path = Path(tempfile.mkdtemp(prefix="unison-test-", dir="/var/tmp"))
+    """A directory every emulated host sees, with ``jobs/`` in it for unisonrun's job directories."""
+    path = Path(tempfile.mkdtemp(prefix="unison-test-"))
+    (path / "jobs").mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _hidden_jobs(shared_dir: Path) -> contextlib.AbstractContextManager[dict[str, int]]:
+    """h1 and h2 each see an empty ``jobs/`` of their own; unisonrun (on h0) makes its directories there."""
+    return private_mounts(("h1", "h2"), str(shared_dir / "jobs"))
+
+
 def test_a_rank_killed_on_a_host_without_the_launchers_directory_is_named(shared_dir: Path) -> None:
-    with EmulatedHosts(hosts=3, slots=1) as cluster, private_mounts(("h1", "h2"), "/tmp") as holders:
+    with EmulatedHosts(hosts=3, slots=1) as cluster, _hidden_jobs(shared_dir) as holders:
         launcher = launcher_exec_into(shared_dir / "launcher-exec", holders, cluster.launcher_exec)
         job = run(shared_dir, cluster.hostnames, ["-np", "3", "--min-np", "2", "--launcher-exec", launcher,
                                                   "--iface", "eth0"],
-                  env={"ELASTIC_KILL": "2:1"}, timeout=120, wrap=lambda cmd: cluster.exec_command(0, cmd))
+                  env={"ELASTIC_KILL": "2:1", "TMPDIR": str(shared_dir / "jobs")}, timeout=120,
+                  wrap=lambda cmd: cluster.exec_command(0, cmd))
     check_committed(job, samples=24, epochs=2, size=2)
     assert "rank 1 (h1, pid " in job.stderr and "killed by signal 9 (SIGKILL)" in job.stderr, job.stderr
     assert "epoch 0 failed (exit status" in job.stderr and "blacklisting h1 for good (rank 1 failed)" in job.stderr
@@ -62,11 +72,12 @@ unison.barrier()
 def test_a_plain_job_names_the_rank_that_failed_on_another_host(shared_dir: Path, how: str) -> None:
     program = shared_dir / "dies.py"
     program.write_text(DIES)
-    with EmulatedHosts(hosts=3, slots=1) as cluster, private_mounts(("h1", "h2"), "/tmp") as holders:
+    with EmulatedHosts(hosts=3, slots=1) as cluster, _hidden_jobs(shared_dir) as holders:
         launcher = launcher_exec_into(shared_dir / "launcher-exec", holders, cluster.launcher_exec)
         cmd = [sys.executable, "-m", "unison.launcher", "-np", "3", "-H", cluster.hosts_argument,
                "--launcher-exec", launcher, "--iface", "eth0", sys.executable, str(program), how]
-        done = subprocess.run(cluster.exec_command(0, cmd), capture_output=True, text=True, timeout=100)
+        done = subprocess.run(cluster.exec_command(0, cmd), capture_output=True, text=True, timeout=100,
+                              env=dict(os.environ, TMPDIR=str(shared_dir / "jobs")))
     assert done.returncode != 0
     if how == "kill":
         assert "unisonrun: rank 1 (h1, pid " in done.stderr, done.stderr
