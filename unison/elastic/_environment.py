@@ -68,12 +68,12 @@ def environment() -> ElasticEnvironment:
     return from_settings(load_settings())
 
 
-def ask_driver(address: str, epoch: int) -> int:
-    """How many host changes the driver has announced to `epoch` (0: none).
+def ask_driver(address: str, epoch: int) -> int | None:
+    """How many host changes the driver has announced to `epoch` (0: none; None: no answer).
 
     Every message names its epoch; the driver answers ``STALE`` to an epoch it has left, which counts
-    as a change (this launch is being replaced). Unreachable driver: no change (the launch goes on;
-    if the driver is gone the job ends anyway).
+    as a change (this launch is being replaced). Unreachable driver: None, which the caller takes as
+    no change (the launch goes on; if the driver is gone the job ends anyway).
     """
     host, _, port = address.rpartition(":")
     try:
@@ -81,7 +81,7 @@ def ask_driver(address: str, epoch: int) -> int:
             conn.sendall(f"CHECK {epoch}\n".encode())
             reply = conn.makefile("r").readline().split()
     except (OSError, ValueError):
-        return 0
+        return None
     if reply[:1] == ["OK"] and len(reply) == 3 and reply[1] == str(epoch):
         return int(reply[2])
     if reply[:1] == ["STALE"]:

@@ -34,6 +34,7 @@ from ._store import CommitId, StateStore
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn"]
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
+_ASK_AFTER_NO_ANSWER_SECONDS = 5.0  # after a question the driver did not answer, wait longer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
 _UPDATES_NAME = "unison.elastic.host_updates"
 # The State whose host check is in flight in this process: the broadcast's one name is used by one
@@ -117,7 +118,11 @@ class State:
             now = time.monotonic()
             if now - self._asked_at >= _ASK_EVERY_SECONDS:
                 self._asked_at = now
-                self._driver_updates = ask_driver(env.driver, env.epoch)
+                answer = ask_driver(env.driver, env.epoch)
+                if answer is None:  # no answer (up to 2 s lost): ask again only after a while
+                    self._asked_at = now + _ASK_AFTER_NO_ANSWER_SECONDS
+                else:
+                    self._driver_updates = answer
         count = np.array([self._driver_updates], dtype=np.int64)
         for other in list(_checking):
             other._resolve_check()

@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from ._elastic_driver import add_arguments as add_elastic_arguments
 from ._elastic_driver import options_from as elastic_options
 from ._elastic_driver import run_elastic
 from ._environment import env_pairs, hide_values
+from ._host_exec import address_seen_from
 from ._jobs import register, show_status
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
@@ -94,6 +94,17 @@ def _local_only(hosts: str, hostfile: str, launcher_exec: str, extra: Sequence[s
         arg.split("=", 1)[0] in _HOST_OPTIONS for arg in extra)
 
 
+def _host_names(hosts: str, hostfile: str) -> list[str]:
+    """The host names of ``-H`` (``host[:slots],...``) or of a hostfile (first word of each line)."""
+    if hosts:
+        return [entry.split(":")[0] for entry in hosts.split(",") if entry]
+    try:
+        lines = Path(hostfile).read_text().splitlines() if hostfile else []
+    except OSError:
+        return []
+    return [line.split()[0].split(":")[0] for line in lines if line.strip() and not line.startswith("#")]
+
+
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
            output_dir: str = "", env_pairs: Sequence[tuple[str, str]] = (), mpi_args: str = "",
            mpiexec: str = "", timeout: float | None = None, extra_env: dict[str, str] | None = None,
@@ -121,7 +132,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         env.update(env_pairs)  # values travel in mpiexec's environment, never on its command line
         env[LAUNCHER_DIR_VARIABLE] = directory
         if remote:  # ranks and keepers on other hosts send their markers to the relay
-            relay = stack.enter_context(MarkerRelay(job.path, socket.gethostname()))
+            relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(_host_names(hosts, hostfile))))
             env[RELAY_VARIABLE] = relay.variable
             names.append(RELAY_VARIABLE)
         tails = None

@@ -46,7 +46,7 @@ from ..elastic._membership import (
 )
 from ..errors import LaunchError
 from ._elastic_endpoint import Endpoint, driver_address
-from ._host_exec import Reach, reach_of, run_on_hosts
+from ._host_exec import Reach, address_seen_from, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
@@ -185,7 +185,8 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         epoch_env = dict(env)
         epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
         if remote:  # ranks and keepers on other hosts send their markers to the relay
-            relay = stack.enter_context(MarkerRelay(job.path, socket.gethostname()))
+            names = [host.name for host in epoch.hosts if not _is_local(host.name)]
+            relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(names)))
             epoch_env[RELAY_VARIABLE] = relay.variable
             env_names = [*env_names, RELAY_VARIABLE]
         epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
@@ -317,7 +318,8 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 endpoint.begin(decision.number)
             stores.update(dict.fromkeys(host.name for host in decision.hosts))
             local = all(_is_local(host.name) for host in decision.hosts)
-            env["UNISON_ELASTIC_DRIVER"] = driver_address(endpoint, local)
+            remote_hosts = [host.name for host in decision.hosts if not _is_local(host.name)]
+            env["UNISON_ELASTIC_DRIVER"] = driver_address(endpoint, local, remote_hosts)
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
             if on_epoch is not None:
                 on_epoch(decision)

@@ -7,9 +7,11 @@ epoch, ``STALE <epoch>`` to a question from an epoch that has ended (that launch
 
 from __future__ import annotations
 
-import socket
 import socketserver
 import threading
+from collections.abc import Sequence
+
+from ._host_exec import address_seen_from
 
 __all__ = ["Endpoint", "driver_address"]
 
@@ -74,7 +76,8 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
 
 
-def driver_address(endpoint: Endpoint, local: bool) -> str:
-    """The endpoint's address for the ranks: loopback when every rank runs on this host."""
-    host = "127.0.0.1" if local else socket.gethostname()
+def driver_address(endpoint: Endpoint, local: bool, remote_hosts: Sequence[str] = ()) -> str:
+    """The endpoint's address for the ranks: loopback when every rank runs on this host, else this
+    host's address on its route to `remote_hosts` (`address_seen_from`)."""
+    host = "127.0.0.1" if local else address_seen_from(remote_hosts)
     return f"{host}:{endpoint.server_address[1]}"

@@ -104,3 +104,32 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
     model._settle()
     data._settle()
     assert in_flight == {} and names == {}
+
+
+def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    import unison._collectives
+    import unison._submit
+    from unison.elastic import _state
+    from unison.elastic._environment import ElasticEnvironment
+
+    asked: list[int] = []
+    answers: list[int | None] = [None, 2]
+
+    def ask_driver(address: str, epoch: int) -> int | None:
+        asked.append(epoch)
+        return answers[min(len(asked), len(answers)) - 1]
+
+    monkeypatch.setattr(unison._collectives, "broadcast_async_", lambda tensor, root_rank, name="": 1)
+    monkeypatch.setattr(unison._submit, "synchronize", lambda handle: None)
+    monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
+    monkeypatch.setattr(_state, "ask_driver", ask_driver)
+    monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
+    state = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, step=0)
+    for _ in range(5):
+        state.commit()  # no answer: the commits go on, and nobody asks again for 5 s
+    assert asked == [0] and state._driver_updates == 0
+    monkeypatch.setattr(_state, "_ASK_AFTER_NO_ANSWER_SECONDS", 0.0)
+    state._asked_at = float("-inf")
+    state.commit()
+    assert asked == [0, 0] and state._driver_updates == 2
+    state._settle()
