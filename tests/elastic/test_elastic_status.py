@@ -149,3 +149,11 @@ def test_status_lines_of_an_ended_epoch_and_a_cooling_down_host(tmp_path: Path) 
         "  blacklisted: c for 2.3 s more (unreachable: ssh exited with status 255); d for good (rank 3 failed)",
         "  discovered: a:2, b:1, c:1",
     ]
+
+
+def test_a_launch_ending_while_status_reads_its_table_is_said_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from unison.launcher._jobs import _table
+
+    assert _table(tmp_path / "gone" / "service.json", 1.0) == 0
+    assert "the launch that had one has just ended; ask again" in capsys.readouterr().out

@@ -244,7 +244,11 @@ def _table(service: Path, timeout: float) -> int:
     """Print the live table of the job's coordinator service (its address and secret in `service`)."""
     from ..status import main as status_main
 
-    info = json.loads(service.read_text())
+    try:
+        info = json.loads(service.read_text())
+    except (OSError, ValueError):  # the launch ended (its directory went) between the look and the read
+        print("  (no live rank table: the launch that had one has just ended; ask again)", flush=True)
+        return 0
     os.environ["UNISON_SECRET"] = info["secret"]
     os.environ.pop("UNISON_SECRET_FILE", None)
     return status_main([info["address"], "--timeout", str(timeout)])
