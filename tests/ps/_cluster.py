@@ -50,3 +50,18 @@ def stop(*procs: subprocess.Popen) -> None:
 
 def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
     return [p.wait(timeout) for p in procs]
+
+
+def run_job(tmp_path: Path, scenario: str, mode: str, trainers: int, servers: int, timeout: float,
+            suffix: str = "npz", **extra: str) -> list[Path]:
+    """Run `servers` servers and `trainers` trainers of `scenario` to a clean end; the trainers' outputs."""
+    endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
+    procs = [start_server(i, endpoints, trainers, mode) for i in range(servers)]
+    outs = [tmp_path / f"t{t}.{suffix}" for t in range(trainers)]
+    workers = [start_trainer(t, endpoints, trainers, mode, scenario, outs[t], **extra) for t in range(trainers)]
+    try:
+        assert wait_all(workers, timeout) == [0] * trainers
+        assert wait_all(procs, 20) == [0] * servers
+    finally:
+        stop(*workers, *procs)
+    return outs

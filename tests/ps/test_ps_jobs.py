@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.ps._cluster import SECRET, free_port, start_server, start_trainer, stop, wait_all
+from tests.ps._cluster import SECRET, free_port, run_job, start_server, start_trainer, stop, wait_all
 from unison.ps import SGD, Client, Initializer, TrainerLostError
 
 
@@ -26,14 +26,7 @@ def test_sync_training_equals_single_process_training_on_the_global_batch(tmp_pa
     torch = pytest.importorskip("torch")
     from tests.ps.reference import batches, make_model
 
-    endpoints = _endpoints(2)
-    servers = [start_server(i, endpoints, 2, "sync") for i in range(2)]
-    trainers = [start_trainer(t, endpoints, 2, "sync", "sync_torch", tmp_path / f"t{t}.npz") for t in range(2)]
-    try:
-        assert wait_all(trainers, 80) == [0, 0]
-        assert wait_all(servers, 20) == [0, 0]
-    finally:
-        stop(*trainers, *servers)
+    outs = run_job(tmp_path, "sync_torch", "sync", trainers=2, servers=2, timeout=80)
     init = Initializer("uniform", 0.5, seed=3)
 
     def embedding() -> torch.nn.Module:
@@ -49,8 +42,8 @@ def test_sync_training_equals_single_process_training_on_the_global_batch(tmp_pa
         emb_opt.zero_grad(), dense_opt.zero_grad()
         torch.nn.functional.mse_loss(model(torch.from_numpy(ids)), torch.from_numpy(target)).backward()
         emb_opt.step(), dense_opt.step()
-    for t in range(2):
-        got = np.load(tmp_path / f"t{t}.npz")
+    for out in outs:
+        got = np.load(out)
         np.testing.assert_allclose(got["rows"], model[0].weight.detach().numpy(), rtol=1e-5, atol=1e-6)
         for name, p in model.named_parameters():
             if not name.startswith("0."):
@@ -61,16 +54,8 @@ def test_sync_training_equals_single_process_training_on_the_global_batch(tmp_pa
 @pytest.mark.timeout(90)
 def test_async_training_converges_on_digits(tmp_path) -> None:
     pytest.importorskip("sklearn")
-    endpoints = _endpoints(2)
-    servers = [start_server(i, endpoints, 2, "async") for i in range(2)]
-    trainers = [start_trainer(t, endpoints, 2, "async", "digits_async", tmp_path / f"t{t}.json") for t in range(2)]
-    try:
-        assert wait_all(trainers, 80) == [0, 0]
-        assert wait_all(servers, 20) == [0, 0]
-    finally:
-        stop(*trainers, *servers)
-    for t in range(2):
-        result = json.loads((tmp_path / f"t{t}.json").read_text())
+    for out in run_job(tmp_path, "digits_async", "async", trainers=2, servers=2, timeout=80, suffix="json"):
+        result = json.loads(out.read_text())
         assert result["accuracy"] > 0.9, result["accuracy"]
         for stats in result["servers"]:
             assert sum(stats["staleness_histogram"].values()) == stats["pushes"]

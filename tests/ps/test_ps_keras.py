@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.ps._cluster import free_port, start_server, start_trainer, stop, wait_all
+from tests.ps._cluster import run_job
 from unison.ps import Initializer
 
 
@@ -13,15 +13,8 @@ from unison.ps import Initializer
 @pytest.mark.parametrize("eager", ["0", "1"], ids=["graph", "eager"])
 def test_keras_fit_equals_a_local_embedding_and_touches_only_seen_rows(tmp_path, eager: str) -> None:
     pytest.importorskip("keras")
-    endpoints = [f"127.0.0.1:{free_port()}"]
-    server = start_server(0, endpoints, 1, "sync")
-    trainer = start_trainer(0, endpoints, 1, "sync", "keras_sync", tmp_path / "t0.npz", KERAS_EAGER=eager)
-    try:
-        assert wait_all([trainer], 100) == [0]
-        assert wait_all([server], 20) == [0]
-    finally:
-        stop(trainer, server)
-    got = np.load(tmp_path / "t0.npz")
+    [out] = run_job(tmp_path, "keras_sync", "sync", trainers=1, servers=1, timeout=100, KERAS_EAGER=eager)
+    got = np.load(out)
     start = Initializer("uniform", 0.5, seed=3).rows(np.arange(64), 8)
     changed = np.flatnonzero(np.any(got["rows"] != start, axis=1))
     np.testing.assert_array_equal(changed, got["seen"])  # every seen row moved, no other did
@@ -35,15 +28,8 @@ def test_keras_fit_equals_a_local_embedding_and_touches_only_seen_rows(tmp_path,
 @pytest.mark.timeout(120)
 def test_mask_zero_masks_padding_as_keras_embedding_does(tmp_path) -> None:
     pytest.importorskip("keras")
-    endpoints = [f"127.0.0.1:{free_port()}"]
-    server = start_server(0, endpoints, 1, "sync")
-    trainer = start_trainer(0, endpoints, 1, "sync", "keras_mask", tmp_path / "t0.npz")
-    try:
-        assert wait_all([trainer], 100) == [0]
-        assert wait_all([server], 20) == [0]
-    finally:
-        stop(trainer, server)
-    got = np.load(tmp_path / "t0.npz")
+    [out] = run_job(tmp_path, "keras_mask", "sync", trainers=1, servers=1, timeout=100)
+    got = np.load(out)
     np.testing.assert_array_equal(got["mask"], got["ids"] != 0)
     assert got["config"][0]
     np.testing.assert_allclose(got["rows"], got["ref_True_rows"], rtol=1e-5, atol=1e-5)

@@ -7,32 +7,17 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.ps._cluster import ROOT, free_port, start_server, start_trainer, stop, wait_all
-
-
-def _run_job(tmp_path: Path, scenario: str, mode: str, trainers: int, servers: int, timeout: float,
-             suffix: str = "npz", **extra: str) -> list[Path]:
-    endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
-    procs = [start_server(i, endpoints, trainers, mode) for i in range(servers)]
-    outs = [tmp_path / f"t{t}.{suffix}" for t in range(trainers)]
-    workers = [start_trainer(t, endpoints, trainers, mode, scenario, outs[t], **extra) for t in range(trainers)]
-    try:
-        assert wait_all(workers, timeout) == [0] * trainers
-        assert wait_all(procs, 20) == [0] * servers
-    finally:
-        stop(*workers, *procs)
-    return outs
+from tests.ps._cluster import ROOT, free_port, run_job, start_server, start_trainer, stop, wait_all
 
 
 @pytest.mark.timeout(150)
 def test_sync_fit_on_two_trainers_equals_one_process_on_the_global_batch(tmp_path) -> None:
     pytest.importorskip("keras")
-    outs = _run_job(tmp_path, "keras_dense_sync", "sync", trainers=2, servers=2, timeout=130)
+    outs = run_job(tmp_path, "keras_dense_sync", "sync", trainers=2, servers=2, timeout=130)
     got = [np.load(o) for o in outs]
     for t in range(2):
         for i in range(4):
@@ -47,7 +32,7 @@ def test_sync_fit_on_two_trainers_equals_one_process_on_the_global_batch(tmp_pat
 @pytest.mark.parametrize("eager", ["0", "1"], ids=["graph", "eager"])
 def test_fit_mixing_a_distributed_embedding_and_dense_layers(tmp_path, eager: str) -> None:
     pytest.importorskip("keras")
-    outs = _run_job(tmp_path, "keras_dense_sync", "sync", trainers=2, servers=1, timeout=130,
+    outs = run_job(tmp_path, "keras_dense_sync", "sync", trainers=2, servers=1, timeout=130,
                     KERAS_EMBEDDING="1", KERAS_EAGER=eager)
     got = [np.load(o) for o in outs]
     for t in range(2):
@@ -63,7 +48,7 @@ def test_fit_mixing_a_distributed_embedding_and_dense_layers(tmp_path, eager: st
 @pytest.mark.timeout(150)
 def test_async_fit_trains_and_the_servers_report_staleness(tmp_path) -> None:
     pytest.importorskip("keras")
-    outs = _run_job(tmp_path, "keras_dense_async", "async", trainers=2, servers=2, timeout=130, suffix="json")
+    outs = run_job(tmp_path, "keras_dense_async", "async", trainers=2, servers=2, timeout=130, suffix="json")
     for out in outs:
         result = json.loads(out.read_text())
         before, after = result["loss"]  # mean squared error on the whole data set, before and after fit
@@ -80,7 +65,7 @@ def test_async_fit_trains_and_the_servers_report_staleness(tmp_path) -> None:
 @pytest.mark.timeout(120)
 def test_misuse_is_refused_with_the_rule_and_the_fix(tmp_path) -> None:
     pytest.importorskip("keras")
-    (out,) = _run_job(tmp_path, "keras_dense_errors", "sync", trainers=1, servers=1, timeout=100, suffix="json")
+    (out,) = run_job(tmp_path, "keras_dense_errors", "sync", trainers=1, servers=1, timeout=100, suffix="json")
     caught = json.loads(out.read_text())
     expected = {
         "keras_optimizer": r"optimizer must be a unison.ps optimizer \(ps.SGD, ps.Momentum, ps.Adagrad or ps.Adam\)"
