@@ -6,15 +6,15 @@ Example:
     ...              hvd.elastic.CommitStateCallback(state)]                      # doctest: +SKIP
 """
 
-from ..elastic._state import HostsUpdatedInterrupt, run
-from ..elastic._tensorflow import (
+from ..tensorflow.keras.elastic import (  # the same objects: one Keras API under both paths
     CommitStateCallback,
+    HostsUpdatedInterrupt,
+    KerasState,
     TensorFlowKerasState,
     UpdateBatchStateCallback,
     UpdateEpochStateCallback,
+    run,
 )
-
-KerasState = TensorFlowKerasState
 
 __all__ = [
     "CommitStateCallback",
