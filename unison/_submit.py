@@ -8,6 +8,7 @@ id that `poll`/`synchronize` resolve through the job's handle table.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from .protocol.messages import Request
 
 __all__ = [
     "check_adasum", "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
-    "register_handle", "resolve_op", "set_rank", "set_size", "submit", "synchronize",
+    "register_handle", "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize",
 ]
 
 
@@ -274,6 +275,19 @@ def synchronize(handle: int) -> Any:
         if h.error is not None:
             raise type(h.error)(str(h.error))
     return finish([h.result for h in handles])
+
+
+def release(handle: int, timeout_seconds: float) -> bool:
+    """Forget `handle` after waiting at most `timeout_seconds` for it; True if it finished in time.
+
+    Its result or error is dropped: for a caller that is leaving (``shutdown()``) and only must not
+    leave before its peers got what the operation sends them.
+    """
+    entry = _handles().pop(handle, None)
+    if entry is None:
+        return False
+    deadline = time.monotonic() + timeout_seconds
+    return all(h.wait(max(0.0, deadline - time.monotonic())) for h in entry[0])
 
 
 def check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:

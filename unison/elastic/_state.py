@@ -129,13 +129,18 @@ class State:
         self._pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
         _checking[:] = [self]
 
+    def _take_check(self) -> tuple[int, np.ndarray] | None:
+        """This State's check broadcast (handle, buffer), if one runs; no longer in flight for the others."""
+        if _checking and _checking[0] is self:
+            _checking.clear()
+        pending, self._pending_check = self._pending_check, None
+        return pending
+
     def _resolve_check(self) -> None:
         """Wait for this State's check broadcast, if one runs, and keep its value for the next check."""
         from .._submit import synchronize
 
-        if _checking and _checking[0] is self:
-            _checking.clear()
-        pending, self._pending_check = self._pending_check, None
+        pending = self._take_check()
         if pending is not None:
             synchronize(pending[0])
             self._checked = int(pending[1][0])
@@ -143,17 +148,14 @@ class State:
     def _drop_check(self, timeout_seconds: float) -> None:
         """At shutdown: let the check broadcast in flight finish (every rank started it), but wait at
         most `timeout_seconds` and never raise: the job is ending either way."""
-        from .._submit import poll
+        from .._submit import release
 
-        pending, self._pending_check = self._pending_check, None
-        if _checking and _checking[0] is self:
-            _checking.clear()
-        deadline = time.monotonic() + timeout_seconds
-        try:
-            while pending is not None and not poll(pending[0]) and time.monotonic() < deadline:
-                time.sleep(0.001)
-        except Exception:  # noqa: BLE001  (the job already stopped: nothing left to wait for)
-            pass
+        pending = self._take_check()
+        if pending is not None:
+            try:
+                release(pending[0], timeout_seconds)
+            except Exception:  # noqa: BLE001  (the job already stopped: nothing left to wait for)
+                pass
 
     def _finish_check(self) -> int:
         """Rank 0's count from the previous check (this rank's known count when there was none)."""
