@@ -228,7 +228,7 @@ class SnapshotState(State):
         rank = self._get_rank()
         if not env.writes_store(rank):
             return None
-        if self._writer_store is None or self._writer_store.path != StateStore(env.store, env.host_of(rank)).path:
+        if self._writer_store is None:  # the environment and the rank are fixed for this process's launch
             self._writer_store = StateStore(env.store, env.host_of(rank))
         return self._writer_store
 
