@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..config import load_settings
-from ..errors import ConfigError, LaunchError
+from ..errors import ConfigError, InvalidArgumentError, LaunchError
 from ._elastic_driver import add_arguments as add_elastic_arguments
 from ._elastic_driver import options_from as elastic_options
 from ._elastic_driver import run_elastic
@@ -25,6 +25,7 @@ from ._mpiexec import find_mpiexec
 from ._program import check_program
 from ._reaper import JobDirectory
 from ._relay import RELAY_VARIABLE, MarkerRelay
+from ._run_options import parse_hosts, read_hostfile
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["main", "parser"]
@@ -95,14 +96,12 @@ def _local_only(hosts: str, hostfile: str, launcher_exec: str, extra: Sequence[s
 
 
 def _host_names(hosts: str, hostfile: str) -> list[str]:
-    """The host names of ``-H`` (``host[:slots],...``) or of a hostfile (first word of each line)."""
-    if hosts:
-        return [entry.split(":")[0] for entry in hosts.split(",") if entry]
+    """The host names of ``-H`` or of a hostfile; none when they do not parse (mpiexec will say why)."""
     try:
-        lines = Path(hostfile).read_text().splitlines() if hostfile else []
-    except OSError:
+        entries = hosts.split(",") if hosts else read_hostfile(hostfile) if hostfile else []
+        return [name for name, _ in parse_hosts(entries, "hosts")]
+    except InvalidArgumentError:
         return []
-    return [line.split()[0].split(":")[0] for line in lines if line.strip() and not line.startswith("#")]
 
 
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,

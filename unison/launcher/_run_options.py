@@ -19,7 +19,7 @@ from ..elastic._membership import Limits
 from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_driver import ElasticOptions
 
-__all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "local_names", "parse_hosts", "plan"]
+__all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "local_names", "parse_hosts", "plan", "read_hostfile"]
 
 # unison.run started 2 processes when not told otherwise before it took horovod.run's arguments.
 DEFAULT_NUM_PROC = 2
@@ -84,7 +84,8 @@ def parse_hosts(entries: Iterable[str], where: str) -> list[tuple[str, int]]:
     return hosts
 
 
-def _read_hostfile(path: str) -> list[str]:
+def read_hostfile(path: str) -> list[str]:
+    """The lines of hostfile `path` (for `parse_hosts`)."""
     try:
         with open(path) as f:
             return f.read().splitlines()
@@ -99,7 +100,7 @@ def _local_slots(hosts: str | None, hostfile: str | None) -> int | None:
     if hosts:
         where, entries = f"hosts={hosts!r}", hosts.split(",")
     elif hostfile:
-        where, entries = f"hostfile={hostfile!r}", _read_hostfile(hostfile)
+        where, entries = f"hostfile={hostfile!r}", read_hostfile(hostfile)
     else:
         return None
     parsed = parse_hosts(entries, where)
