@@ -99,7 +99,8 @@ def gpu_report(find_spec: Finder = importlib.util.find_spec,
     try:
         runtime = cupy.cuda.runtime
         rows.append(("CUDA runtime", _cuda_version(int(runtime.runtimeGetVersion()))))
-        rows.append(("CUDA driver", _cuda_version(int(runtime.driverGetVersion()))))
+        driver = int(runtime.driverGetVersion())  # 0: no NVIDIA driver on this machine
+        rows.append(("CUDA driver", _cuda_version(driver) if driver else "none (no NVIDIA driver found)"))
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         rows.append(("CUDA", f"unusable: {exc}"))
     rows.append(("NCCL", nccl_version_text(nccl_built(find_spec, import_module))))

@@ -20,7 +20,56 @@ from .device import ArrayDevice
 from .handoff import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
-__all__ = ["CupyComm", "CupyDevice", "CupyLibrary"]
+__all__ = ["CupyComm", "CupyDevice", "CupyLibrary", "comm_id", "external_stream", "id_bytes"]
+
+
+class _StreamHandle:
+    """A raw ``cudaStream_t`` behind the CUDA stream protocol (``__cuda_stream__``: version 0, handle)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def external_stream(cupy: Any, handle: int, ordinal: int) -> Any:
+    """A CuPy stream object for a stream another library made (torch's current stream).
+
+    CuPy 14 deprecates ``ExternalStream`` (a DeprecationWarning at every call) for
+    ``Stream.from_external``, which takes an object with ``__cuda_stream__``; earlier CuPy has only
+    ``ExternalStream``. The device is the one the caller works in (``with`` its `CupyDevice`).
+    """
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle, ordinal)
+
+
+def id_bytes(raw: Any) -> bytes:
+    """NCCL's unique id from ``nccl.get_unique_id()`` as bytes (CuPy 14 returns bytes, earlier
+    CuPy a tuple of signed chars).
+
+    Example:
+        >>> id_bytes((1, -1)), id_bytes(b"\\x01\\xff")
+        (b'\\x01\\xff', b'\\x01\\xff')
+    """
+    if isinstance(raw, (bytes, bytearray)):
+        return bytes(raw)
+    return bytes(b % 256 for b in raw)
+
+
+def comm_id(unique_id: bytes, cupy_version: str) -> Any:
+    """The id as this CuPy's ``NcclCommunicator`` takes it: bytes from CuPy 14 (which refuses a
+    tuple), a tuple of signed chars before.
+
+    Example:
+        >>> comm_id(b"\\x01\\xff", "13.6.0"), comm_id(b"\\x01\\xff", "14.2.0")
+        ((1, -1), b'\\x01\\xff')
+    """
+    if int(cupy_version.split(".")[0]) >= 14:
+        return bytes(unique_id)
+    return tuple(b - 256 if b > 127 else b for b in unique_id)
 
 
 class CupyDevice(ArrayDevice):
@@ -60,7 +109,7 @@ class CupyDevice(ArrayDevice):
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             handle = torch.cuda.current_stream(self.ordinal).cuda_stream
-            return self.xp.cuda.ExternalStream(handle, self.ordinal)
+            return external_stream(self.xp, handle, self.ordinal)
         with self._device:
             return self.xp.cuda.get_current_stream()
 
@@ -194,15 +243,14 @@ class CupyLibrary:
                 "the gpu-cuda12 / gpu-cuda13 extras), or set UNISON_GPU_OPERATIONS=MPI to stage through host memory."
             )
         self._nccl = nccl
+        self._cupy_version = str(cupy.__version__)
 
     def unique_id(self) -> bytes:
-        return bytes(b % 256 for b in self._nccl.get_unique_id())
+        return id_bytes(self._nccl.get_unique_id())
 
     def connect(self, unique_id: bytes, size: int, index: int, device: Any) -> CupyComm:
-        # get_unique_id returns signed chars; the id travels as bytes and goes back as signed values
-        signed = tuple(b - 256 if b > 127 else b for b in unique_id)
         with self._device_context(device):
-            comm = self._nccl.NcclCommunicator(size, signed, index)
+            comm = self._nccl.NcclCommunicator(size, comm_id(unique_id, self._cupy_version), index)
         return CupyComm(comm, self._nccl, size, index)
 
     @staticmethod

@@ -103,6 +103,6 @@ def placement_error(devices: Sequence[Placement], ranks: Sequence[int] | None = 
     return (
         f"Several ranks use the same GPU, which NCCL refuses: {groups}. Give each rank of a host its own "
         "device before the first GPU collective, e.g. torch.cuda.set_device(hvd.local_rank()) or "
-        "cupy.cuda.Placement(hvd.local_rank()).use(), and start at most as many ranks per host as it has "
+        "cupy.cuda.Device(hvd.local_rank()).use(), and start at most as many ranks per host as it has "
         "GPUs. Rank to GPU:\n" + placement_table(devices, ranks)
     )

@@ -17,9 +17,10 @@ from unison.gpu.nccl import InitState, connect_bounded, init_failure, nccl_dtype
 from unison.ops import ReduceOp
 
 
-def fake_cupy(version_code: int = 22005, available: bool = True, devices: int = 1) -> dict[str, Any]:
+def fake_cupy(version_code: int = 22005, available: bool = True, devices: int = 1,
+              driver: int = 12080) -> dict[str, Any]:
     nccl = types.SimpleNamespace(available=available, get_version=lambda: version_code)
-    runtime = types.SimpleNamespace(runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12080,
+    runtime = types.SimpleNamespace(runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: driver,
                                     getDeviceCount=lambda: devices,
                                     getDeviceProperties=lambda i: {"name": b"NVIDIA H100 80GB HBM3"})
     cuda = types.SimpleNamespace(runtime=runtime, Device=lambda i: types.SimpleNamespace(pci_bus_id="0000:17:00.0"))
@@ -51,6 +52,7 @@ def test_the_check_build_rows() -> None:
         ("CuPy", "13.3.0"), ("CUDA runtime", "12.4"), ("CUDA driver", "12.8"), ("NCCL", "2.20.5"),
         ("GPUs", "cuda:0 NVIDIA H100 80GB HBM3 (0000:17:00.0)")]
     assert build.gpu_report(**lookup(fake_cupy(devices=0)))[-1] == ("GPUs", "none visible")
+    assert build.gpu_report(**lookup(fake_cupy(driver=0)))[2] == ("CUDA driver", "none (no NVIDIA driver found)")
     assert build.gpu_report(**lookup({})) == [
         ("CuPy", "not installed (pip install cupy-cuda12x or cupy-cuda13x: the gpu-cuda12 / gpu-cuda13 extras)")]
 

@@ -23,7 +23,7 @@ def test_two_ranks_on_one_gpu_are_named_with_the_table() -> None:
     text = placement_error(devices)
     assert text.startswith("Several ranks use the same GPU, which NCCL refuses: ranks [0, 1] on node1 "
                            "(0000:17:00.0); ranks [2, 3] on node1 (0000:65:00.0).")
-    assert "torch.cuda.set_device(hvd.local_rank())" in text
+    assert "torch.cuda.set_device(hvd.local_rank())" in text and "cupy.cuda.Device(hvd.local_rank()).use()" in text
     assert text.endswith(placement_table(devices))
     assert "rank 3: node1 cuda:1 (0000:65:00.0)  <- shared with rank 2" in placement_table(devices)
 

@@ -1,0 +1,229 @@
+"""The CuPy and NCCL calls of `unison.gpu.cupy_device`: argument order and units against recording fakes
+(everywhere), and against the installed CuPy's own signatures and constants where CuPy is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+
+from unison.dtypes import DType
+from unison.gpu import cupy_device
+from unison.gpu import nccl as unison_nccl
+from unison.ops import ReduceOp
+
+# NcclCommunicator's methods as CuPy (13 and 14) declares them; the recording fake takes exactly these.
+SIGNATURES = {
+    "allReduce": ("sendbuf", "recvbuf", "count", "datatype", "op", "stream"),
+    "allGather": ("sendbuf", "recvbuf", "count", "datatype", "stream"),
+    "broadcast": ("sendbuff", "recvbuff", "count", "datatype", "root", "stream"),
+    "reduceScatter": ("sendbuf", "recvbuf", "recvcount", "datatype", "op", "stream"),
+    "send": ("sendbuf", "count", "datatype", "peer", "stream"),
+    "recv": ("recvbuf", "count", "datatype", "peer", "stream"),
+}
+UINT8 = 1  # ncclUint8: gathers, broadcasts and send/recv move bytes
+
+
+class RecordingCommunicator:
+    """Records each call by parameter name; a wrong argument count fails as CuPy's would."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        for method, names in SIGNATURES.items():
+            setattr(self, method, self._recorder(method, names))
+
+    def _recorder(self, method: str, names: tuple[str, ...]) -> Any:
+        def record(*args: Any) -> None:
+            if len(args) != len(names):
+                raise TypeError(f"{method}() takes {len(names)} arguments ({len(args)} given)")
+            self.calls.append((method, dict(zip(names, args))))
+
+        return record
+
+    def destroy(self) -> None:
+        self.calls.append(("destroy", {}))
+
+
+class FakeArray:
+    """What CupyComm reads from a CuPy array: the device pointer and sizes."""
+
+    def __init__(self, ptr: int, size: int, itemsize: int) -> None:
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.size, self.itemsize, self.nbytes = size, itemsize, size * itemsize
+
+
+def make_comm(size: int = 3, index: int = 1) -> tuple[Any, RecordingCommunicator, list[str]]:
+    groups: list[str] = []
+    nccl = types.SimpleNamespace(groupStart=lambda: groups.append("start"), groupEnd=lambda: groups.append("end"))
+    inner = RecordingCommunicator()
+    return cupy_device.CupyComm(inner, nccl, size, index), inner, groups
+
+
+STREAM = types.SimpleNamespace(ptr=0xABC)
+
+
+def test_reductions_count_elements_in_nccl_types() -> None:
+    comm, inner, _ = make_comm()
+    comm.allreduce_(FakeArray(1000, 6, 2), DType.BFLOAT16, ReduceOp.AVERAGE, STREAM)
+    comm.reducescatter(FakeArray(2000, 12, 4), FakeArray(3000, 4, 4), DType.FLOAT32, ReduceOp.MAX, STREAM)
+    assert inner.calls == [
+        ("allReduce", {"sendbuf": 1000, "recvbuf": 1000, "count": 6, "datatype": 9, "op": 0, "stream": 0xABC}),
+        ("reduceScatter", {"sendbuf": 2000, "recvbuf": 3000, "recvcount": 4, "datatype": 7, "op": 2,
+                           "stream": 0xABC}),
+    ]
+    with pytest.raises(ValueError, match="NCCL cannot reduce int16"):
+        comm.allreduce_(FakeArray(1, 1, 2), DType.INT16, ReduceOp.SUM, STREAM)
+
+
+def test_moves_count_bytes() -> None:
+    comm, inner, groups = make_comm(size=3, index=1)
+    comm.allgather(FakeArray(100, 4, 4), FakeArray(200, 12, 4), STREAM)
+    comm.broadcast_(FakeArray(300, 5, 8), 2, STREAM)
+    assert inner.calls == [
+        ("allGather", {"sendbuf": 100, "recvbuf": 200, "count": 16, "datatype": UINT8, "stream": 0xABC}),
+        ("broadcast", {"sendbuff": 300, "recvbuff": 300, "count": 40, "datatype": UINT8, "root": 2,
+                       "stream": 0xABC}),
+    ]
+    inner.calls.clear()
+    # uneven gather: one grouped broadcast per member with rows, each from its place in recv (own: send)
+    comm.allgatherv(FakeArray(100, 2, 4), FakeArray(200, 5, 4), [3, 2, 0], STREAM)
+    assert groups == ["start", "end"]
+    assert inner.calls == [
+        ("broadcast", {"sendbuff": 200, "recvbuff": 200, "count": 12, "datatype": UINT8, "root": 0,
+                       "stream": 0xABC}),
+        ("broadcast", {"sendbuff": 100, "recvbuff": 212, "count": 8, "datatype": UINT8, "root": 1,
+                       "stream": 0xABC}),
+    ]
+
+
+def test_alltoall_is_grouped_send_and_recv() -> None:
+    comm, inner, groups = make_comm(size=3, index=0)
+    comm.alltoallv(FakeArray(100, 6, 2), [1, 0, 5], FakeArray(500, 4, 2), [2, 2, 0], STREAM)
+    assert groups == ["start", "end"]
+    assert inner.calls == [
+        ("send", {"sendbuf": 100, "count": 2, "datatype": UINT8, "peer": 0, "stream": 0xABC}),
+        ("recv", {"recvbuf": 500, "count": 4, "datatype": UINT8, "peer": 0, "stream": 0xABC}),
+        ("recv", {"recvbuf": 504, "count": 4, "datatype": UINT8, "peer": 1, "stream": 0xABC}),
+        ("send", {"sendbuf": 102, "count": 10, "datatype": UINT8, "peer": 2, "stream": 0xABC}),
+    ]
+    comm.close()
+    comm.close()  # once only
+    assert inner.calls[-1] == ("destroy", {}) and inner.calls[-2][0] == "send"
+
+
+def test_a_failing_call_inside_a_group_still_ends_the_group() -> None:
+    comm, inner, groups = make_comm(size=2, index=0)
+
+    def refuse(*args: Any) -> None:
+        raise RuntimeError("NCCL_ERROR_INVALID_USAGE")
+
+    inner.send = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        comm.alltoallv(FakeArray(100, 2, 1), [1, 1], FakeArray(200, 2, 1), [1, 1], STREAM)
+    assert groups == ["start", "end"]
+
+
+def test_the_unique_id_travels_as_bytes_and_goes_to_each_cupy_as_it_wants() -> None:
+    signed = tuple(range(-128, 0))
+    as_bytes = cupy_device.id_bytes(signed)
+    assert as_bytes == bytes(range(128, 256)) and cupy_device.id_bytes(as_bytes) == as_bytes
+    assert cupy_device.comm_id(as_bytes, "13.6.0") == signed  # CuPy before 14: signed chars
+    assert cupy_device.comm_id(as_bytes, "14.0.0rc1") == as_bytes  # CuPy 14 refuses anything but bytes
+
+
+def test_a_foreign_stream_is_wrapped_without_the_deprecated_class_where_cupy_has_from_external() -> None:
+    made: list[Any] = []
+
+    class Stream:
+        @staticmethod
+        def from_external(obj: Any) -> Any:
+            made.append(("from_external", obj.__cuda_stream__()))
+            return "stream"
+
+    def external(ptr: int, device_id: int) -> str:
+        made.append(("ExternalStream", (ptr, device_id)))
+        return "old"
+
+    new = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=Stream, ExternalStream=external))
+    old = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=object, ExternalStream=external))
+    assert cupy_device.external_stream(new, 0x77, 1) == "stream"
+    assert cupy_device.external_stream(old, 0x77, 1) == "old"
+    assert made == [("from_external", (0, 0x77)), ("ExternalStream", (0x77, 1))]
+
+
+# -- against the installed CuPy (skipped where CuPy is not installed, as in CI) ---------------------
+
+def _real_nccl() -> Any:
+    if importlib.util.find_spec("cupy") is None:
+        pytest.skip("CuPy is not installed (pip install -e '.[gpu-cuda12]')")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CuPy warns when libnccl cannot be loaded
+        from cupy.cuda import nccl
+    if not getattr(nccl, "available", True):
+        pytest.skip("this CuPy has no NCCL")
+    return nccl
+
+
+def test_the_nccl_codes_are_cupys() -> None:
+    nccl = _real_nccl()
+    names = {DType.INT8: "NCCL_INT8", DType.UINT8: "NCCL_UINT8", DType.INT32: "NCCL_INT32",
+             DType.INT64: "NCCL_INT64", DType.FLOAT16: "NCCL_FLOAT16", DType.FLOAT32: "NCCL_FLOAT32",
+             DType.FLOAT64: "NCCL_FLOAT64", DType.BFLOAT16: "NCCL_BFLOAT16"}
+    for dtype, name in names.items():
+        assert unison_nccl.nccl_dtype(dtype) == getattr(nccl, name), name
+    assert UINT8 == nccl.NCCL_UINT8
+    ops = {ReduceOp.SUM: "NCCL_SUM", ReduceOp.AVERAGE: "NCCL_SUM", ReduceOp.PRODUCT: "NCCL_PROD",
+           ReduceOp.MAX: "NCCL_MAX", ReduceOp.MIN: "NCCL_MIN"}
+    for op, name in ops.items():
+        assert unison_nccl.nccl_op(op) == getattr(nccl, name), name
+
+
+def test_the_communicator_methods_take_what_cupy_communicator_declares() -> None:
+    nccl = _real_nccl()
+    for method, names in SIGNATURES.items():
+        line = getattr(nccl.NcclCommunicator, method).__doc__.strip().splitlines()[0]
+        declared = tuple(p.split()[-1] for p in line.split("(", 1)[1].rstrip(")").split(",")[1:])
+        assert declared == names, line
+
+
+def test_the_id_is_accepted_by_this_cupys_communicator() -> None:
+    nccl = _real_nccl()
+    import cupy
+
+    try:
+        gpus = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver: no GPU
+        gpus = 0
+    if gpus:
+        pytest.skip("a GPU is visible: tests/gpu makes real communicators")
+    unique_id = cupy_device.comm_id(bytes(128), cupy.__version__)
+    with pytest.raises(Exception) as caught:  # no GPU: NCCL fails, but not on the id's type
+        nccl.NcclCommunicator(1, unique_id, 0)
+    assert not isinstance(caught.value, TypeError), caught.value
+
+
+def test_a_foreign_stream_with_this_cupy_gives_no_warning() -> None:
+    _real_nccl()
+    import cupy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stream = cupy_device.external_stream(cupy, 0x1234, 0)
+    assert stream.ptr == 0x1234
+
+
+def test_the_host_copies_use_cupys_keywords() -> None:
+    _real_nccl()
+    import cupy
+    import cupyx
+
+    assert "stream=None" in cupy.ndarray.get.__doc__ and "out=None" in cupy.ndarray.get.__doc__
+    assert "stream=None" in cupy.ndarray.set.__doc__
+    assert callable(cupyx.empty_pinned) and callable(cupy.from_dlpack)
+    assert hasattr(cupy.cuda.Device, "pci_bus_id") and hasattr(cupy.cuda.Stream, "wait_event")
+    assert {"done", "record", "synchronize"} <= set(dir(cupy.cuda.Event))
+    assert np.dtype(cupy.uint16) == np.uint16
