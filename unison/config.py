@@ -130,8 +130,13 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
             "Data plane for CPU buffers: mpi."),
     Setting("gpu_operations", "UNISON_GPU_OPERATIONS", "HOROVOD_GPU_OPERATIONS", "str", "nccl",
-            "Data plane for CUDA buffers: nccl (through CuPy), or mpi (staged through pinned host "
-            "memory and reduced like CPU buffers). See docs/gpu.md."),
+            "Data plane for CUDA buffers: nccl (through CuPy), or mpi (CUDA-aware MPI on the device "
+            "buffers where every rank's MPI library says it is CUDA-aware, else staged through pinned "
+            "host memory and reduced like CPU buffers). See docs/gpu.md."),
+    Setting("cuda_aware_mpi", "UNISON_CUDA_AWARE_MPI", None, "bool", True,
+            "With UNISON_GPU_OPERATIONS=mpi: hand CUDA buffers to MPI when every rank's MPI library "
+            "answers MPIX_Query_cuda_support with yes (never assumed). 0 stages through host memory even "
+            "then, for a library that answers wrongly."),
     Setting("nccl_init_timeout_seconds", "UNISON_NCCL_INIT_TIMEOUT_SECONDS", None, "float", 120.0,
             "How long the ranks of a process set wait for each other while their NCCL communicator is "
             "made; then every member raises an error naming the ranks that never arrived."),
@@ -215,6 +220,7 @@ class Settings:
     cpu_operations: str = "mpi"
     gpu_operations: str = "nccl"
     nccl_init_timeout_seconds: float = 120.0
+    cuda_aware_mpi: bool = True
     dynamic_process_sets: bool = False
     disable_group_fusion: bool = False
     mpi_threads_disable: bool = False

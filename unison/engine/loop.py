@@ -159,7 +159,8 @@ class Engine:
         self.cache = ResponseCache(settings.cache_capacity)
         self.executor = Executor(backend, self.rank, self.process_sets)
         self.executor.device_plane_options = {"operations": settings.gpu_operations,
-                                              "init_timeout_seconds": settings.nccl_init_timeout_seconds}
+                                              "init_timeout_seconds": settings.nccl_init_timeout_seconds,
+                                              "use_cuda_aware_mpi": settings.cuda_aware_mpi}
         self.coordinator = Coordinator(self.size, self.process_sets) if self.rank == 0 else None
         self.stall = None
         if self.rank == 0 and not settings.stall_check_disable:

@@ -65,18 +65,52 @@ def nccl_version_text(code: int) -> str:
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
-def cuda_aware_mpi(mpi: Any) -> bool | None:
+def cuda_aware_mpi(mpi: Any, load_library: Callable[[str], Any] | None = None) -> bool | None:
     """Whether the loaded MPI library says it is CUDA-aware; None when it cannot tell.
 
-    Never assumed: only MPI's own answer (``MPI.Query_cuda_support``, MPI 4.1 / MPIX) counts.
+    Never assumed: only MPI's own answer counts, ``MPI.Query_cuda_support`` where mpi4py has it, else
+    the library's ``MPIX_Query_cuda_support`` (Open MPI, MPICH 4) looked up through the mpi4py
+    extension that links it (`load_library`: ``ctypes.CDLL`` by default). Call it after MPI_Init.
+
+    Example:
+        >>> import types
+        >>> cuda_aware_mpi(types.SimpleNamespace(Query_cuda_support=lambda: 1))
+        True
     """
     query = getattr(mpi, "Query_cuda_support", None)
     if query is None:
-        return None
+        path = getattr(mpi, "__file__", None)
+        if not path:
+            return None
+        try:
+            if load_library is None:
+                import ctypes
+
+                load_library = ctypes.CDLL
+            query = getattr(load_library(path), "MPIX_Query_cuda_support", None)
+        except Exception:  # noqa: BLE001 - no such library or symbol: cannot tell
+            return None
+        if query is None:
+            return None
+        if hasattr(query, "restype"):
+            import ctypes
+
+            query.restype, query.argtypes = ctypes.c_int, []
     try:
         return bool(query())
     except Exception:  # noqa: BLE001 - the library has no such query after all
         return None
+
+
+def _cuda_aware_text(import_module: Importer) -> str:
+    try:
+        mpi = import_module("mpi4py.MPI")
+    except Exception:  # noqa: BLE001 - no mpi4py: nothing to ask
+        return "no MPI (mpi4py not installed)"
+    answer = cuda_aware_mpi(mpi)
+    if answer is None:
+        return "cannot tell (the MPI library has no MPIX_Query_cuda_support): UNISON_GPU_OPERATIONS=MPI stages"
+    return "yes (UNISON_GPU_OPERATIONS=MPI hands it device buffers)" if answer else "no (UNISON_GPU_OPERATIONS=MPI stages)"
 
 
 def _cuda_version(code: int) -> str:
@@ -104,6 +138,7 @@ def gpu_report(find_spec: Finder = importlib.util.find_spec,
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         rows.append(("CUDA", f"unusable: {exc}"))
     rows.append(("NCCL", nccl_version_text(nccl_built(find_spec, import_module))))
+    rows.append(("CUDA-aware MPI", _cuda_aware_text(import_module)))
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
         names = []

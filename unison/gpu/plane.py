@@ -8,9 +8,11 @@ On the NCCL path everything runs on unison's one stream of the device (`unison.g
 rules): wait on the inputs' events, pack the fused tensors into one persistent device buffer with the
 prescale, reduce in place, postscale, unpack, record one event, attach it to the results. A single
 tensor is reduced in its own output buffer, unfused. Half precision is summed by NCCL in half precision.
-A response NCCL cannot carry (Adasum, int16/uint16 reductions), and every response when
-``operations="mpi"``, is staged: copied to host memory, run by the host executor over the
-control-plane backend, and copied back.
+A response NCCL cannot carry (Adasum, int16/uint16 reductions) is staged: copied to host memory, run
+by the host executor over the control-plane backend, and copied back. With ``operations="mpi"`` a
+response goes to CUDA-aware MPI on the device buffers when every member of its set has a CUDA-aware
+MPI library (`unison.gpu.mpi_wire`; the same device-side plan as NCCL's, only the wire differs), and
+is staged otherwise.
 
 Communicators are made on first use per (process set, device) (`CommunicatorCache`): the members
 exchange their (host, PCI bus id) over the host backend and refuse a shared GPU by name, the set's
@@ -21,6 +23,7 @@ lowest rank makes the unique id and broadcasts it over the host backend, and NCC
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +37,7 @@ from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .communicators import CommunicatorCache
 from .device import Device, DeviceBuffer, raw
+from .mpi_wire import MpiDeviceComm, mpi_can_carry
 from .nccl import (
     DEFAULT_INIT_TIMEOUT_SECONDS,
     Comm,
@@ -47,6 +51,8 @@ from .ordering import Retention, publish, wait_for_inputs
 from .placement import RECORD_BYTES, Placement, decode_placements, encode_placement, placement_error
 
 __all__ = ["OPERATIONS", "GpuPlane", "create_device_plane", "uses_nccl"]
+
+logger = logging.getLogger(__name__)
 
 OPERATIONS = ("nccl", "mpi")
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
@@ -90,11 +96,15 @@ class GpuPlane:
             ``UNISON_GPU_OPERATIONS``/``HOROVOD_GPU_OPERATIONS`` say.
         init_timeout_seconds: the bound on making one NCCL communicator.
         host: this rank's host name, for the rank -> GPU table.
+        cuda_aware_mpi: with ``operations="mpi"``, whether this rank's MPI library says it is
+            CUDA-aware; None when the backend cannot take device buffers at all (not MPI), which must
+            be the same on every rank (it is: every rank uses the same controller).
     """
 
     def __init__(self, backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]], device: Device,
                  library: Library | None, *, operations: str = "nccl",
-                 init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS, host: str | None = None) -> None:
+                 init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS, host: str | None = None,
+                 cuda_aware_mpi: bool | None = None) -> None:
         if operations not in OPERATIONS:
             raise ValueError(f"GPU operations must be one of {list(OPERATIONS)}. Got {operations!r}.")
         self.backend = backend
@@ -108,18 +118,23 @@ class GpuPlane:
         self._stream = device.stream()
         self._fusion: Any = None  # one persistent buffer for unison's one stream
         self._comms: CommunicatorCache[Comm] = CommunicatorCache(self._make_comm, lambda comm: comm.close())
+        self._cuda_aware_mpi = cuda_aware_mpi
+        self._mpi_comms: CommunicatorCache[MpiDeviceComm] = CommunicatorCache(self._make_mpi_comm,
+                                                                              lambda comm: comm.close())
         self._made_with: dict[int, tuple[int, ...]] = {}
         self._retention = Retention(device)
         self._host_executor: Any = None
         self._state = "open"
-        self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "staged_responses": 0, "bytes": 0}
+        self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "staged_responses": 0,
+                       "mpi_direct_responses": 0, "bytes": 0}
 
     def __repr__(self) -> str:
         return (f"<GpuPlane rank={self.rank} device={self.device.name} operations={self.operations} "
                 f"{self._state}>")
 
     def statistics(self) -> dict[str, int]:
-        """Counters: responses, tensors, fused and staged responses, bytes, communicators, buffers held."""
+        """Counters: responses, tensors, fused, staged and CUDA-aware-MPI responses, bytes, communicators,
+        buffers held."""
         fusion_bytes = 0 if self._fusion is None else int(self._fusion.nbytes)
         comms = self._comms.statistics()
         return dict(self._stats, fusion_buffer_bytes=fusion_bytes, communicators=comms["open"],
@@ -128,6 +143,7 @@ class GpuPlane:
     def close(self) -> None:
         """Release every communicator and the fusion buffer (at shutdown)."""
         self._comms.close()
+        self._mpi_comms.close()
         self._made_with.clear()
         self._fusion = None
         self._state = "closed"
@@ -153,7 +169,11 @@ class GpuPlane:
                     f"{response.device!r} but this rank submitted a host buffer; pass device= to submit.")
         wait_for_inputs(self.device, self._stream, buffers)
         if uses_nccl(response, self.operations):
-            arrays, extra = self._run_nccl(response, entries)
+            arrays, extra = self._run_on_device(self._comm(response.process_set_id, self._comms), response,
+                                                entries)
+        elif (mpi := self._direct_mpi(response)) is not None:
+            self._stats["mpi_direct_responses"] += 1
+            arrays, extra = self._run_on_device(mpi, response, entries)
         else:
             self._stats["staged_responses"] += 1
             arrays, extra = self._run_staged(response, entries)
@@ -163,15 +183,42 @@ class GpuPlane:
             return [(results[0], extra)]
         return list(results)
 
-    # -- NCCL -----------------------------------------------------------------------------------
-    def _comm(self, process_set_id: int) -> Comm:
+    # -- communicators --------------------------------------------------------------------------
+    def _comm(self, process_set_id: int, cache: CommunicatorCache[Any]) -> Any:
         members = self.process_sets[process_set_id]
         for stale in [s for s in self._made_with if self.process_sets.get(s) != self._made_with[s]]:
             self._comms.drop_set(stale)  # the set was removed, or its id reused for other ranks
+            self._mpi_comms.drop_set(stale)
             del self._made_with[stale]
-        comm = self._comms.get(process_set_id, self.device.ordinal, members, self.rank)
+        comm = cache.get(process_set_id, self.device.ordinal, members, self.rank)
         self._made_with[process_set_id] = members
         return comm
+
+    def _direct_mpi(self, response: Response) -> MpiDeviceComm | None:
+        """The set's CUDA-aware MPI wire for `response`, or None to stage it.
+
+        The conditions before the agreement are the same on every member (the setting, the backend
+        kind, the response), so either all members agree on the set's first such response or none does.
+        """
+        if self.operations != "mpi" or self._cuda_aware_mpi is None or not mpi_can_carry(response):
+            return None
+        comm: MpiDeviceComm = self._comm(response.process_set_id, self._mpi_comms)
+        return comm if comm.usable else None
+
+    def _make_mpi_comm(self, process_set_id: int, ordinal: int, members: Sequence[int],
+                       index: int) -> MpiDeviceComm:
+        """Agree over the control plane whether every member's MPI is CUDA-aware; collective over the set."""
+        size = len(members)
+        flags = np.empty(size, dtype=np.uint8)
+        self.backend.allgatherv(np.array([1 if self._cuda_aware_mpi else 0], dtype=np.uint8), flags, [1] * size,
+                                process_set_id)
+        refusing = [rank for rank, flag in zip(members, flags) if not flag]
+        if refusing and index == 0:
+            logger.info("GPU responses of process set %d are staged through host memory: the MPI library of "
+                        "ranks %s is not CUDA-aware (or cannot say)", process_set_id, refusing)
+        return MpiDeviceComm(self.backend, process_set_id, self.device, size, index, not refusing, refusing)
+
+    # -- NCCL -----------------------------------------------------------------------------------
 
     def _make_comm(self, process_set_id: int, ordinal: int, members: Sequence[int], index: int) -> Comm:
         """Check placement, share the unique id and connect within the bound; collective over the set."""
@@ -213,8 +260,8 @@ class GpuPlane:
         members = self.process_sets[response.process_set_id]
         return members.index(self.rank), len(members)
 
-    def _run_nccl(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
-        comm = self._comm(response.process_set_id)
+    def _run_on_device(self, comm: Comm, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
+        """Run `response` on device buffers over `comm` (NCCL, or CUDA-aware MPI)."""
         kind = CollectiveKind(response.kind)
         if kind is CollectiveKind.ALLREDUCE:
             return self._allreduce(comm, response, entries), None
@@ -341,11 +388,14 @@ class GpuPlane:
 
 def create_device_plane(backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]], *,
                         operations: str = "nccl",
-                        init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS) -> GpuPlane:
+                        init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS,
+                        use_cuda_aware_mpi: bool = True) -> GpuPlane:
     """The plane on this process's GPU through CuPy (the executor calls it at the first device response).
 
     The GPU is the one the adapters bound at submission (`unison.gpu.handoff.device_for`); a rank that
-    joined before submitting any GPU tensor uses CuPy's current device.
+    joined before submitting any GPU tensor uses CuPy's current device. With ``operations="mpi"``
+    over the MPI backend, the MPI library is asked whether it is CUDA-aware (`use_cuda_aware_mpi`
+    False answers no without asking).
     """
     from . import handoff
 
@@ -358,5 +408,11 @@ def create_device_plane(backend: Backend, rank: int, process_sets: dict[int, tup
         from .cupy_device import CupyLibrary
 
         library = CupyLibrary()
+    cuda_aware = None  # only the MPI backend can take device buffers, and every rank has the same backend
+    if operations == "mpi" and backend.name == "mpi":
+        from ..backends.mpi import import_mpi
+        from .build import cuda_aware_mpi
+
+        cuda_aware = bool(use_cuda_aware_mpi and cuda_aware_mpi(import_mpi()))
     return GpuPlane(backend, rank, process_sets, device, library, operations=operations,
-                    init_timeout_seconds=init_timeout_seconds)
+                    init_timeout_seconds=init_timeout_seconds, cuda_aware_mpi=cuda_aware)

@@ -50,7 +50,10 @@ def test_nccl_and_cuda_built_read_cupy() -> None:
 def test_the_check_build_rows() -> None:
     assert build.gpu_report(**lookup(fake_cupy())) == [
         ("CuPy", "13.3.0"), ("CUDA runtime", "12.4"), ("CUDA driver", "12.8"), ("NCCL", "2.20.5"),
-        ("GPUs", "cuda:0 NVIDIA H100 80GB HBM3 (0000:17:00.0)")]
+        ("CUDA-aware MPI", "no MPI (mpi4py not installed)"), ("GPUs", "cuda:0 NVIDIA H100 80GB HBM3 (0000:17:00.0)")]
+    modules = fake_cupy()
+    modules["mpi4py.MPI"] = types.SimpleNamespace(Query_cuda_support=lambda: 1)
+    assert ("CUDA-aware MPI", "yes (UNISON_GPU_OPERATIONS=MPI hands it device buffers)") in build.gpu_report(**lookup(modules))
     assert build.gpu_report(**lookup(fake_cupy(devices=0)))[-1] == ("GPUs", "none visible")
     assert build.gpu_report(**lookup(fake_cupy(driver=0)))[2] == ("CUDA driver", "none (no NVIDIA driver found)")
     assert build.gpu_report(**lookup({})) == [
@@ -61,6 +64,24 @@ def test_cuda_aware_mpi_is_asked_never_assumed() -> None:
     assert build.cuda_aware_mpi(types.SimpleNamespace()) is None
     assert build.cuda_aware_mpi(types.SimpleNamespace(Query_cuda_support=lambda: 1)) is True
     assert build.cuda_aware_mpi(types.SimpleNamespace(Query_cuda_support=lambda: 0)) is False
+    # mpi4py without the query: the library's MPIX_Query_cuda_support, found through the extension
+    libraries = {"/x/MPI.so": types.SimpleNamespace(MPIX_Query_cuda_support=lambda: 1), "/y/MPI.so": object()}
+    assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/x/MPI.so"), libraries.__getitem__) is True
+    assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/y/MPI.so"), libraries.__getitem__) is None
+    assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/z/MPI.so"), libraries.__getitem__) is None
+
+
+def test_the_real_mpi_library_is_asked() -> None:
+    mpi = pytest.importorskip("mpi4py.MPI")
+    import ctypes
+
+    library = ctypes.CDLL(mpi.__file__)
+    if not hasattr(library, "MPIX_Query_cuda_support"):
+        assert build.cuda_aware_mpi(mpi) is None
+        return
+    query = library.MPIX_Query_cuda_support
+    query.restype = ctypes.c_int
+    assert build.cuda_aware_mpi(mpi) is bool(query())  # the wheel's MPICH answers no
 
 
 def test_a_cuda_buffer_without_cupy_names_the_extra() -> None:

@@ -8,17 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.unit.gpu.fake_job import device_entry, make_planes, run_ranks
+from tests.unit.gpu.fake_job import A2A, AG, AR, BC, RS, device_entry, make_planes, respond, run_ranks
+from tests.unit.gpu.fake_job import array_of as result_array
 from unison.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from unison.errors import HorovodInternalError
-from unison.gpu.device import DeviceBuffer
 from unison.gpu.fake import FakeLibrary
 from unison.gpu.plane import GpuPlane, uses_nccl
-from unison.ops import CollectiveKind, ReduceOp
-from unison.protocol.messages import Response
+from unison.ops import ReduceOp
 
-AR, AG, BC, A2A, RS = (CollectiveKind.ALLREDUCE, CollectiveKind.ALLGATHER, CollectiveKind.BROADCAST,
-                       CollectiveKind.ALLTOALL, CollectiveKind.REDUCESCATTER)
 DTYPES = [DType.UINT8, DType.INT8, DType.INT32, DType.INT64, DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32,
           DType.FLOAT64]
 OPERATIONS = ["nccl", "mpi"]
@@ -36,15 +33,6 @@ def as_float(array: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is DType.BFLOAT16:
         return bfloat16_to_float32(np.ascontiguousarray(array).reshape(-1)).reshape(array.shape)
     return np.asarray(array, dtype=np.float64)
-
-
-def respond(kind: CollectiveKind, names: list[str], dtype: DType, shapes: list[tuple[int, ...]], **kw: Any) -> Response:
-    return Response(kind.value, tuple(names), dtype, tuple(shapes), device="cuda", **kw)
-
-
-def result_array(result: Any) -> np.ndarray:
-    assert isinstance(result, DeviceBuffer) and result.ready is not None  # every result carries its event
-    return np.asarray(result.array)
 
 
 @pytest.mark.parametrize("operations", OPERATIONS)
