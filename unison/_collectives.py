@@ -237,6 +237,14 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     """Start an alltoall; `synchronize` returns (output, received_splits)."""
     current = job()
     _, members = member_set(current, process_set, "Alltoall")
+    if _on_gpu([tensor]):
+        from .gpu.handoff import device_results, prepare_arrays
+
+        buffers, device_dtypes, _ = prepare_arrays([tensor], in_place=False, with_outputs=False)
+        buffer, split_tuple = check_splits(current, buffers[0], splits, members)
+        device_handle, _, _ = submit(CollectiveKind.ALLTOALL, [buffer], name, process_set, splits=split_tuple,
+                                     dtypes=device_dtypes, device="cuda")
+        return finish_with(device_handle, lambda results: (device_results([results[0][0]])[0], results[0][1]))
     tensor, split_tuple = check_splits(current, tensor, splits, members)
     handle_id, originals, dtypes = submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
                                            splits=split_tuple)

@@ -290,11 +290,25 @@ def release(handle: int, timeout_seconds: float) -> bool:
     return all(h.wait(max(0.0, deadline - time.monotonic())) for h in entry[0])
 
 
+def _first_rows(tensor: Any, count: int) -> Any:
+    """The first `count` rows of a host array, a device array, or a `DeviceBuffer` (same event)."""
+    if hasattr(tensor, "ready") and hasattr(tensor, "array"):
+        import dataclasses
+
+        return dataclasses.replace(tensor, array=tensor.array[:count])
+    return tensor[:count] if hasattr(tensor, "shape") else np.asarray(tensor)[:count]
+
+
 def check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int]) -> tuple[Any, tuple[int, ...]]:
-    array = np.asarray(tensor)
-    dim0 = array.shape[0] if array.ndim else 0
+    """Check alltoall `splits` against `tensor`'s first dimension; returns (the rows sent, the splits).
+
+    Reads only the shape, so host arrays, GPU arrays and `DeviceBuffer`s are checked alike (rows past
+    the splits' sum are not sent).
+    """
+    shape = tuple(tensor.shape) if hasattr(tensor, "shape") else np.shape(tensor)
+    dim0 = shape[0] if shape else 0
     if splits is None:
-        if array.ndim and dim0 % len(members):
+        if shape and dim0 % len(members):
             raise InvalidArgumentError(
                 "splits not provided, but first dimension of tensor is not an even multiple of the "
                 f"number of workers ({dim0} rows, {len(members)} ranks)."
@@ -320,7 +334,7 @@ def check_splits(current: Job, tensor: Any, splits: Any, members: Sequence[int])
             f"Sum of splits entries is greater than the first dimension of tensor ({total} > {dim0})."
         )
     if total < dim0:
-        tensor = np.asarray(tensor)[:total]
+        tensor = _first_rows(tensor, total)
     return tensor, tuple(int(v) for v in values)
 
 

@@ -23,6 +23,7 @@ def run(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedPro
                           timeout=timeout, cwd=ROOT)
 
 
+@pytest.mark.timeout(360)  # the run's own bound (300 s) comes first
 def test_mnist_trains_on_the_gpu(tmp_path: Path) -> None:
     ranks = min(2, torch.cuda.device_count())
     done = run(ranks, "examples/pytorch_mnist.py", "--device", "cuda", "--epochs", "3",
@@ -34,6 +35,7 @@ def test_mnist_trains_on_the_gpu(tmp_path: Path) -> None:
     assert state["epoch"] == 3
 
 
+@pytest.mark.timeout(360)
 def test_synthetic_benchmark_on_the_gpu() -> None:
     done = run(min(2, torch.cuda.device_count()), "examples/pytorch_synthetic_benchmark.py", "--device", "cuda",
                "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2")
@@ -41,6 +43,7 @@ def test_synthetic_benchmark_on_the_gpu() -> None:
     assert re.search(r"Img/sec per rank: [\d.]+", done.stdout), done.stdout
 
 
+@pytest.mark.timeout(240)
 def test_more_ranks_than_gpus_names_the_local_rank() -> None:
     gpus = torch.cuda.device_count()
     done = run(gpus + 1, "examples/pytorch_synthetic_benchmark.py", "--device", "cuda", "--num-iters", "1",

@@ -77,6 +77,10 @@ def test_distributed_optimizer_on_cuda_matches_one_process_on_the_global_batch()
         for a, b in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b)
         assert hvd.allreduce(torch.ones(3, device="cuda")).device.type == "cuda"
+        x = torch.arange(12, device="cuda", dtype=torch.float32).reshape(6, 2)
+        out, received = hvd.alltoall(x, splits=torch.tensor([4]))  # rows past the splits are not sent
+        assert out.device.type == "cuda" and received.tolist() == [4]
+        torch.testing.assert_close(out, x[:4])
     finally:
         hvd.shutdown()
 
@@ -92,5 +96,8 @@ def test_cupy_arrays_through_the_numpy_style_api() -> None:
         out = unison.allreduce(x, op=unison.Sum, name="cupy.sum")
         assert isinstance(out, cupy.ndarray)
         np.testing.assert_array_equal(cupy.asnumpy(out), np.arange(6))
+        out, received = unison.alltoall(cupy.arange(8, dtype=cupy.int64).reshape(4, 2), splits=[3])
+        assert isinstance(out, cupy.ndarray) and received.tolist() == [3]
+        np.testing.assert_array_equal(cupy.asnumpy(out), np.arange(6).reshape(3, 2))
     finally:
         unison.shutdown()

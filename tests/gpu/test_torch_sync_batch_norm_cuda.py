@@ -59,6 +59,7 @@ def test_the_exchange_stays_on_the_gpu_and_never_synchronizes_the_host(job: Any,
     torch.testing.assert_close(running_var, rv, **tolerance)
 
 
+@pytest.mark.timeout(360)  # the job's own bound (300 s) comes first
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_ranks_match_batch_norm_on_the_global_batch(ranks: int) -> None:
     env = dict(os.environ)

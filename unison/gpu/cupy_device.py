@@ -102,12 +102,12 @@ class CupyDevice(ArrayDevice):
                 self._stream = self.xp.cuda.Stream(non_blocking=True)
         return self._stream
 
-    def current_stream(self) -> Any:
-        """The framework's current stream: torch's when torch is in use, else CuPy's."""
-        import sys
+    def current_stream(self, framework: str = "cupy") -> Any:
+        """torch's current stream on this device for torch tensors, else CuPy's (CuPy arrays, TensorFlow's
+        handoff): the caller names the framework whose kernels made or will read the array."""
+        if framework == "torch":
+            import torch
 
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
             handle = torch.cuda.current_stream(self.ordinal).cuda_stream
             return external_stream(self.xp, handle, self.ordinal)
         with self._device:

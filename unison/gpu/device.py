@@ -86,8 +86,9 @@ class Device(Protocol):
     def stream(self) -> Any:
         """unison's own stream on this device (one; all data-plane work is ordered on it)."""
 
-    def current_stream(self) -> Any:
-        """The calling thread's current stream (the framework's producer or consumer stream)."""
+    def current_stream(self, framework: str = "cupy") -> Any:
+        """The calling thread's current stream in `framework` ("torch" or "cupy"): the stream its
+        producer kernels were issued on, or its consumer's will be."""
 
     def record_event(self, stream: Any) -> Any:
         """Record an event on `stream` and return it."""

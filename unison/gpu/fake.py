@@ -84,21 +84,26 @@ class FakeDevice(ArrayDevice):
     def stream(self) -> FakeStream:
         return self._unison
 
-    def current_stream(self) -> FakeStream:
-        stream: FakeStream | None = getattr(self._current, "stream", None)
-        if stream is None:
-            stream = self._current.stream = FakeStream("framework")
-        return stream
+    def current_stream(self, framework: str = "cupy") -> FakeStream:
+        """The calling thread's stream of `framework`, named after it ("cupy", "torch")."""
+        streams: dict[str, FakeStream] | None = getattr(self._current, "streams", None)
+        if streams is None:
+            streams = self._current.streams = {}
+        if framework not in streams:
+            streams[framework] = FakeStream(framework)
+        return streams[framework]
 
     @contextmanager
-    def using(self, stream: FakeStream) -> Iterator[FakeStream]:
-        """Make `stream` the calling thread's current stream inside the block."""
-        before = getattr(self._current, "stream", None)
-        self._current.stream = stream
+    def using(self, stream: FakeStream, framework: str = "cupy") -> Iterator[FakeStream]:
+        """Make `stream` the calling thread's current stream of `framework` inside the block."""
+        self.current_stream(framework)
+        streams: dict[str, FakeStream] = self._current.streams
+        before = streams[framework]
+        streams[framework] = stream
         try:
             yield stream
         finally:
-            self._current.stream = before
+            streams[framework] = before
 
     def hold(self, stream: FakeStream) -> None:
         """Leave events recorded on `stream` from now on pending (a producer still running)."""

@@ -30,9 +30,10 @@ from .device import Device, DeviceBuffer
 __all__ = ["Retention", "consume", "mark_ready", "publish", "wait_for_inputs"]
 
 
-def mark_ready(device: Device, array: Any) -> DeviceBuffer:
-    """Wrap `array` for submission with an event on the calling thread's current stream (rule 1)."""
-    return DeviceBuffer(array, device.record_event(device.current_stream()), device.ordinal)
+def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuffer:
+    """Wrap `array` for submission with an event on the calling thread's current stream of `framework`,
+    the library whose kernels produced it ("torch" or "cupy") (rule 1)."""
+    return DeviceBuffer(array, device.record_event(device.current_stream(framework)), device.ordinal)
 
 
 def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer | None]) -> int:
@@ -60,10 +61,10 @@ def publish(device: Device, stream: Any, arrays: Sequence[Any]) -> tuple[Any, li
     return event, [None if a is None else DeviceBuffer(a, event, device.ordinal) for a in arrays]
 
 
-def consume(device: Device, buffer: DeviceBuffer) -> Any:
-    """Make the calling thread's current stream wait for `buffer` and return its array (rule 4)."""
+def consume(device: Device, buffer: DeviceBuffer, framework: str = "cupy") -> Any:
+    """Make the calling thread's current stream of `framework` wait for `buffer`; return its array (rule 4)."""
     if buffer.ready is not None:
-        device.wait_event(device.current_stream(), buffer.ready)
+        device.wait_event(device.current_stream(framework), buffer.ready)
     return buffer.array
 
 

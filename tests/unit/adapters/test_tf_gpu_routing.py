@@ -112,7 +112,7 @@ def _handoff(fn: Any, inputs: list[Any], dtypes: list[Any]) -> tuple[list[Any], 
 
     out = _gpu.run_on_device(fn, inputs, dtypes, xp=_HostCupy(log), to_dlpack=to_dlpack,
                              from_dlpack=from_dlpack, sync=lambda: log.append("sync"),
-                             wait=lambda xp: log.append("wait"))
+                             wait=lambda xp, outputs: log.append(f"wait {len(outputs)}"))
     return out, log
 
 
@@ -126,7 +126,7 @@ def test_the_handoff_waits_for_tensorflow_then_returns_results_after_unisons_str
     x = tf.constant([[1.0, 2.0], [3.0, 4.0]])
     y = tf.constant([5, 6], tf.int64)
     out, log = _handoff(fn, [x, y], [tf.float32, tf.int64])
-    assert log == ["sync", "to_dlpack", "from_dlpack", "to_dlpack", "from_dlpack", "wait", "tf.from_dlpack",
+    assert log == ["sync", "to_dlpack", "from_dlpack", "to_dlpack", "from_dlpack", "wait 2", "tf.from_dlpack",
                    "tf.from_dlpack"]
     assert [type(a) for a in seen] == [np.ndarray, np.ndarray]
     np.testing.assert_array_equal(seen[0], x.numpy())
@@ -212,3 +212,25 @@ def test_each_collective_declares_its_device_path(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tfc, "run", recording_run)
     call(tf.constant([[1.0, 2.0]]))
     assert seen and set(seen) == {expected}
+
+
+def test_the_wait_for_results_is_made_on_each_results_gpu() -> None:
+    import types
+
+    log: list[Any] = []
+
+    class Device:
+        def __init__(self, ordinal: int) -> None:
+            self.ordinal = ordinal
+
+        def __enter__(self) -> None:
+            log.append(("enter", self.ordinal))
+
+        def __exit__(self, *exc: Any) -> None:
+            log.append(("exit", self.ordinal))
+
+    stream = types.SimpleNamespace(synchronize=lambda: log.append("synchronize"))
+    xp = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device, get_current_stream=lambda: stream))
+    on = [types.SimpleNamespace(device=types.SimpleNamespace(id=i)) for i in (1, 1, 0)]
+    _gpu._wait_for_results(xp, on)  # CuPy's current stream is per device: each result's device is entered
+    assert log == [("enter", 0), "synchronize", ("exit", 0), ("enter", 1), "synchronize", ("exit", 1)]

@@ -68,7 +68,7 @@ def test_the_four_stream_rules_in_order() -> None:
     assert nothing is None and result is not None and result.ready is event
     consume(device, result)  # rule 4
     assert device.log == [("record", producer.name, first.ready.id), ("wait", "unison", first.ready.id),
-                          ("record", "unison", event.id), ("wait", "framework", event.id)]
+                          ("record", "unison", event.id), ("wait", "cupy", event.id)]
 
 
 def test_nccl_reads_only_after_the_producer_and_the_consumer_waits_for_unison() -> None:
@@ -88,7 +88,7 @@ def test_nccl_reads_only_after_the_producer_and_the_consumer_waits_for_unison() 
     assert "synchronize" not in device.operations()  # the host never waits on the NCCL path
     assert plane.statistics()["retained"] == 1  # inputs kept while unison's stream may still use them
     consume(device, results[0])
-    assert device.log[-1] == ("wait", "framework", results[0].ready.id)
+    assert device.log[-1] == ("wait", "cupy", results[0].ready.id)
     device.finish(producer)
     plane.run(Response("allreduce", ("g0",), DType.FLOAT64, ((3,),), device="cuda"), entries[:1])
     assert plane.statistics()["retained"] == 1  # the first response's buffers were released
@@ -136,3 +136,50 @@ def test_cpu_jobs_import_nothing_of_the_gpu_plane() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('cupy', 'unison.gpu.plane', 'unison.gpu.cupy'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_each_framework_orders_against_its_own_stream() -> None:
+    from unison.gpu.handoff import device_results, prepare_arrays, reset
+
+    device = FakeDevice()
+    torch_in = mark_ready(device, np.ones(2), "torch")  # a torch tensor: torch's current stream
+    (cupy_in,), _, _ = prepare_arrays([np.ones(2)], in_place=False, with_outputs=False,
+                                      make=lambda ordinal: device, convert=lambda a: a, xp=np)
+    event, (torch_out, cupy_out) = publish(device, device.stream(), [np.zeros(2), np.zeros(2)])
+    consume(device, torch_out, "torch")
+    device_results([cupy_out], make=lambda ordinal: device)  # NumPy-style results: CuPy's stream
+    reset()
+    assert [(op, stream) for op, stream, _ in device.log] == [
+        ("record", "torch"), ("record", "cupy"), ("record", "unison"), ("wait", "torch"), ("wait", "cupy")]
+    assert torch_in.ready.stream.name == "torch" and cupy_in.ready.stream.name == "cupy"
+
+
+def test_the_cupy_device_takes_torchs_stream_only_for_torch_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from unison.gpu.cupy_device import CupyDevice
+
+    class Context:
+        def __init__(self, ordinal: int) -> None:
+            self.ordinal = ordinal
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    class Stream:
+        @staticmethod
+        def from_external(obj: object) -> str:
+            return f"external {obj.__cuda_stream__()[1]:#x}"  # type: ignore[attr-defined]
+
+    cuda = types.SimpleNamespace(Device=Context, Stream=Stream, get_current_stream=lambda: "cupy's current")
+    torch_cuda = types.SimpleNamespace(is_initialized=lambda: True,
+                                       current_stream=lambda ordinal: types.SimpleNamespace(cuda_stream=0xBEEF))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, __version__="14.0.0"))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=torch_cuda))
+    device = CupyDevice(0)
+    # torch is in use in this process, yet a CuPy array's producer is CuPy's current stream
+    assert device.current_stream() == "cupy's current"
+    assert device.current_stream("torch") == "external 0xbeef"

@@ -144,15 +144,22 @@ def _sync_devices() -> None:
     tf.test.experimental.sync_devices()
 
 
-def _wait_for_results(xp: Any) -> None:
-    """Wait on the host for CuPy's current stream, which waits for unison's stream (ordering rule 4)."""
-    xp.cuda.get_current_stream().synchronize()
+def _wait_for_results(xp: Any, outputs: Sequence[Any] = ()) -> None:
+    """Wait on the host for CuPy's current stream of each result's GPU, which waits for unison's
+    stream (ordering rule 4; CuPy's current stream is per device, so each device is entered)."""
+    ordinals: list[int | None] = [*sorted({int(o.device.id) for o in outputs})] or [None]
+    for ordinal in ordinals:
+        if ordinal is None:
+            xp.cuda.get_current_stream().synchronize()
+        else:
+            with xp.cuda.Device(ordinal):
+                xp.cuda.get_current_stream().synchronize()
 
 
 def run_on_device(fn: Callable[..., Sequence[Any]], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
                   *, xp: Any = None, to_dlpack: Callable[[Any], Any] | None = None,
                   from_dlpack: Callable[[Any], Any] | None = None, sync: Callable[[], None] = _sync_devices,
-                  wait: Callable[[Any], None] = _wait_for_results) -> list[tf.Tensor]:
+                  wait: Callable[[Any, Sequence[Any]], None] = _wait_for_results) -> list[tf.Tensor]:
     """Run `fn` on CuPy views of GPU `inputs` and return its results as TensorFlow GPU tensors.
 
     Arrays `fn` returns on the GPU come back through DLPack without a copy; host values (a count, a
@@ -173,7 +180,7 @@ def run_on_device(fn: Callable[..., Sequence[Any]], inputs: Sequence[Any], outpu
     outputs = list(fn(*arrays))
     on_device = [isinstance(o, xp.ndarray) for o in outputs]
     if any(on_device):
-        wait(xp)
+        wait(xp, [o for o, device in zip(outputs, on_device) if device])
     tensors = []
     for output, dtype, device in zip(outputs, output_dtypes, on_device):
         if device:

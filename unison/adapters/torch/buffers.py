@@ -77,7 +77,7 @@ def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, D
         array = cupy.from_dlpack(tensor.view(torch.int16)).view(cupy.uint16)
     else:
         array = cupy.from_dlpack(tensor)
-    return mark_ready(device, array), dtype
+    return mark_ready(device, array, "torch"), dtype
 
 
 def from_device_result(result: Any, dtype: DType) -> torch.Tensor:
@@ -86,7 +86,7 @@ def from_device_result(result: Any, dtype: DType) -> torch.Tensor:
     from ...gpu.handoff import device_for
     from ...gpu.ordering import consume
 
-    array = consume(device_for(result.ordinal), result)
+    array = consume(device_for(result.ordinal), result, "torch")
     if dtype is DType.BFLOAT16:
         return torch.from_dlpack(array.view("int16")).view(torch.bfloat16)
     return torch.from_dlpack(array)

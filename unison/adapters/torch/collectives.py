@@ -225,7 +225,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     array, dtype = to_buffer(tensor, in_place=False)
     array, split_tuple = core.check_splits(current, array, _splits_array(splits), members)
     handle, _, _ = core.submit(CollectiveKind.ALLTOALL, [array], name, process_set, splits=split_tuple,
-                               dtypes=[dtype])
+                               dtypes=[dtype], device=tensor.device.type)
 
     def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         output, received = results[0]
