@@ -1,7 +1,8 @@
 """The CUDA device and NCCL of the GPU data plane, through CuPy; imported only once a CUDA buffer arrives.
 
 `CupyDevice` gives `ArrayDevice`'s arithmetic CuPy as its array module and issues every operation on
-one non-blocking stream per device (unison's stream) inside that device's context. `CupyLibrary` and
+one non-blocking stream per device (unison's stream) inside that device's context; byte moves
+(unscaled fusion packing, unpacking, copies) are ``cudaMemcpyAsync`` calls on that stream. `CupyLibrary` and
 `CupyComm` wrap ``cupy.cuda.nccl``: pointers and element counts go to NCCL, uneven gathers are
 grouped broadcasts, alltoall is grouped send/recv (NCCL has no alltoallv).
 """
@@ -132,6 +133,44 @@ class CupyDevice(ArrayDevice):
     def allocate(self, nbytes: int) -> Any:
         with self._on(self.stream()):
             return self.xp.empty(nbytes, dtype=self.xp.uint8)
+
+    # -- byte moves: one cudaMemcpyAsync per tensor (a runtime call, a few microseconds) instead of a
+    # copy kernel launched through CuPy's elementwise machinery; fusion moves one per tensor each way.
+    def _memcpy(self, dst_ptr: int, src: Any, stream: Any) -> None:
+        if src.nbytes:
+            runtime = self.xp.cuda.runtime
+            runtime.memcpyAsync(dst_ptr, src.data.ptr, src.nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+
+    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+        with self._device:
+            self._memcpy(dst.data.ptr, src, stream)
+
+    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Any) -> None:
+        if factor != 1.0:  # scaled on the way in: the arithmetic's kernels
+            super().pack(buf, parts, counts, factor, dtype, stream)
+            return
+        itemsize, base = buf.itemsize, buf.data.ptr
+        with self._device:
+            offset = 0
+            for part, count in zip(parts, counts):
+                if part is None:  # a joined rank contributes zeros
+                    if count:
+                        self.xp.cuda.runtime.memsetAsync(base + offset, 0, count * itemsize, stream.ptr)
+                else:
+                    self._memcpy(base + offset, part, stream)
+                offset += count * itemsize
+
+    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+        itemsize, base = buf.itemsize, buf.data.ptr
+        runtime = self.xp.cuda.runtime
+        with self._device:
+            offset = 0
+            for out, count in zip(outputs, counts):
+                if out is not None and count:
+                    runtime.memcpyAsync(out.data.ptr, base + offset, count * itemsize,
+                                        runtime.memcpyDeviceToDevice, stream.ptr)
+                offset += count * itemsize
 
     def to_host(self, buf: Any, stream: Any) -> np.ndarray:
         import cupyx  # part of CuPy

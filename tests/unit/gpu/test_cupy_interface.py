@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import types
 import warnings
 from typing import Any
@@ -155,6 +156,37 @@ def test_a_foreign_stream_is_wrapped_without_the_deprecated_class_where_cupy_has
     assert made == [("from_external", (0, 0x77)), ("ExternalStream", (0x77, 1))]
 
 
+class _Context:
+    def __init__(self, ordinal: int) -> None:
+        self.ordinal = ordinal
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_fusion_moves_bytes_with_one_memcpy_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    runtime = types.SimpleNamespace(memcpyDeviceToDevice=3, memcpyAsync=lambda *a: calls.append(("memcpy", *a)),
+                                    memsetAsync=lambda *a: calls.append(("memset", *a)))
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=_Context, runtime=runtime), __version__="14.0.0")
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    device = cupy_device.CupyDevice(0)
+    buf = FakeArray(1000, 10, 4)
+    device.pack(buf, [FakeArray(2000, 3, 4), None, FakeArray(3000, 5, 4), FakeArray(4000, 0, 4)], [3, 2, 5, 0],
+                1.0, DType.FLOAT32, STREAM)
+    # a joined rank's zeros are a memset; an empty tensor moves nothing
+    assert calls == [("memcpy", 1000, 2000, 12, 3, 0xABC), ("memset", 1012, 0, 8, 0xABC),
+                     ("memcpy", 1020, 3000, 20, 3, 0xABC)]
+    calls.clear()
+    device.unpack(buf, [FakeArray(5000, 3, 4), None, FakeArray(6000, 5, 4)], [3, 2, 5], STREAM)
+    device.copy_(FakeArray(7000, 2, 8), FakeArray(8000, 2, 8), STREAM)
+    assert calls == [("memcpy", 5000, 1000, 12, 3, 0xABC), ("memcpy", 6000, 1020, 20, 3, 0xABC),
+                     ("memcpy", 7000, 8000, 16, 3, 0xABC)]
+
+
 # -- against the installed CuPy (skipped where CuPy is not installed, as in CI) ---------------------
 
 def _real_nccl() -> Any:
@@ -214,6 +246,17 @@ def test_a_foreign_stream_with_this_cupy_gives_no_warning() -> None:
         warnings.simplefilter("error")
         stream = cupy_device.external_stream(cupy, 0x1234, 0)
     assert stream.ptr == 0x1234
+
+
+def test_the_byte_moves_are_cupys_runtime_calls() -> None:
+    _real_nccl()
+    from cupy.cuda import runtime
+
+    assert runtime.memcpyAsync.__doc__.splitlines()[0] == (
+        "memcpyAsync(intptr_t dst, intptr_t src, size_t size, int kind, intptr_t stream)")
+    assert runtime.memsetAsync.__doc__.splitlines()[0] == (
+        "memsetAsync(intptr_t ptr, int value, size_t size, intptr_t stream)")
+    assert runtime.memcpyDeviceToDevice == 3
 
 
 def test_the_host_copies_use_cupys_keywords() -> None:
