@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from unison.testing.run import find_mpiexec
+
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("PyTorch sees no GPU (a CPU-only build, or CUDA_VISIBLE_DEVICES hides it)",
                 allow_module_level=True)
 
 ROOT = Path(__file__).parents[2]
-MPIEXEC = Path(sys.executable).parent / "mpiexec"
+MPIEXEC = find_mpiexec()
+if MPIEXEC is None:
+    pytest.skip("mpiexec not found (pip install -e '.[mpi]', or put an MPI's bin on PATH)", allow_module_level=True)
 
 
 def run(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -37,12 +37,17 @@ _FAILURE_IN_LOG = re.compile(
 )
 
 
-def _mpiexec() -> str:
-    # The venv's own mpiexec (from the mpich wheel) matches the MPI that mpi4py loads.
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the mpich wheel's, matching the MPI mpi4py loads), else the first
+    on PATH (an MPI installed elsewhere, e.g. with ``pip install --prefix``); None when there is none."""
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
-    found = shutil.which("mpiexec")
+    return shutil.which("mpiexec")
+
+
+def _mpiexec() -> str:
+    found = find_mpiexec()
     if found is None:
         sys.exit("mpiexec not found: install the mpi extra (pip install -e '.[mpi]') or a system MPI")
     return found
