@@ -18,6 +18,19 @@ from unison.ops import CollectiveKind, ReduceOp
 from unison.protocol.messages import Request, Response
 
 
+class DeviceContext:
+    """``cupy.cuda.Device(ordinal)`` for stand-in CuPy modules: a context that does nothing."""
+
+    def __init__(self, ordinal: int) -> None:
+        self.ordinal = ordinal
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def make_planes(size: int, *, operations: str = "nccl", bus_ids: Sequence[str] | None = None,
                 library: Any = None, init_timeout_seconds: float = 10.0,
                 process_sets: dict[int, tuple[int, ...]] | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.gpu.fake_job import DeviceContext
 from unison.dtypes import DType
 from unison.gpu import cupy_device
 from unison.gpu import nccl as unison_nccl
@@ -156,22 +157,11 @@ def test_a_foreign_stream_is_wrapped_without_the_deprecated_class_where_cupy_has
     assert made == [("from_external", (0, 0x77)), ("ExternalStream", (0x77, 1))]
 
 
-class _Context:
-    def __init__(self, ordinal: int) -> None:
-        self.ordinal = ordinal
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def test_fusion_moves_bytes_with_one_memcpy_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
     runtime = types.SimpleNamespace(memcpyDeviceToDevice=3, memcpyAsync=lambda *a: calls.append(("memcpy", *a)),
                                     memsetAsync=lambda *a: calls.append(("memset", *a)))
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=_Context, runtime=runtime), __version__="14.0.0")
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=DeviceContext, runtime=runtime), __version__="14.0.0")
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     device = cupy_device.CupyDevice(0)
     buf = FakeArray(1000, 10, 4)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.unit.gpu.fake_job import device_entry, make_planes
+from tests.unit.gpu.fake_job import DeviceContext, device_entry, make_planes
 from unison.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from unison.engine.executor import Executor
 from unison.gpu.device import DeviceBuffer
@@ -159,22 +159,12 @@ def test_the_cupy_device_takes_torchs_stream_only_for_torch_tensors(monkeypatch:
 
     from unison.gpu.cupy_device import CupyDevice
 
-    class Context:
-        def __init__(self, ordinal: int) -> None:
-            self.ordinal = ordinal
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
     class Stream:
         @staticmethod
         def from_external(obj: object) -> str:
             return f"external {obj.__cuda_stream__()[1]:#x}"  # type: ignore[attr-defined]
 
-    cuda = types.SimpleNamespace(Device=Context, Stream=Stream, get_current_stream=lambda: "cupy's current")
+    cuda = types.SimpleNamespace(Device=DeviceContext, Stream=Stream, get_current_stream=lambda: "cupy's current")
     torch_cuda = types.SimpleNamespace(is_initialized=lambda: True,
                                        current_stream=lambda ordinal: types.SimpleNamespace(cuda_stream=0xBEEF))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, __version__="14.0.0"))
