@@ -1,16 +1,24 @@
-"""Benchmark: the GPU data plane's device fusion and its per-step cost, on one GPU.
+"""Benchmark: the GPU data plane's device fusion, its per-step cost, DistributedOptimizer's overhead and
+the latency of a small GPU allreduce, on one GPU.
 
-Run ``python benchmarks/gpu.py`` on a machine with a GPU and CuPy (``pip install -e '.[gpu-cuda12]'``).
-Two measurements, each the median of timed repetitions bracketed by CUDA events on unison's stream:
+Run ``python benchmarks/gpu.py`` on a machine with a GPU, CuPy and a CUDA build of PyTorch. Four
+measurements, medians of timed repetitions:
 
 1. fusion: packing the 161 ResNet-50 gradients (25.6 M float32) into the fusion buffer and unpacking
-   them, in GB/s of bytes moved, against one device-to-device copy of the same bytes;
+   them, in GB/s of bytes moved, against one device-to-device copy of the same bytes (CUDA events on
+   unison's stream);
 2. per-step cost: one training step's gradient reduction on a single rank (the fused allreduce
    responses a 64 MiB fusion threshold makes of the same set, Average, over NCCL) in ms, which is the
-   data plane's overhead on one GPU, where the reduction itself moves nothing.
+   data plane's overhead on one GPU, where the reduction itself moves nothing;
+3. DistributedOptimizer's overhead: a ResNet-50 training step (torchvision's model, SGD with momentum,
+   synthetic images) with ``hvd.DistributedOptimizer`` against the plain optimizer, at one rank,
+   alternating the two in rounds, each step timed to ``torch.cuda.synchronize()``;
+4. latency: ``hvd.allreduce`` of a 4 KiB CUDA tensor at one rank (negotiation, submission, the plane
+   and the stream handoff), beside the same for a 4 KiB CPU tensor.
 
-Without CuPy or a visible GPU it prints why and exits with status 0. Results go to
-``benchmarks/results/gpu.json``.
+``--device cpu`` runs 3 and 4 on the CPU with a small model, to check the benchmark itself where there
+is no GPU (nothing is written). Without CuPy or a visible GPU the default run prints why and exits
+with status 0. Results go to ``benchmarks/results/gpu.json``.
 """
 
 from __future__ import annotations
@@ -68,10 +76,123 @@ def timed(fn: Any, stream: Any, repeats: int) -> list[float]:
     return times
 
 
+def training_model(device: str, small: bool) -> tuple[Any, Any, str]:
+    """(model, a batch of inputs, what it is): torchvision's ResNet-50, or a small stand-in."""
+    import torch
+
+    if not small:
+        try:
+            import torchvision
+
+            model = torchvision.models.resnet50()
+            return model.to(device), torch.randn(64, 3, 224, 224, device=device), "ResNet-50, batch 64 at 224x224"
+        except ImportError:
+            pass
+    layers: list[Any] = []
+    for _ in range(80):  # 160 parameter tensors, about as many as ResNet-50's 161
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(device)
+    return model, torch.randn(32, 256, device=device), "80 Linear(256, 256) layers, batch 32"
+
+
+def optimizer_overhead(device: str, small: bool, rounds: int, steps: int) -> dict[str, Any]:
+    """DistributedOptimizer against the plain optimizer on one rank: median step time of each, in rounds."""
+    import copy
+    import time
+
+    import torch
+
+    import unison.torch as hvd
+
+    torch.manual_seed(0)
+    plain_model, batch, what = training_model(device, small)
+    dist_model = copy.deepcopy(plain_model)
+    plain = torch.optim.SGD(plain_model.parameters(), lr=0.01, momentum=0.9)
+    dist = hvd.DistributedOptimizer(torch.optim.SGD(dist_model.parameters(), lr=0.01, momentum=0.9),
+                                    named_parameters=dist_model.named_parameters())
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def one(model: Any, optimizer: Any) -> float:
+        sync()
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        model(batch).float().pow(2).mean().backward()
+        optimizer.step()
+        sync()
+        return time.perf_counter() - start
+
+    for _ in range(3):  # warm-up: cuDNN's choices, the response cache, the allocator
+        one(plain_model, plain)
+        one(dist_model, dist)
+    times: dict[str, list[float]] = {"plain": [], "distributed": []}
+    for r in range(rounds):
+        order = (("plain", plain_model, plain), ("distributed", dist_model, dist))
+        for side, model, optimizer in order if r % 2 == 0 else order[::-1]:
+            times[side].extend(one(model, optimizer) for _ in range(steps))
+    plain_s, dist_s = statistics.median(times["plain"]), statistics.median(times["distributed"])
+    return {"model": what, "parameter_tensors": len(list(plain_model.parameters())),
+            "plain_step_ms": plain_s * 1e3, "distributed_step_ms": dist_s * 1e3,
+            "distributed_overhead": dist_s / plain_s - 1.0, "steps_per_side": rounds * steps}
+
+
+def small_allreduce_latency(device: str, repeats: int) -> dict[str, float]:
+    """Median seconds of ``hvd.allreduce`` of 1024 float32 (4 KiB) on `device` and on the CPU, alternated."""
+    import time
+
+    import torch
+
+    import unison.torch as hvd
+
+    tensors = {"device": torch.ones(1024, device=device), "cpu": torch.ones(1024)}
+    times: dict[str, list[float]] = {"device": [], "cpu": []}
+    for i in range(repeats + 20):
+        for side in ("device", "cpu") if i % 2 == 0 else ("cpu", "device"):
+            start = time.perf_counter()
+            out = hvd.allreduce(tensors[side], name=f"latency.{side}")
+            if side == "device" and device == "cuda":
+                torch.cuda.synchronize()
+            if i >= 20:  # the first ones negotiate and fill the response cache
+                times[side].append(time.perf_counter() - start)
+            assert float(out[0]) == 1.0
+    return {"allreduce_4kib_us": statistics.median(times["device"]) * 1e6,
+            "allreduce_4kib_cpu_us": statistics.median(times["cpu"]) * 1e6}
+
+
+def training_measurements(device: str, small: bool, rounds: int, steps: int, repeats: int) -> dict[str, Any]:
+    import unison.torch as hvd
+
+    hvd.init()
+    try:
+        if device == "cuda":
+            import torch
+
+            torch.cuda.set_device(hvd.local_rank())
+        result = optimizer_overhead(device, small, rounds, steps)
+        result.update(small_allreduce_latency(device, repeats))
+    finally:
+        hvd.shutdown()
+    print(f"DistributedOptimizer on {device} ({result['model']}, {result['parameter_tensors']} parameter tensors): "
+          f"{result['distributed_step_ms']:.2f} ms per step against {result['plain_step_ms']:.2f} ms plain "
+          f"({100 * result['distributed_overhead']:+.1f}%)")
+    print(f"allreduce of 4 KiB at 1 rank: {result['allreduce_4kib_us']:.0f} us on {device}, "
+          f"{result['allreduce_4kib_cpu_us']:.0f} us on the CPU")
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=6, help="alternated rounds of the optimizer comparison")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per side and round")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: check the optimizer and latency measurements without a GPU (small model)")
     args = parser.parse_args()
+    if args.device == "cpu":
+        training_measurements("cpu", True, args.rounds, args.steps, max(args.repeats, 50))
+        return 0
     reason = why_no_gpu()
     if reason:
         print(f"benchmarks/gpu.py: skipped: {reason}")
@@ -139,6 +260,9 @@ def main() -> int:
     print(f"fusion pack+unpack {result['fusion_pack_unpack_gbps']:.1f} GB/s, "
           f"device-to-device copy {result['device_copy_gbps']:.1f} GB/s")
     print(f"per-step gradient reduction on one GPU: {result['step_ms']:.2f} ms in {len(groups)} responses")
+    plane.close()
+    handoff.reset()  # the training measurements bind the GPU again through the engine
+    result.update(training_measurements("cuda", False, args.rounds, args.steps, max(args.repeats, 200)))
     out = ROOT / "benchmarks" / "results" / "gpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

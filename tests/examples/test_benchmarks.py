@@ -98,3 +98,14 @@ def test_steal_share_is_the_stolen_part_of_the_cpu_time_between_two_readings() -
     sum(i * i for i in range(200_000))  # let some ticks pass
     after = cpu_times()
     assert after is not None and after[0] >= before[0] and after[1] >= before[1]
+
+
+def test_the_gpu_benchmark_checks_its_training_measurements_on_the_cpu() -> None:
+    """Where there is no GPU the benchmark's optimizer and latency parts run on the CPU, so they cannot rot."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--rounds", "2",
+                           "--steps", "2", "--repeats", "10"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"DistributedOptimizer on cpu \(.*160 parameter tensors\): [\d.]+ ms per step against "
+                     r"[\d.]+ ms plain \([+-][\d.]+%\)", done.stdout), done.stdout
+    assert re.search(r"allreduce of 4 KiB at 1 rank: \d+ us on cpu, \d+ us on the CPU", done.stdout), done.stdout

@@ -9,6 +9,7 @@ grouped broadcasts, alltoall is grouped send/recv (NCCL has no alltoallv).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +23,8 @@ from .handoff import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
 __all__ = ["CupyComm", "CupyDevice", "CupyLibrary", "comm_id", "external_stream", "id_bytes"]
+
+_PER_THREAD = 2  # cudaStreamPerThread: the handle names a different stream in each thread
 
 
 class _StreamHandle:
@@ -102,6 +105,11 @@ class CupyDevice(ArrayDevice):
             with self._device:
                 self._stream = self.xp.cuda.Stream(non_blocking=True)
         return self._stream
+
+    def stream_key(self, stream: Any) -> Any:
+        """The stream's handle; cudaStreamPerThread (2) is one stream per thread, so its thread is part of the key."""
+        ptr = int(stream.ptr)
+        return (ptr, threading.get_ident()) if ptr == _PER_THREAD else ptr
 
     def current_stream(self, framework: str = "cupy") -> Any:
         """torch's current stream on this device for torch tensors, else CuPy's (CuPy arrays, TensorFlow's

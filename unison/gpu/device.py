@@ -40,11 +40,14 @@ class DeviceBuffer:
         array: the device array (CuPy, or NumPy under the fake device); bfloat16 as uint16 bits.
         ready: an event recorded on the producing stream, or None when nothing is pending.
         ordinal: the device the array lives on.
+        producer: which stream `ready` was recorded on and when, as (stream key, record number),
+            or None when unknown: of several events of one stream, waiting on the last is enough.
     """
 
     array: Any
     ready: Any = None
     ordinal: int = 0
+    producer: tuple[Any, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -85,6 +88,9 @@ class Device(Protocol):
 
     def stream(self) -> Any:
         """unison's own stream on this device (one; all data-plane work is ordered on it)."""
+
+    def stream_key(self, stream: Any) -> Any:
+        """What identifies `stream` on this device (the handle; two objects for one stream compare equal)."""
 
     def current_stream(self, framework: str = "cupy") -> Any:
         """The calling thread's current stream in `framework` ("torch" or "cupy"): the stream its
@@ -149,6 +155,9 @@ class ArrayDevice:
     @contextmanager
     def _on(self, stream: Any) -> Iterator[None]:
         yield
+
+    def stream_key(self, stream: Any) -> Any:
+        return getattr(stream, "ptr", id(stream))
 
     def _note(self, operation: str, stream: Any, detail: Any = None) -> None:
         """Hook for the fake device's log; a real device does nothing."""

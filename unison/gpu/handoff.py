@@ -10,10 +10,14 @@ through `as_cupy`. When CuPy is missing, the error names the pip extra that inst
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from typing import Any
 
+from ..dtypes import dtype_of
 from ..errors import InvalidArgumentError, MissingDependencyError
+from .device import DeviceBuffer
+from .ordering import consume, forget_waits, mark_ready
 
 __all__ = [
     "EXTRAS", "as_cupy", "bound_ordinal", "device_for", "device_results", "import_cupy", "missing_cupy",
@@ -26,6 +30,7 @@ EXTRAS = {"12": "gpu-cuda12", "13": "gpu-cuda13"}
 _lock = threading.Lock()
 _bound: int | None = None
 _devices: dict[int, Any] = {}
+_dtypes: dict[Any, Any] = {}  # array dtype -> unison DType, for the arrays of the NumPy-style API
 
 
 def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDependencyError:
@@ -46,7 +51,10 @@ def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDepend
 
 
 def import_cupy(what: str = "CUDA tensors") -> Any:
-    """Import CuPy, or raise `missing_cupy(what)`."""
+    """Import CuPy, or raise `missing_cupy(what)` (once imported, a dictionary lookup per call)."""
+    module = sys.modules.get("cupy")
+    if module is not None:
+        return module
     try:
         return importlib.import_module("cupy")
     except ImportError as exc:
@@ -70,6 +78,10 @@ def device_for(ordinal: int, make: Any = None) -> Any:
         MissingDependencyError: CuPy is not installed.
     """
     global _bound
+    if make is None and ordinal == _bound:  # the common case, every tensor after the first: no lock
+        device = _devices.get(ordinal)
+        if device is not None:
+            return device
     with _lock:
         if _bound is not None and ordinal != _bound:
             raise InvalidArgumentError(
@@ -94,6 +106,7 @@ def reset() -> None:
     with _lock:
         _bound = None
         _devices.clear()
+        forget_waits()
 
 
 def as_cupy(obj: Any) -> Any:
@@ -129,10 +142,6 @@ def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any
     """
     import numpy as np
 
-    from ..dtypes import dtype_of
-    from .device import DeviceBuffer
-    from .ordering import mark_ready
-
     convert = as_cupy if convert is None else convert
     xp = import_cupy() if xp is None else xp
     buffers, dtypes = [], []
@@ -143,7 +152,10 @@ def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any
                 raise InvalidArgumentError("Tensor is required to be contiguous.")
             array = xp.ascontiguousarray(array)
         ordinal = int(getattr(getattr(array, "device", None), "id", 0) or 0)
-        dtypes.append(dtype_of(np.empty(0, array.dtype)))
+        dtype = _dtypes.get(array.dtype)
+        if dtype is None:
+            dtype = _dtypes[array.dtype] = dtype_of(np.empty(0, array.dtype))
+        dtypes.append(dtype)
         buffers.append(mark_ready(device_for(ordinal, make), array))
     outputs = None
     if with_outputs:
@@ -153,8 +165,6 @@ def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any
 
 def device_results(results: Any, make: Any = None) -> list[Any]:
     """The arrays of GPU results, after the current stream waits for unison's (rule 4 of `ordering`)."""
-    from .ordering import consume
-
     out = []
     for result in results:
         if result is not None and hasattr(result, "ready"):

@@ -21,35 +21,55 @@ while unison's stream still uses it.
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .device import Device, DeviceBuffer
 
-__all__ = ["Retention", "consume", "mark_ready", "publish", "wait_for_inputs"]
+__all__ = ["Retention", "consume", "forget_waits", "mark_ready", "publish", "wait_for_inputs"]
+
+
+_records = itertools.count(1)
+_record_lock = threading.Lock()  # numbers events in the order they are recorded, across threads
+_waited: dict[tuple[int, Any], Any] = {}  # (device, consumer stream) -> the last event it waited on
 
 
 def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuffer:
     """Wrap `array` for submission with an event on the calling thread's current stream of `framework`,
     the library whose kernels produced it ("torch" or "cupy") (rule 1)."""
-    return DeviceBuffer(array, device.record_event(device.current_stream(framework)), device.ordinal)
+    stream = device.current_stream(framework)
+    with _record_lock:
+        event = device.record_event(stream)
+        number = next(_records)
+    return DeviceBuffer(array, event, device.ordinal, (device.stream_key(stream), number))
 
 
 def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer | None]) -> int:
-    """Make `stream` wait on the ready event of every buffer, each distinct event once (rule 2).
+    """Make `stream` wait for the ready events of the buffers (rule 2); returns how many waits were queued.
 
-    Returns how many waits were queued.
+    An event covers everything its stream ran before it, so of the events recorded on one producer
+    stream only the last recorded is waited on (a DistributedOptimizer's gradients, each with its own
+    event on the framework's stream, cost one wait per response); each other event is waited on once.
     """
-    seen: set[int] = set()
-    queued = 0
+    last: dict[Any, tuple[int, Any]] = {}  # producer stream -> (record number, event)
+    others: dict[int, Any] = {}
     for buffer in buffers:
-        if buffer is None or buffer.ready is None or id(buffer.ready) in seen:
+        if buffer is None or buffer.ready is None:
             continue
-        seen.add(id(buffer.ready))
-        device.wait_event(stream, buffer.ready)
-        queued += 1
-    return queued
+        if buffer.producer is None:
+            others[id(buffer.ready)] = buffer.ready
+            continue
+        key, number = buffer.producer
+        if key not in last or last[key][0] < number:
+            last[key] = (number, buffer.ready)
+    events = {id(event): event for _, event in last.values()}
+    events.update((key, event) for key, event in others.items() if key not in events)
+    for event in events.values():
+        device.wait_event(stream, event)
+    return len(events)
 
 
 def publish(device: Device, stream: Any, arrays: Sequence[Any]) -> tuple[Any, list[DeviceBuffer | None]]:
@@ -62,10 +82,23 @@ def publish(device: Device, stream: Any, arrays: Sequence[Any]) -> tuple[Any, li
 
 
 def consume(device: Device, buffer: DeviceBuffer, framework: str = "cupy") -> Any:
-    """Make the calling thread's current stream of `framework` wait for `buffer`; return its array (rule 4)."""
+    """Make the calling thread's current stream of `framework` wait for `buffer`; return its array (rule 4).
+
+    The results of one response share one event: a stream that already waited on it does not wait
+    again (a second wait on the same event orders nothing more).
+    """
     if buffer.ready is not None:
-        device.wait_event(device.current_stream(framework), buffer.ready)
+        stream = device.current_stream(framework)
+        key = (id(device), device.stream_key(stream))
+        if _waited.get(key) is not buffer.ready:
+            device.wait_event(stream, buffer.ready)
+            _waited[key] = buffer.ready
     return buffer.array
+
+
+def forget_waits() -> None:
+    """Drop what `consume` remembers of waits already made (at shutdown, with the devices)."""
+    _waited.clear()
 
 
 class Retention:

@@ -173,3 +173,54 @@ def test_the_cupy_device_takes_torchs_stream_only_for_torch_tensors(monkeypatch:
     # torch is in use in this process, yet a CuPy array's producer is CuPy's current stream
     assert device.current_stream() == "cupy's current"
     assert device.current_stream("torch") == "external 0xbeef"
+
+
+def test_of_one_producer_streams_events_only_the_last_is_waited_on() -> None:
+    device = FakeDevice()
+    grads = [mark_ready(device, np.ones(2), "torch") for _ in range(3)]  # a backward pass, hook by hook
+    other = mark_ready(device, np.ones(2), "cupy")
+    device.log.clear()
+    assert wait_for_inputs(device, device.stream(), [grads[1], other, grads[2], grads[0]]) == 2
+    assert sorted(event for op, stream, event in device.log) == sorted([grads[2].ready.id, other.ready.id])
+    # record numbers follow the order events were recorded, whichever thread recorded them
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        marked = list(pool.map(lambda _: mark_ready(device, np.ones(1), "torch"), range(16)))
+    by_number = sorted(marked, key=lambda b: b.producer[1])  # type: ignore[index]
+    assert [b.ready.id for b in by_number] == sorted(b.ready.id for b in marked)
+
+
+def test_a_consumer_stream_waits_once_for_the_results_of_one_response() -> None:
+    from unison.gpu.ordering import forget_waits
+
+    device = FakeDevice()
+    event, results = publish(device, device.stream(), [np.zeros(2)] * 3)
+    later, (again,) = publish(device, device.stream(), [np.zeros(2)])
+    device.log.clear()
+    for result in results:
+        consume(device, result)
+    consume(device, results[0], "torch")  # another stream: it waits too
+    consume(device, again)  # a later response's event
+    forget_waits()
+    consume(device, again)
+    assert device.log == [("wait", "cupy", event.id), ("wait", "torch", event.id), ("wait", "cupy", later.id),
+                          ("wait", "cupy", later.id)]
+
+
+def test_the_per_thread_default_stream_is_a_stream_per_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import types
+
+    from unison.gpu.cupy_device import CupyDevice
+
+    cuda = types.SimpleNamespace(Device=DeviceContext)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, __version__="14.0.0"))
+    device = CupyDevice(0)
+    legacy, per_thread = types.SimpleNamespace(ptr=0), types.SimpleNamespace(ptr=2)
+    keys: list[object] = []
+    thread = threading.Thread(target=lambda: keys.extend([device.stream_key(legacy), device.stream_key(per_thread)]))
+    thread.start()
+    thread.join()
+    assert keys[0] == device.stream_key(legacy) == 0  # one legacy default stream for every thread
+    assert keys[1] != device.stream_key(per_thread)
