@@ -24,7 +24,6 @@ import dataclasses
 import math
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -46,7 +45,7 @@ from ..elastic._membership import (
 )
 from ..errors import LaunchError
 from ._elastic_endpoint import Endpoint, driver_address
-from ._host_exec import Reach, address_seen_from, reach_of, run_on_hosts
+from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
@@ -56,7 +55,6 @@ from ._supervise import JobOutcome, exit_status, report, supervise
 
 __all__ = ["ElasticOptions", "add_arguments", "options_from", "run_elastic"]
 
-_LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +161,7 @@ class _Discovery:
 
 
 def _is_local(name: str) -> bool:
-    return name in _LOCAL_NAMES or name in (socket.gethostname(), socket.getfqdn())
+    return name in local_names()
 
 
 STORE_VARIABLE = "UNISON_ELASTIC_STORE"  # marks every rank of the job for the store's reaper

@@ -5,12 +5,14 @@ The elastic driver uses it after a failed launch, to learn which remote hosts ca
 ends, to remove the shared-memory store on every remote host that ran ranks. mpiexec's launcher is
 called as MPICH's Hydra and Open MPI call it, ``PROGRAM HOST COMMAND``; without ``--launcher-exec`` it
 is ``ssh`` (never asking for a password). Every host gets the same time limit; nothing here raises for
-a host that failed: each answer says what happened.
+a host that failed: each answer says what happened. `local_names` says which host names mean this
+machine (the launcher, the elastic driver and the parameter servers' placement all ask it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import signal
@@ -21,13 +23,37 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-__all__ = ["HostAnswer", "Reach", "address_seen_from", "reach_of", "run_on_hosts"]
+__all__ = ["LOOPBACK_NAMES", "HostAnswer", "Reach", "address_seen_from", "local_names", "reach_of", "run_on_hosts"]
 
 _SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
 _OUTPUT_CHARS = 300
 # --mpi-args words that choose how mpiexec reaches other hosts (MPICH's Hydra, Open MPI).
 _OWN_LAUNCHER = frozenset({"-launcher", "-bootstrap", "-launcher-exec", "-bootstrap-exec", "-rsh",
                            "plm_rsh_agent", "--launch-agent", "-launch-agent"})
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "localhost.localdomain"})
+
+
+def local_names(hostname: str | None = None) -> frozenset[str]:
+    """The names that mean this machine: loopback names, its host name, that name's first label and,
+    for this machine's own name, its fully qualified name.
+
+    Args:
+        hostname: the host name to use instead of this machine's (tests, and callers that read it once).
+
+    Example:
+        >>> sorted(local_names("node7.cluster.example") - LOOPBACK_NAMES)
+        ['node7', 'node7.cluster.example']
+    """
+    if hostname is None:
+        return _this_machine()
+    return LOOPBACK_NAMES | {name for name in (hostname, hostname.split(".")[0]) if name}
+
+
+@functools.cache
+def _this_machine() -> frozenset[str]:
+    # getfqdn may ask DNS, which can take seconds where it is misconfigured: once per process
+    return local_names(socket.gethostname()) | {name for name in (socket.getfqdn(),) if name}
 
 
 @dataclasses.dataclass(frozen=True)

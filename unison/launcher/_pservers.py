@@ -26,13 +26,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import LaunchError
-from ._host_exec import Reach
+from ._host_exec import Reach, local_names
 
 __all__ = ["Placement", "hosts_of", "parameter_servers", "place_servers"]
 
 _START_SECONDS = 60.0
 _EXIT_SECONDS = 30.0
-_LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # Forwarded to a server on another host (its environment is the remote login's, not this one's);
 # the job secret travels on its standard input instead.
 _FORWARDED_PREFIXES = ("UNISON_", "PYTHONPATH")
@@ -96,14 +95,14 @@ def place_servers(count: int, hosts: Sequence[str], this_host: str) -> list[Plac
         raise LaunchError(f"--pservers must be at least 1. Got --pservers {count}.")
     if not hosts:
         return [Placement(i, "127.0.0.1", True) for i in range(count)]
-    return [Placement(i, host, host in _LOCAL_NAMES or host == this_host or host == this_host.split(".")[0])
-            for i, host in ((i, hosts[i % len(hosts)]) for i in range(count))]
+    here = local_names(this_host)
+    return [Placement(i, host, host in here) for i, host in ((i, hosts[i % len(hosts)]) for i in range(count))]
 
 
 def _spans_hosts(placements: Sequence[Placement], hosts: Sequence[str], this_host: str) -> bool:
     """Whether trainers may run elsewhere than here (then servers listen on every interface)."""
-    return any(not p.local for p in placements) or any(
-        h not in _LOCAL_NAMES and h != this_host and h != this_host.split(".")[0] for h in hosts)
+    here = local_names(this_host)
+    return any(not p.local for p in placements) or any(h not in here for h in hosts)
 
 
 class _Server:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import socket
 from collections.abc import Iterable
 from typing import Any
 
 from ..elastic._membership import Limits
 from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_driver import ElasticOptions
+from ._host_exec import local_names
 
-__all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "local_names", "parse_hosts", "plan", "read_hostfile"]
+__all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "parse_hosts", "plan", "read_hostfile"]
 
 # unison.run started 2 processes when not told otherwise before it took horovod.run's arguments.
 DEFAULT_NUM_PROC = 2
@@ -48,13 +48,6 @@ class RunPlan:
     elastic: ElasticOptions | None = None
 
 
-def local_names() -> frozenset[str]:
-    """The names that mean this machine."""
-    names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
-    for name in (socket.gethostname(), socket.getfqdn()):
-        if name:
-            names.add(name)
-    return frozenset(names)
 
 
 def parse_hosts(entries: Iterable[str], where: str) -> list[tuple[str, int]]:
