@@ -4,8 +4,8 @@ A stand-in ``cupy`` module whose arrays are NumPy arrays marked with ``__cuda_ar
 makes `unison` take its GPU route end to end: `prepare_arrays`, negotiation with ``device="cuda"``,
 the executor's GPU plane (built by `create_device_plane` on the bound `FakeDevice`), the results'
 stream rule. ``UNISON_GPU_OPERATIONS=mpi`` is set for the module; the plane uses CUDA-aware MPI on
-the "device" buffers where the transport is MPI (the MPI library's answer is replaced by yes, which
-is safe here: the buffers are host memory) and stages them over gRPC.
+the "device" buffers (the MPI library's answer is replaced by yes, which is safe here: the buffers
+are host memory), under either controller, since the gRPC controller's data plane is MPI too.
 """
 
 from __future__ import annotations
@@ -47,20 +47,25 @@ def job():
     sys.modules["cupy"] = fake_cupy
     os.environ["UNISON_GPU_OPERATIONS"] = "mpi"
     build.cuda_aware_mpi = lambda mpi, load_library=None: True  # type: ignore[assignment]
-    hvd.init()
-    handoff.device_for(0, make=lambda ordinal: FakeDevice(ordinal))  # this rank's "GPU"
-    yield
-    hvd.shutdown()
-    build.cuda_aware_mpi = saved_query  # type: ignore[assignment]
-    if saved_env is None:
-        os.environ.pop("UNISON_GPU_OPERATIONS", None)
-    else:
-        os.environ["UNISON_GPU_OPERATIONS"] = saved_env
-    for name, module in saved.items():
-        if module is None:
-            sys.modules.pop(name, None)
+    try:
+        hvd.init()
+        try:
+            handoff.device_for(0, make=lambda ordinal: FakeDevice(ordinal))  # this rank's "GPU"
+            yield
+        finally:
+            hvd.shutdown()
+    finally:  # the later modules of this pytest process see none of it
+        handoff.reset()
+        build.cuda_aware_mpi = saved_query  # type: ignore[assignment]
+        if saved_env is None:
+            os.environ.pop("UNISON_GPU_OPERATIONS", None)
         else:
-            sys.modules[name] = module
+            os.environ["UNISON_GPU_OPERATIONS"] = saved_env
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def _plane_statistics() -> dict[str, int]:
@@ -87,7 +92,7 @@ def test_allreduce_allgather_broadcast_and_reducescatter() -> None:
     np.testing.assert_allclose(scattered, total[rank : rank + 1])
     stats = _plane_statistics()
     assert stats["responses"] >= 5
-    assert (stats["mpi_direct_responses"] > 0) == (os.environ.get("UNISON_CONTROLLER", "mpi") != "grpc")
+    assert stats["mpi_direct_responses"] > 0  # the gRPC controller's data plane is MPI too
 
 
 def test_alltoall_with_and_without_splits() -> None:

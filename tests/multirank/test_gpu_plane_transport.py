@@ -1,10 +1,10 @@
 """The GPU data plane's MPI wire on the job's real transport, with fake devices (NumPy arrays as device memory).
 
 Each rank builds a second backend of the configured kind beside the engine's (as the backend contract
-test does) and a `GpuPlane` with ``operations="mpi"`` on a `FakeDevice`. Over MPI the fused buffers,
-raw views and slices the plane hands to CUDA-aware MPI go through mpi4py's real calls; over gRPC,
-which cannot take device buffers, everything is staged. Then one rank says its MPI is not CUDA-aware
-and every rank stages, with the same results.
+test does) and a `GpuPlane` with ``operations="mpi"`` on a `FakeDevice`. The fused buffers, raw views
+and slices the plane hands to CUDA-aware MPI go through mpi4py's real calls (the gRPC controller's
+data plane is MPI too; a loopback backend, which cannot take device buffers, stages). Then one rank
+says its MPI is not CUDA-aware and every rank stages, with the same results.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tests.unit.gpu.fake_job import check_every_collective, every_collective
 from unison.backends import create_backend
 from unison.config import load_settings
 from unison.gpu.fake import FakeDevice
+from unison.gpu.mpi_wire import MPI_DATA_PLANES
 from unison.gpu.plane import GpuPlane
 
 
@@ -48,14 +49,14 @@ def _run(backend, cuda_aware: bool | None) -> dict[str, int]:
 
 
 def test_cuda_aware_mpi_carries_the_device_buffers(backend) -> None:
-    direct = backend.name == "mpi"
+    direct = backend.name in MPI_DATA_PLANES
     stats = _run(backend, True if direct else None)
     assert stats["mpi_direct_responses"] == (6 if direct else 0)
     assert stats["staged_responses"] == (0 if direct else 6)
 
 
 def test_one_rank_without_cuda_aware_mpi_stages_on_every_rank(backend) -> None:
-    if backend.name != "mpi":
-        pytest.skip("only the MPI backend can take device buffers")
+    if backend.name not in MPI_DATA_PLANES:
+        pytest.skip("only an MPI data plane can take device buffers")
     stats = _run(backend, backend.rank != backend.size - 1)
     assert stats["mpi_direct_responses"] == 0 and stats["staged_responses"] == 6

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -102,12 +104,29 @@ def cuda_aware_mpi(mpi: Any, load_library: Callable[[str], Any] | None = None) -
         return None
 
 
-def _cuda_aware_text(import_module: Importer) -> str:
-    try:
-        mpi = import_module("mpi4py.MPI")
-    except Exception:  # noqa: BLE001 - no mpi4py: nothing to ask
+def ask_mpi_in_a_child(timeout_seconds: float = 60.0) -> bool | None | str:
+    """`cuda_aware_mpi` asked in a child process, so that this one never starts MPI (importing
+    mpi4py.MPI calls MPI_Init, which a launcher must not do); a string says why there is no answer."""
+    if importlib.util.find_spec("mpi4py") is None:
         return "no MPI (mpi4py not installed)"
-    answer = cuda_aware_mpi(mpi)
+    code = "from mpi4py import MPI; from unison.gpu.build import cuda_aware_mpi; print(cuda_aware_mpi(MPI))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_seconds)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"not asked ({type(exc).__name__})"
+    answer = done.stdout.strip().splitlines()[-1:] if done.returncode == 0 else []
+    if answer == ["True"]:
+        return True
+    if answer == ["False"]:
+        return False
+    if answer == ["None"]:
+        return None
+    return f"not asked (MPI could not start: exit {done.returncode})"
+
+
+def _cuda_aware_text(answer: bool | None | str) -> str:
+    if isinstance(answer, str):
+        return answer
     if answer is None:
         return "cannot tell (the MPI library has no MPIX_Query_cuda_support): UNISON_GPU_OPERATIONS=MPI stages"
     return "yes (UNISON_GPU_OPERATIONS=MPI hands it device buffers)" if answer else "no (UNISON_GPU_OPERATIONS=MPI stages)"
@@ -117,8 +136,8 @@ def _cuda_version(code: int) -> str:
     return f"{code // 1000}.{code % 1000 // 10}"
 
 
-def gpu_report(find_spec: Finder = importlib.util.find_spec,
-               import_module: Importer = importlib.import_module) -> list[tuple[str, str]]:
+def gpu_report(find_spec: Finder = importlib.util.find_spec, import_module: Importer = importlib.import_module,
+               ask_mpi: Callable[[], bool | None | str] | None = None) -> list[tuple[str, str]]:
     """(name, value) rows for ``unisonrun --check-build``: CuPy, CUDA runtime and driver, NCCL, GPUs.
 
     Example:
@@ -138,7 +157,7 @@ def gpu_report(find_spec: Finder = importlib.util.find_spec,
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         rows.append(("CUDA", f"unusable: {exc}"))
     rows.append(("NCCL", nccl_version_text(nccl_built(find_spec, import_module))))
-    rows.append(("CUDA-aware MPI", _cuda_aware_text(import_module)))
+    rows.append(("CUDA-aware MPI", _cuda_aware_text((ask_mpi or ask_mpi_in_a_child)())))
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
         names = []

@@ -25,6 +25,7 @@ from .nccl import nccl_dtype, nccl_op
 __all__ = ["CupyComm", "CupyDevice", "CupyLibrary", "comm_id", "external_stream", "id_bytes"]
 
 _PER_THREAD = 2  # cudaStreamPerThread: the handle names a different stream in each thread
+_thread = threading.local()
 
 
 class _StreamHandle:
@@ -107,9 +108,15 @@ class CupyDevice(ArrayDevice):
         return self._stream
 
     def stream_key(self, stream: Any) -> Any:
-        """The stream's handle; cudaStreamPerThread (2) is one stream per thread, so its thread is part of the key."""
+        """The stream's handle; cudaStreamPerThread (2) is one stream per thread, so the key also holds
+        a token of the calling thread (an object, unlike a thread id never reused by a later thread)."""
         ptr = int(stream.ptr)
-        return (ptr, threading.get_ident()) if ptr == _PER_THREAD else ptr
+        if ptr != _PER_THREAD:
+            return ptr
+        token = getattr(_thread, "token", None)
+        if token is None:
+            token = _thread.token = object()
+        return (ptr, token)
 
     def current_stream(self, framework: str = "cupy") -> Any:
         """torch's current stream on this device for torch tensors, else CuPy's (CuPy arrays, TensorFlow's

@@ -40,14 +40,16 @@ class DeviceBuffer:
         array: the device array (CuPy, or NumPy under the fake device); bfloat16 as uint16 bits.
         ready: an event recorded on the producing stream, or None when nothing is pending.
         ordinal: the device the array lives on.
-        producer: which stream `ready` was recorded on and when, as (stream key, record number),
-            or None when unknown: of several events of one stream, waiting on the last is enough.
+        producer: which stream `ready` was recorded on and when, as (stream key, record number,
+            the stream itself), or None when unknown: of several events of one stream, waiting on
+            the last is enough. The stream is held so that its handle, the key, cannot be given to
+            another stream while this buffer is pending.
     """
 
     array: Any
     ready: Any = None
     ordinal: int = 0
-    producer: tuple[Any, int] | None = None
+    producer: tuple[Any, int, Any] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ _lock = threading.Lock()
 _bound: int | None = None
 _devices: dict[int, Any] = {}
 _dtypes: dict[Any, Any] = {}  # array dtype -> unison DType, for the arrays of the NumPy-style API
+_cupy: Any = None  # CuPy, once an import of it finished
 
 
 def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDependencyError:
@@ -51,14 +52,19 @@ def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDepend
 
 
 def import_cupy(what: str = "CUDA tensors") -> Any:
-    """Import CuPy, or raise `missing_cupy(what)` (once imported, a dictionary lookup per call)."""
-    module = sys.modules.get("cupy")
-    if module is not None:
-        return module
+    """Import CuPy, or raise `missing_cupy(what)` (after the first import returned, no import machinery).
+
+    The module is kept only once `import_module` returned it: ``sys.modules`` has it from the start
+    of its import, and a second thread must wait for the first to finish (the import machinery does).
+    """
+    global _cupy
+    if _cupy is not None and sys.modules.get("cupy") is _cupy:
+        return _cupy
     try:
-        return importlib.import_module("cupy")
+        _cupy = importlib.import_module("cupy")
     except ImportError as exc:
         raise missing_cupy(what, exc) from exc
+    return _cupy
 
 
 def bound_ordinal() -> int | None:

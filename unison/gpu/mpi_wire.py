@@ -27,7 +27,10 @@ from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Response
 from .device import Device
 
-__all__ = ["DIRECT_REDUCTIONS", "MpiDeviceComm", "mpi_can_carry"]
+__all__ = ["DIRECT_REDUCTIONS", "MPI_DATA_PLANES", "MpiDeviceComm", "mpi_can_carry"]
+
+# Backends whose data plane is MPI (the gRPC controller's moves its data over MPI too).
+MPI_DATA_PLANES = ("mpi", "grpc+mpi")
 
 # Reductions MPI runs natively on these types (MPI_SUM etc.); the others need the host's arithmetic.
 DIRECT_REDUCTIONS = frozenset({DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.INT64,

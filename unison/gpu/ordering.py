@@ -34,7 +34,9 @@ __all__ = ["Retention", "consume", "forget_waits", "mark_ready", "publish", "wai
 
 _records = itertools.count(1)
 _record_lock = threading.Lock()  # numbers events in the order they are recorded, across threads
-_waited: dict[tuple[int, Any], Any] = {}  # (device, consumer stream) -> the last event it waited on
+# (device, consumer stream key) -> (that stream, the last event it waited on); the stream is held so its
+# handle cannot be reused by another stream while it is a key
+_waited: dict[tuple[int, Any], tuple[Any, Any]] = {}
 
 
 def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuffer:
@@ -44,7 +46,7 @@ def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuf
     with _record_lock:
         event = device.record_event(stream)
         number = next(_records)
-    return DeviceBuffer(array, event, device.ordinal, (device.stream_key(stream), number))
+    return DeviceBuffer(array, event, device.ordinal, (device.stream_key(stream), number, stream))
 
 
 def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer | None]) -> int:
@@ -62,7 +64,7 @@ def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer 
         if buffer.producer is None:
             others[id(buffer.ready)] = buffer.ready
             continue
-        key, number = buffer.producer
+        key, number, _ = buffer.producer
         if key not in last or last[key][0] < number:
             last[key] = (number, buffer.ready)
     events = {id(event): event for _, event in last.values()}
@@ -90,9 +92,10 @@ def consume(device: Device, buffer: DeviceBuffer, framework: str = "cupy") -> An
     if buffer.ready is not None:
         stream = device.current_stream(framework)
         key = (id(device), device.stream_key(stream))
-        if _waited.get(key) is not buffer.ready:
+        before = _waited.get(key)
+        if before is None or before[1] is not buffer.ready:
             device.wait_event(stream, buffer.ready)
-            _waited[key] = buffer.ready
+            _waited[key] = (stream, buffer.ready)
     return buffer.array
 
 

@@ -37,7 +37,7 @@ from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .communicators import CommunicatorCache
 from .device import Device, DeviceBuffer, raw
-from .mpi_wire import MpiDeviceComm, mpi_can_carry
+from .mpi_wire import MPI_DATA_PLANES, MpiDeviceComm, mpi_can_carry
 from .nccl import (
     DEFAULT_INIT_TIMEOUT_SECONDS,
     Comm,
@@ -408,8 +408,8 @@ def create_device_plane(backend: Backend, rank: int, process_sets: dict[int, tup
         from .cupy_device import CupyLibrary
 
         library = CupyLibrary()
-    cuda_aware = None  # only the MPI backend can take device buffers, and every rank has the same backend
-    if operations == "mpi" and backend.name == "mpi":
+    cuda_aware = None  # only an MPI data plane can take device buffers, and every rank has the same backend
+    if operations == "mpi" and backend.name in MPI_DATA_PLANES:
         from ..backends.mpi import import_mpi
         from .build import cuda_aware_mpi
 

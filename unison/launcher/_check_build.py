@@ -72,24 +72,24 @@ def check_build(mpiexec: str = "") -> int:
     rows.append(("MPI library", library))
     print("unison build check")
     for name, value in rows:
-        print(f"  {name:<12} {value}")
+        print(f"  {name:<14} {value}")
     print("backends and frameworks:")
-    print(f"  {'mpi':<12} {'ok' if not library.startswith('unusable') else 'unusable'}")
+    print(f"  {'mpi':<14} {'ok' if not library.startswith('unusable') else 'unusable'}")
     for module in ("torch", "tensorflow", "keras"):
         status = _imports(module) if _version(module) != "not installed" else "not installed"
-        print(f"  {module:<12} {status}")
+        print(f"  {module:<14} {status}")
     print("GPU data plane:")
     from ..gpu.build import gpu_report
 
     for name, value in gpu_report():
-        print(f"  {name:<12} {value}")
+        print(f"  {name:<14} {value}")
     try:
         found = find_mpiexec(mpiexec)
     except LaunchError as exc:
-        print(f"  {'mpiexec':<12} {exc}")
+        print(f"  {'mpiexec':<14} {exc}")
         print("self-test: FAILED (no usable mpiexec)")
         return 1
-    print(f"  {'mpiexec':<12} {found.path} ({found.vendor} {found.version})")
+    print(f"  {'mpiexec':<14} {found.path} ({found.vendor} {found.version})")
     print("self-test (2 processes: init, allreduce, broadcast, shutdown) ...", flush=True)
     command = found.command(2, [sys.executable, "-c", _SELF_TEST])
     try:
@@ -100,7 +100,7 @@ def check_build(mpiexec: str = "") -> int:
         return 1
     for line in done.stdout.splitlines():
         if line.startswith("selftest-thread-level"):
-            print(f"  {'thread level':<12} {line.split()[-1]}")
+            print(f"  {'thread level':<14} {line.split()[-1]}")
     if done.returncode == 0:
         print("self-test: PASS")
         return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import subprocess
+import sys
 import time
 import types
 from typing import Any
@@ -37,6 +39,10 @@ def lookup(modules: dict[str, Any]) -> dict[str, Any]:
     return {"find_spec": lambda name: object() if name in modules else None, "import_module": import_module}
 
 
+def report(modules: dict[str, Any], mpi: bool | None | str = "no MPI (mpi4py not installed)") -> list[tuple[str, str]]:
+    return build.gpu_report(**lookup(modules), ask_mpi=lambda: mpi)
+
+
 def test_nccl_and_cuda_built_read_cupy() -> None:
     assert build.nccl_built(**lookup(fake_cupy())) == 22005
     assert build.cuda_built(**lookup(fake_cupy())) is True
@@ -48,15 +54,14 @@ def test_nccl_and_cuda_built_read_cupy() -> None:
 
 
 def test_the_check_build_rows() -> None:
-    assert build.gpu_report(**lookup(fake_cupy())) == [
+    assert report(fake_cupy()) == [
         ("CuPy", "13.3.0"), ("CUDA runtime", "12.4"), ("CUDA driver", "12.8"), ("NCCL", "2.20.5"),
         ("CUDA-aware MPI", "no MPI (mpi4py not installed)"), ("GPUs", "cuda:0 NVIDIA H100 80GB HBM3 (0000:17:00.0)")]
-    modules = fake_cupy()
-    modules["mpi4py.MPI"] = types.SimpleNamespace(Query_cuda_support=lambda: 1)
-    assert ("CUDA-aware MPI", "yes (UNISON_GPU_OPERATIONS=MPI hands it device buffers)") in build.gpu_report(**lookup(modules))
-    assert build.gpu_report(**lookup(fake_cupy(devices=0)))[-1] == ("GPUs", "none visible")
-    assert build.gpu_report(**lookup(fake_cupy(driver=0)))[2] == ("CUDA driver", "none (no NVIDIA driver found)")
-    assert build.gpu_report(**lookup({})) == [
+    assert ("CUDA-aware MPI", "yes (UNISON_GPU_OPERATIONS=MPI hands it device buffers)") in report(fake_cupy(), mpi=True)
+    assert ("CUDA-aware MPI", "no (UNISON_GPU_OPERATIONS=MPI stages)") in report(fake_cupy(), mpi=False)
+    assert report(fake_cupy(devices=0))[-1] == ("GPUs", "none visible")
+    assert report(fake_cupy(driver=0))[2] == ("CUDA driver", "none (no NVIDIA driver found)")
+    assert report({}) == [
         ("CuPy", "not installed (pip install cupy-cuda12x or cupy-cuda13x: the gpu-cuda12 / gpu-cuda13 extras)")]
 
 
@@ -69,6 +74,14 @@ def test_cuda_aware_mpi_is_asked_never_assumed() -> None:
     assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/x/MPI.so"), libraries.__getitem__) is True
     assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/y/MPI.so"), libraries.__getitem__) is None
     assert build.cuda_aware_mpi(types.SimpleNamespace(__file__="/z/MPI.so"), libraries.__getitem__) is None
+
+
+def test_the_report_asks_mpi_in_a_child_and_never_starts_it_here() -> None:
+    pytest.importorskip("mpi4py")
+    code = ("import sys; from unison.gpu import build; print(build.ask_mpi_in_a_child(), "
+            "'mpi4py.MPI' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"]  # the wheel's MPICH says no; this process has no MPI
 
 
 def test_the_real_mpi_library_is_asked() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,13 +143,16 @@ def test_each_framework_orders_against_its_own_stream() -> None:
     from unison.gpu.handoff import device_results, prepare_arrays, reset
 
     device = FakeDevice()
-    torch_in = mark_ready(device, np.ones(2), "torch")  # a torch tensor: torch's current stream
-    (cupy_in,), _, _ = prepare_arrays([np.ones(2)], in_place=False, with_outputs=False,
-                                      make=lambda ordinal: device, convert=lambda a: a, xp=np)
-    event, (torch_out, cupy_out) = publish(device, device.stream(), [np.zeros(2), np.zeros(2)])
-    consume(device, torch_out, "torch")
-    device_results([cupy_out], make=lambda ordinal: device)  # NumPy-style results: CuPy's stream
     reset()
+    try:
+        torch_in = mark_ready(device, np.ones(2), "torch")  # a torch tensor: torch's current stream
+        (cupy_in,), _, _ = prepare_arrays([np.ones(2)], in_place=False, with_outputs=False,
+                                          make=lambda ordinal: device, convert=lambda a: a, xp=np)
+        event, (torch_out, cupy_out) = publish(device, device.stream(), [np.zeros(2), np.zeros(2)])
+        consume(device, torch_out, "torch")
+        device_results([cupy_out], make=lambda ordinal: device)  # NumPy-style results: CuPy's stream
+    finally:
+        reset()
     assert [(op, stream) for op, stream, _ in device.log] == [
         ("record", "torch"), ("record", "cupy"), ("record", "unison"), ("wait", "torch"), ("wait", "cupy")]
     assert torch_in.ready.stream.name == "torch" and cupy_in.ready.stream.name == "cupy"
@@ -182,13 +186,35 @@ def test_of_one_producer_streams_events_only_the_last_is_waited_on() -> None:
     device.log.clear()
     assert wait_for_inputs(device, device.stream(), [grads[1], other, grads[2], grads[0]]) == 2
     assert sorted(event for op, stream, event in device.log) == sorted([grads[2].ready.id, other.ready.id])
-    # record numbers follow the order events were recorded, whichever thread recorded them
-    from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(4) as pool:
-        marked = list(pool.map(lambda _: mark_ready(device, np.ones(1), "torch"), range(16)))
+
+def test_record_numbers_follow_the_order_events_were_recorded_on_a_shared_stream() -> None:
+    import threading
+    import time
+
+    class Slow(FakeDevice):
+        def record_event(self, stream: Any) -> Any:
+            event = super().record_event(stream)
+            time.sleep(0.002 if event.id % 2 else 0.0)  # other threads record on the same stream meanwhile
+            return event
+
+    device = Slow()
+    shared = device.current_stream("torch")
+    marked: list[DeviceBuffer] = []
+
+    def submit() -> None:
+        with device.using(shared, "torch"):
+            for _ in range(4):
+                marked.append(mark_ready(device, np.ones(1), "torch"))
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({b.producer[0] for b in marked}) == 1  # type: ignore[index]  # one stream
     by_number = sorted(marked, key=lambda b: b.producer[1])  # type: ignore[index]
-    assert [b.ready.id for b in by_number] == sorted(b.ready.id for b in marked)
+    assert [b.ready.id for b in by_number] == sorted(b.ready.id for b in marked)  # FakeEvent ids count records
 
 
 def test_a_consumer_stream_waits_once_for_the_results_of_one_response() -> None:
