@@ -109,3 +109,13 @@ def test_the_gpu_benchmark_checks_its_training_measurements_on_the_cpu() -> None
     assert re.search(r"DistributedOptimizer on cpu \(.*160 parameter tensors\): [\d.]+ ms per step against "
                      r"[\d.]+ ms plain \([+-][\d.]+%\)", done.stdout), done.stdout
     assert re.search(r"allreduce of 4 KiB at 1 rank: \d+ us on cpu, \d+ us on the CPU", done.stdout), done.stdout
+
+
+def test_the_gpu_route_benchmark_runs_on_a_fake_device(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_route.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_route.py"), "--tensors", "8", "--steps", "4",
+                           "--output", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["plane_mpi_direct_responses"] > 0  # the GPU route was taken end to end
+    assert results["gpu_step_ms"] > 0 and results["host_step_ms"] > 0
