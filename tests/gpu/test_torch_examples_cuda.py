@@ -9,17 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from unison.testing.run import find_mpiexec
+from tests.gpu._needs import mpiexec, torch_with_cuda
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("PyTorch sees no GPU (a CPU-only build, or CUDA_VISIBLE_DEVICES hides it)",
-                allow_module_level=True)
-
+torch = torch_with_cuda()
 ROOT = Path(__file__).parents[2]
-MPIEXEC = find_mpiexec()
-if MPIEXEC is None:
-    pytest.skip("mpiexec not found (pip install -e '.[mpi]', or put an MPI's bin on PATH)", allow_module_level=True)
+MPIEXEC = mpiexec()
 
 
 def run(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -10,17 +10,13 @@ from typing import Any
 
 import pytest
 
-from unison.testing.run import find_mpiexec
+from tests.gpu._needs import mpiexec, torch_with_cuda
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("PyTorch sees no GPU (a CPU-only build, or CUDA_VISIBLE_DEVICES hides it)",
-                allow_module_level=True)
+torch = torch_with_cuda()
 
 from unison.adapters.torch import sync_batch_norm as sbn  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
-MPIEXEC = find_mpiexec()
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +60,11 @@ def test_the_exchange_stays_on_the_gpu_and_never_synchronizes_the_host(job: Any,
 @pytest.mark.timeout(360)  # the job's own bound (300 s) comes first
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_ranks_match_batch_norm_on_the_global_batch(ranks: int) -> None:
-    if MPIEXEC is None:
-        pytest.skip("mpiexec not found (pip install -e '.[mpi]', or put an MPI's bin on PATH)")
+    launcher = mpiexec()
     env = dict(os.environ)
     if torch.cuda.device_count() < ranks:
         env["UNISON_GPU_OPERATIONS"] = "MPI"  # ranks share a GPU: staged (NCCL refuses that, by name)
-    done = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "tests/gpu/sync_batch_norm_job.py"],
+    done = subprocess.run([launcher, "-n", str(ranks), sys.executable, "tests/gpu/sync_batch_norm_job.py"],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(line for line in done.stdout.splitlines() if line.endswith(": OK")) == [

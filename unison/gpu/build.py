@@ -81,22 +81,18 @@ def cuda_aware_mpi(mpi: Any, load_library: Callable[[str], Any] | None = None) -
     """
     query = getattr(mpi, "Query_cuda_support", None)
     if query is None:
+        import ctypes
+
         path = getattr(mpi, "__file__", None)
         if not path:
             return None
         try:
-            if load_library is None:
-                import ctypes
-
-                load_library = ctypes.CDLL
-            query = getattr(load_library(path), "MPIX_Query_cuda_support", None)
+            query = getattr((load_library or ctypes.CDLL)(path), "MPIX_Query_cuda_support", None)
         except Exception:  # noqa: BLE001 - no such library or symbol: cannot tell
             return None
         if query is None:
             return None
-        if hasattr(query, "restype"):
-            import ctypes
-
+        if hasattr(query, "restype"):  # a C function: it takes nothing and returns an int
             query.restype, query.argtypes = ctypes.c_int, []
     try:
         return bool(query())

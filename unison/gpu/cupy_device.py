@@ -151,14 +151,14 @@ class CupyDevice(ArrayDevice):
 
     # -- byte moves: one cudaMemcpyAsync per tensor (a runtime call, a few microseconds) instead of a
     # copy kernel launched through CuPy's elementwise machinery; fusion moves one per tensor each way.
-    def _memcpy(self, dst_ptr: int, src: Any, stream: Any) -> None:
-        if src.nbytes:
+    def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+        if nbytes:
             runtime = self.xp.cuda.runtime
-            runtime.memcpyAsync(dst_ptr, src.data.ptr, src.nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+            runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
 
     def copy_(self, dst: Any, src: Any, stream: Any) -> None:
         with self._device:
-            self._memcpy(dst.data.ptr, src, stream)
+            self._memcpy(dst.data.ptr, src.data.ptr, src.nbytes, stream)
 
     def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
              dtype: DType, stream: Any) -> None:
@@ -173,18 +173,16 @@ class CupyDevice(ArrayDevice):
                     if count:
                         self.xp.cuda.runtime.memsetAsync(base + offset, 0, count * itemsize, stream.ptr)
                 else:
-                    self._memcpy(base + offset, part, stream)
+                    self._memcpy(base + offset, part.data.ptr, part.nbytes, stream)
                 offset += count * itemsize
 
     def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
         itemsize, base = buf.itemsize, buf.data.ptr
-        runtime = self.xp.cuda.runtime
         with self._device:
             offset = 0
             for out, count in zip(outputs, counts):
-                if out is not None and count:
-                    runtime.memcpyAsync(out.data.ptr, base + offset, count * itemsize,
-                                        runtime.memcpyDeviceToDevice, stream.ptr)
+                if out is not None:
+                    self._memcpy(out.data.ptr, base + offset, count * itemsize, stream)
                 offset += count * itemsize
 
     def to_host(self, buf: Any, stream: Any) -> np.ndarray:

@@ -23,9 +23,10 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..dtypes import DType
-from ..ops import CollectiveKind, ReduceOp
+from ..ops import ReduceOp
 from ..protocol.messages import Response
 from .device import Device
+from .nccl import wire_carries
 
 __all__ = ["DIRECT_REDUCTIONS", "MPI_DATA_PLANES", "MpiDeviceComm", "mpi_can_carry"]
 
@@ -35,7 +36,6 @@ MPI_DATA_PLANES = ("mpi", "grpc+mpi")
 # Reductions MPI runs natively on these types (MPI_SUM etc.); the others need the host's arithmetic.
 DIRECT_REDUCTIONS = frozenset({DType.UINT8, DType.INT8, DType.UINT16, DType.INT16, DType.INT32, DType.INT64,
                                DType.FLOAT32, DType.FLOAT64})
-_REDUCING = (CollectiveKind.ALLREDUCE.value, CollectiveKind.REDUCESCATTER.value)
 
 
 def mpi_can_carry(response: Response) -> bool:
@@ -45,9 +45,7 @@ def mpi_can_carry(response: Response) -> bool:
         >>> mpi_can_carry(Response("allreduce", ("g",), DType.FLOAT16, device="cuda"))
         False
     """
-    if response.kind in _REDUCING:
-        return response.reduce_op is not ReduceOp.ADASUM and response.dtype in DIRECT_REDUCTIONS
-    return True
+    return wire_carries(response, DIRECT_REDUCTIONS.__contains__)
 
 
 class MpiDeviceComm:

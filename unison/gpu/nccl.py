@@ -1,7 +1,9 @@
 """The NCCL wire of the GPU data plane: what a communicator does, and how one is made within a time bound.
 
-`Comm` is what the plane calls on device arrays (NCCL through CuPy in `unison.gpu.cupy_device`, an
-in-memory world of threads in `unison.gpu.fake`); `Library` makes unique ids and communicators.
+`Comm` is what the plane calls on device arrays (NCCL through CuPy in `unison.gpu.cupy_device`,
+CUDA-aware MPI in `unison.gpu.mpi_wire`, an in-memory world of threads in `unison.gpu.fake`);
+`Library` makes unique ids and communicators; `wire_carries` is the rule, shared by both wires, of
+which responses a device wire can run.
 
 Making a communicator is collective and NCCL's `ncclCommInitRank` waits, without a bound, for every
 member. `connect_bounded` runs it on a helper thread and waits at most `timeout_seconds`; each member
@@ -18,11 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..dtypes import DType
-from ..ops import ReduceOp
+from ..ops import CollectiveKind, ReduceOp
+from ..protocol.messages import Response
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_SECONDS", "Comm", "InitState", "Library", "connect_bounded", "init_failure",
-    "nccl_dtype", "nccl_op",
+    "nccl_dtype", "nccl_op", "wire_carries",
 ]
 
 DEFAULT_INIT_TIMEOUT_SECONDS = 120.0
@@ -30,6 +33,7 @@ DEFAULT_INIT_TIMEOUT_SECONDS = 120.0
 # ncclDataType_t and ncclRedOp_t, as nccl.h numbers them (stable since NCCL 2.0; bfloat16 since 2.10).
 _DTYPES = {DType.INT8: 0, DType.UINT8: 1, DType.INT32: 2, DType.INT64: 4, DType.FLOAT16: 6,
            DType.FLOAT32: 7, DType.FLOAT64: 8, DType.BFLOAT16: 9}
+_REDUCING = (CollectiveKind.ALLREDUCE.value, CollectiveKind.REDUCESCATTER.value)
 _OPS = {ReduceOp.SUM: 0, ReduceOp.AVERAGE: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
 
 
@@ -41,6 +45,20 @@ def nccl_dtype(dtype: DType) -> int | None:
         (9, None)
     """
     return _DTYPES.get(dtype)
+
+
+def wire_carries(response: Response, reduces: Callable[[DType], bool]) -> bool:
+    """Whether a device wire (NCCL, CUDA-aware MPI) can run `response`: anything that only moves
+    bytes; a reduction that is not Adasum, of a dtype the wire `reduces`. Decided from the response
+    alone, so every member decides alike.
+
+    Example:
+        >>> wire_carries(Response("allreduce", ("g",), DType.INT16, device="cuda"), lambda d: nccl_dtype(d) is not None)
+        False
+    """
+    if response.kind in _REDUCING:
+        return response.reduce_op is not ReduceOp.ADASUM and reduces(response.dtype)
+    return True
 
 
 def nccl_op(op: ReduceOp) -> int:

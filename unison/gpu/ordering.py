@@ -57,18 +57,17 @@ def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer 
     event on the framework's stream, cost one wait per response); each other event is waited on once.
     """
     last: dict[Any, tuple[int, Any]] = {}  # producer stream -> (record number, event)
-    others: dict[int, Any] = {}
+    events: dict[int, Any] = {}  # the events to wait on, each once
     for buffer in buffers:
         if buffer is None or buffer.ready is None:
             continue
         if buffer.producer is None:
-            others[id(buffer.ready)] = buffer.ready
+            events[id(buffer.ready)] = buffer.ready
             continue
         key, number, _ = buffer.producer
         if key not in last or last[key][0] < number:
             last[key] = (number, buffer.ready)
-    events = {id(event): event for _, event in last.values()}
-    events.update((key, event) for key, event in others.items() if key not in events)
+    events.update((id(event), event) for _, event in last.values())
     for event in events.values():
         device.wait_event(stream, event)
     return len(events)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..errors import HorovodInternalError
-from ..ops import CollectiveKind, ReduceOp
+from ..ops import CollectiveKind
 from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .communicators import CommunicatorCache
@@ -46,6 +46,7 @@ from .nccl import (
     connect_bounded,
     init_failure,
     nccl_dtype,
+    wire_carries,
 )
 from .ordering import Retention, publish, wait_for_inputs
 from .placement import RECORD_BYTES, Placement, decode_placements, encode_placement, placement_error
@@ -56,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 OPERATIONS = ("nccl", "mpi")
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
-_REDUCING = (CollectiveKind.ALLREDUCE.value, CollectiveKind.REDUCESCATTER.value)
 
 
 def _elements(shape: Sequence[int]) -> int:
@@ -76,11 +76,7 @@ def uses_nccl(response: Response, operations: str) -> bool:
         >>> uses_nccl(Response("allreduce", ("g",), DType.INT16, device="cuda"), "nccl")
         False
     """
-    if operations != "nccl":
-        return False
-    if response.kind in _REDUCING:
-        return response.reduce_op is not ReduceOp.ADASUM and nccl_dtype(response.dtype) is not None
-    return True
+    return operations == "nccl" and wire_carries(response, lambda dtype: nccl_dtype(dtype) is not None)
 
 
 class GpuPlane:
