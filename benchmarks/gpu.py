@@ -6,7 +6,8 @@ measurements, medians of timed repetitions:
 
 1. fusion: packing the 161 ResNet-50 gradients (25.6 M float32) into the fusion buffer and unpacking
    them, in GB/s of bytes moved, against one device-to-device copy of the same bytes (CUDA events on
-   unison's stream);
+   unison's stream); with the batched copy kernel (the default) and with one ``cudaMemcpyAsync`` per
+   tensor, alternated;
 2. per-step cost: one training step's gradient reduction on a single rank (the fused allreduce
    responses a 64 MiB fusion threshold makes of the same set, Average, over NCCL) in ms, which is the
    data plane's overhead on one GPU, where the reduction itself moves nothing;
@@ -14,7 +15,8 @@ measurements, medians of timed repetitions:
    synthetic images) with ``hvd.DistributedOptimizer`` against the plain optimizer, at one rank,
    alternating the two in rounds, each step timed to ``torch.cuda.synchronize()``;
 4. latency: ``hvd.allreduce`` of a 4 KiB CUDA tensor at one rank (negotiation, submission, the plane
-   and the stream handoff), beside the same for a 4 KiB CPU tensor.
+   and the stream handoff), beside the same for a 4 KiB CPU tensor, and the plane's own share (one
+   4 KiB response run directly, to the end of its GPU work).
 
 ``--device cpu`` runs 3 and 4 on the CPU with a small model, to check the benchmark itself where there
 is no GPU (nothing is written). Without CuPy or a visible GPU the default run prints why and exits
@@ -197,6 +199,8 @@ def main() -> int:
     if reason:
         print(f"benchmarks/gpu.py: skipped: {reason}")
         return 0
+    import time
+
     import cupy
 
     from unison.backends.loopback import LoopbackBackend
@@ -226,9 +230,20 @@ def main() -> int:
     def plain_copy() -> None:
         device.copy_(copy_dst, flat, stream)
 
-    timed(fusion, stream, 3)
-    fuse_s = statistics.median(timed(fusion, stream, args.repeats))
+    fusion_s: dict[bool, list[float]] = {True: [], False: []}
+    for batched in (True, False):
+        device.batched_copies = batched
+        timed(fusion, stream, 3)  # compiles the kernel; warms the allocator
+    for r in range(6):  # alternated rounds: batched kernel, one memcpy per tensor
+        for batched in (True, False) if r % 2 == 0 else (False, True):
+            device.batched_copies = batched
+            fusion_s[batched].extend(timed(fusion, stream, max(args.repeats // 3, 3)))
+    device.batched_copies = True
+    fuse_s, fuse_memcpy_s = statistics.median(fusion_s[True]), statistics.median(fusion_s[False])
     copy_s = statistics.median(timed(plain_copy, stream, args.repeats))
+    check = cupy.concatenate([g.reshape(-1) for g in grads])
+    assert bool((flat == check).all()) and all(bool((o == g).all()) for o, g in zip(outs, grads)), \
+        "fusion moved the wrong bytes"
 
     plane = GpuPlane(LoopbackBackend(), 0, {0: (0,)}, device, CupyLibrary())
     threshold = 64 << 20
@@ -253,13 +268,34 @@ def main() -> int:
 
     timed(step, stream, 3)
     step_s = statistics.median(timed(step, stream, args.repeats))
+    small = cupy.ones(1024, dtype=cupy.float32)
+    small_response = Response(ResponseKind.ALLREDUCE, ("s",), DType.FLOAT32, ((1024,),), ReduceOp.SUM, device="cuda")
+
+    def plane_small() -> None:
+        buffer = mark_ready(device, small)
+        request = Request("s", CollectiveKind.ALLREDUCE, 0, DType.FLOAT32, (1024,), ReduceOp.SUM, device="cuda")
+        plane.run(small_response, [Entry(request, buffer, buffer, Handle("s"))])  # type: ignore[arg-type]
+        stream.synchronize()
+
+    plane_us = []
+    for i in range(args.repeats + 50):
+        start = time.perf_counter()
+        plane_small()
+        if i >= 50:
+            plane_us.append((time.perf_counter() - start) * 1e6)
     result = {"gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "tensors": len(counts),
               "bytes": nbytes, "fusion_pack_unpack_gbps": 2 * nbytes / fuse_s / 1e9,
-              "device_copy_gbps": nbytes / copy_s / 1e9, "step_ms": step_s * 1e3, "responses_per_step": len(groups)}
+              "fusion_pack_unpack_memcpy_gbps": 2 * nbytes / fuse_memcpy_s / 1e9,
+              "device_copy_gbps": nbytes / copy_s / 1e9, "fusion_vs_copy": copy_s * 2 / fuse_s,
+              "step_ms": step_s * 1e3, "responses_per_step": len(groups),
+              "plane_allreduce_4kib_us": statistics.median(plane_us)}
     print(f"GPU: {result['gpu']}; {len(counts)} tensors, {nbytes / 1e6:.1f} MB")
-    print(f"fusion pack+unpack {result['fusion_pack_unpack_gbps']:.1f} GB/s, "
+    print(f"fusion pack+unpack {result['fusion_pack_unpack_gbps']:.1f} GB/s with the batched kernel "
+          f"({100 * result['fusion_vs_copy']:.0f}% of a copy), "
+          f"{result['fusion_pack_unpack_memcpy_gbps']:.1f} GB/s with one memcpy per tensor; "
           f"device-to-device copy {result['device_copy_gbps']:.1f} GB/s")
     print(f"per-step gradient reduction on one GPU: {result['step_ms']:.2f} ms in {len(groups)} responses")
+    print(f"the plane alone, 4 KiB allreduce to the end of its GPU work: {result['plane_allreduce_4kib_us']:.0f} us")
     plane.close()
     handoff.reset()  # the training measurements bind the GPU again through the engine
     result.update(training_measurements("cuda", False, args.rounds, args.steps, max(args.repeats, 200)))

@@ -1,14 +1,16 @@
 """The CUDA device and NCCL of the GPU data plane, through CuPy; imported only once a CUDA buffer arrives.
 
 `CupyDevice` gives `ArrayDevice`'s arithmetic CuPy as its array module and issues every operation on
-one non-blocking stream per device (unison's stream) inside that device's context; byte moves
-(unscaled fusion packing, unpacking, copies) are ``cudaMemcpyAsync`` calls on that stream. `CupyLibrary` and
+one non-blocking stream per device (unison's stream) inside that device's context; byte moves are
+``cudaMemcpyAsync`` calls on that stream, except fusion's many at once (unscaled packing, unpacking):
+those are one launch of `unison.gpu.batched_copy`'s kernel per 128 tensors. `CupyLibrary` and
 `CupyComm` wrap ``cupy.cuda.nccl``: pointers and element counts go to NCCL, uneven gathers are
 grouped broadcasts, alltoall is grouped send/recv (NCCL has no alltoallv).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,11 +20,14 @@ import numpy as np
 
 from ..dtypes import DType
 from ..ops import ReduceOp
+from . import batched_copy
 from .device import ArrayDevice
 from .handoff import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
 __all__ = ["CupyComm", "CupyDevice", "CupyLibrary", "comm_id", "external_stream", "id_bytes"]
+
+logger = logging.getLogger(__name__)
 
 _PER_THREAD = 2  # cudaStreamPerThread: the handle names a different stream in each thread
 _thread = threading.local()
@@ -78,7 +83,14 @@ def comm_id(unique_id: bytes, cupy_version: str) -> Any:
 
 
 class CupyDevice(ArrayDevice):
-    """One CUDA device through CuPy; `stream()` is unison's stream on it, made on first use."""
+    """One CUDA device through CuPy; `stream()` is unison's stream on it, made on first use.
+
+    `batched_copies` (default True) moves fusion's copies with the batched kernel, compiled on first
+    use; where it cannot be compiled (no NVRTC, say) a warning names the cause once and every copy is a
+    ``cudaMemcpyAsync`` of its own, which is correct but slower.
+    """
+
+    batched_copies = True
 
     def __init__(self, ordinal: int) -> None:
         cupy = import_cupy("the GPU data plane")
@@ -88,6 +100,7 @@ class CupyDevice(ArrayDevice):
         self._device = cupy.cuda.Device(ordinal)
         self._stream: Any = None
         self._pinned: Any = None  # one growing pinned staging buffer
+        self._copy_kernel: Any = None  # the batched-copy kernel once compiled; False where it cannot be
 
     def __repr__(self) -> str:
         return f"<CupyDevice {self.name}>"
@@ -149,12 +162,47 @@ class CupyDevice(ArrayDevice):
         with self._on(self.stream()):
             return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
-    # -- byte moves: one cudaMemcpyAsync per tensor (a runtime call, a few microseconds) instead of a
-    # copy kernel launched through CuPy's elementwise machinery; fusion moves one per tensor each way.
+    # -- byte moves: a single copy is one cudaMemcpyAsync (a runtime call, a few microseconds); fusion's
+    # copies go to the batched kernel, one launch for up to 128 tensors instead of one call each.
     def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
         if nbytes:
             runtime = self.xp.cuda.runtime
             runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
+
+    def _batched_kernel(self) -> Any:
+        """The compiled batched-copy kernel for this device, or None where it cannot be built."""
+        if self._copy_kernel is None:
+            try:
+                kernel = self.xp.RawKernel(batched_copy.SOURCE, batched_copy.KERNEL_NAME)
+                compile_now = getattr(kernel, "compile", None)
+                if compile_now is not None:  # compile here, not in the middle of a response
+                    compile_now()
+                self._copy_kernel = kernel
+            except Exception as exc:  # noqa: BLE001 - any build failure leaves the per-copy path, named once
+                logger.warning("unison's batched copy kernel could not be built on %s (%s: %s); fusion "
+                               "copies each tensor with its own cudaMemcpyAsync instead", self.name,
+                               type(exc).__name__, exc)
+                self._copy_kernel = False
+        return self._copy_kernel or None
+
+    def _copy_many(self, copies: Sequence[tuple[int, int, int]], stream: Any) -> None:
+        """Issue the (dst, src, bytes) copies on `stream` (inside the device's context)."""
+        kernel = self._batched_kernel() if self.batched_copies and len(copies) > 1 else None
+        if kernel is None:
+            for dst, src, nbytes in copies:
+                self._memcpy(dst, src, nbytes, stream)
+            return
+        try:
+            with stream:
+                for record, blocks in batched_copy.plan_batches(copies):
+                    kernel((blocks,), (batched_copy.THREADS,), (record,))
+        except Exception as exc:  # noqa: BLE001 - a launch this driver refuses: the per-copy path, named once
+            logger.warning("unison's batched copy kernel could not be launched on %s (%s: %s); fusion "
+                           "copies each tensor with its own cudaMemcpyAsync instead", self.name,
+                           type(exc).__name__, exc)
+            self._copy_kernel = False
+            for dst, src, nbytes in copies:  # copies are idempotent: redoing any already launched is harmless
+                self._memcpy(dst, src, nbytes, stream)
 
     def copy_(self, dst: Any, src: Any, stream: Any) -> None:
         with self._device:
@@ -166,24 +214,28 @@ class CupyDevice(ArrayDevice):
             super().pack(buf, parts, counts, factor, dtype, stream)
             return
         itemsize, base = buf.itemsize, buf.data.ptr
+        copies = []
         with self._device:
             offset = 0
             for part, count in zip(parts, counts):
                 if part is None:  # a joined rank contributes zeros
                     if count:
                         self.xp.cuda.runtime.memsetAsync(base + offset, 0, count * itemsize, stream.ptr)
-                else:
-                    self._memcpy(base + offset, part.data.ptr, part.nbytes, stream)
+                elif part.nbytes:
+                    copies.append((base + offset, part.data.ptr, part.nbytes))
                 offset += count * itemsize
+            self._copy_many(copies, stream)
 
     def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
         itemsize, base = buf.itemsize, buf.data.ptr
+        copies = []
+        offset = 0
+        for out, count in zip(outputs, counts):
+            if out is not None and count:
+                copies.append((out.data.ptr, base + offset, count * itemsize))
+            offset += count * itemsize
         with self._device:
-            offset = 0
-            for out, count in zip(outputs, counts):
-                if out is not None:
-                    self._memcpy(out.data.ptr, base + offset, count * itemsize, stream)
-                offset += count * itemsize
+            self._copy_many(copies, stream)
 
     def to_host(self, buf: Any, stream: Any) -> np.ndarray:
         import cupyx  # part of CuPy

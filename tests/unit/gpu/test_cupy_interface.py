@@ -157,24 +157,118 @@ def test_a_foreign_stream_is_wrapped_without_the_deprecated_class_where_cupy_has
     assert made == [("from_external", (0, 0x77)), ("ExternalStream", (0x77, 1))]
 
 
-def test_fusion_moves_bytes_with_one_memcpy_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[Any, ...]] = []
+class FakeStream(DeviceContext):
+    """A stream for the stand-in CuPy: its handle, and a context (``with stream``) that does nothing."""
+
+    def __init__(self, ptr: int) -> None:
+        super().__init__(0)
+        self.ptr = ptr
+
+
+def fake_cupy(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]], raw_kernel: Any = None) -> Any:
     runtime = types.SimpleNamespace(memcpyDeviceToDevice=3, memcpyAsync=lambda *a: calls.append(("memcpy", *a)),
                                     memsetAsync=lambda *a: calls.append(("memset", *a)))
     cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=DeviceContext, runtime=runtime), __version__="14.0.0")
+    if raw_kernel is not None:
+        cupy.RawKernel = raw_kernel
     monkeypatch.setitem(sys.modules, "cupy", cupy)
+    return cupy
+
+
+def test_fusion_without_the_batched_kernel_moves_bytes_with_one_memcpy_per_tensor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[Any, ...]] = []
+    fake_cupy(monkeypatch, calls)
     device = cupy_device.CupyDevice(0)
+    device.batched_copies = False
+    stream = FakeStream(0xABC)
     buf = FakeArray(1000, 10, 4)
     device.pack(buf, [FakeArray(2000, 3, 4), None, FakeArray(3000, 5, 4), FakeArray(4000, 0, 4)], [3, 2, 5, 0],
-                1.0, DType.FLOAT32, STREAM)
+                1.0, DType.FLOAT32, stream)
     # a joined rank's zeros are a memset; an empty tensor moves nothing
-    assert calls == [("memcpy", 1000, 2000, 12, 3, 0xABC), ("memset", 1012, 0, 8, 0xABC),
+    assert calls == [("memset", 1012, 0, 8, 0xABC), ("memcpy", 1000, 2000, 12, 3, 0xABC),
                      ("memcpy", 1020, 3000, 20, 3, 0xABC)]
     calls.clear()
-    device.unpack(buf, [FakeArray(5000, 3, 4), None, FakeArray(6000, 5, 4)], [3, 2, 5], STREAM)
-    device.copy_(FakeArray(7000, 2, 8), FakeArray(8000, 2, 8), STREAM)
+    device.unpack(buf, [FakeArray(5000, 3, 4), None, FakeArray(6000, 5, 4)], [3, 2, 5], stream)
+    device.copy_(FakeArray(7000, 2, 8), FakeArray(8000, 2, 8), stream)
     assert calls == [("memcpy", 5000, 1000, 12, 3, 0xABC), ("memcpy", 6000, 1020, 20, 3, 0xABC),
                      ("memcpy", 7000, 8000, 16, 3, 0xABC)]
+
+
+class RecordingKernel:
+    """``cupy.RawKernel`` for the stand-in CuPy: compiles once, records each launch."""
+
+    made: list[tuple[str, str]] = []
+    launches: list[tuple[tuple[int, ...], tuple[int, ...], Any]] = []
+
+    def __init__(self, code: str, name: str) -> None:
+        RecordingKernel.made.append((code, name))
+
+    def compile(self) -> None:
+        return None
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
+        RecordingKernel.launches.append((grid, block, args))
+
+
+def test_fusion_launches_the_batched_kernel_once_per_128_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unison.gpu import batched_copy
+
+    RecordingKernel.made.clear()
+    RecordingKernel.launches.clear()
+    calls: list[tuple[Any, ...]] = []
+    fake_cupy(monkeypatch, calls, RecordingKernel)
+    device = cupy_device.CupyDevice(0)
+    stream = FakeStream(0xABC)
+    counts = [(i % 7) * 3 for i in range(200)]  # some empty
+    memory = np.zeros(4 * (2 * sum(counts) + 64), dtype=np.uint8)
+    parts = []
+    offset = 4 * sum(counts) + 64
+    for i, count in enumerate(counts):
+        parts.append(FakeArray(offset, count, 4))
+        memory[offset : offset + 4 * count] = np.arange(4 * count) % 251 + i % 5
+        offset += 4 * count
+    buf = FakeArray(0, sum(counts), 4)
+    device.pack(buf, parts, counts, 1.0, DType.FLOAT32, stream)
+    device.pack(buf, parts, counts, 1.0, DType.FLOAT32, stream)
+    assert calls == [] and len(RecordingKernel.made) == 1  # compiled once, no memcpy
+    nonempty = sum(1 for c in counts if c)
+    assert len(RecordingKernel.launches) == 2 * -(-nonempty // batched_copy.MAX_PARTS)
+    assert all(block == (batched_copy.THREADS,) for _, block, _ in RecordingKernel.launches)
+    half = RecordingKernel.launches[: len(RecordingKernel.launches) // 2]
+    batched_copy.emulate(memory, [(args[0], grid[0]) for grid, _, args in half])
+    expected = np.concatenate([memory[p.data.ptr : p.data.ptr + p.nbytes] for p in parts])
+    np.testing.assert_array_equal(memory[: 4 * sum(counts)], expected)
+
+
+def test_a_kernel_that_cannot_be_built_is_named_once_and_each_tensor_is_copied(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def no_compiler(code: str, name: str) -> Any:
+        raise RuntimeError("nvrtc: libnvrtc.so.13 not found")
+
+    calls: list[tuple[Any, ...]] = []
+    fake_cupy(monkeypatch, calls, no_compiler)
+    device = cupy_device.CupyDevice(0)
+    stream = FakeStream(0xABC)
+    for _ in range(2):
+        device.unpack(FakeArray(1000, 4, 4), [FakeArray(5000, 3, 4), FakeArray(6000, 1, 4)], [3, 1], stream)
+    assert calls == [("memcpy", 5000, 1000, 12, 3, 0xABC), ("memcpy", 6000, 1012, 4, 3, 0xABC)] * 2
+    warnings = [r.getMessage() for r in caplog.records if "batched copy kernel" in r.getMessage()]
+    assert len(warnings) == 1 and "libnvrtc.so.13 not found" in warnings[0]
+
+
+def test_a_launch_the_driver_refuses_falls_back_for_the_whole_set(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    class Refused(RecordingKernel):
+        def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...]) -> None:
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+
+    calls: list[tuple[Any, ...]] = []
+    fake_cupy(monkeypatch, calls, Refused)
+    device = cupy_device.CupyDevice(0)
+    device.unpack(FakeArray(1000, 4, 4), [FakeArray(5000, 3, 4), FakeArray(6000, 1, 4)], [3, 1], FakeStream(7))
+    assert calls == [("memcpy", 5000, 1000, 12, 3, 7), ("memcpy", 6000, 1012, 4, 3, 7)]
+    assert any("could not be launched" in r.getMessage() for r in caplog.records)
 
 
 # -- against the installed CuPy (skipped where CuPy is not installed, as in CI) ---------------------
