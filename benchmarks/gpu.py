@@ -7,7 +7,9 @@ measurements, medians of timed repetitions:
 1. fusion: packing the 161 ResNet-50 gradients (25.6 M float32) into the fusion buffer and unpacking
    them, in GB/s of bytes moved, against one device-to-device copy of the same bytes (CUDA events on
    unison's stream); with the batched copy kernel (the default) and with one ``cudaMemcpyAsync`` per
-   tensor, alternated;
+   tensor, alternated. Timed twice: as the host issues it (the GPU waits for the host's planning, as
+   it does in training whenever the host is not ahead), and on the device alone (the host issues
+   everything while a spinning kernel holds the stream, so the events time only the GPU's work);
 2. per-step cost: one training step's gradient reduction on a single rank (the fused allreduce
    responses a 64 MiB fusion threshold makes of the same set, Average, over NCCL) in ms, which is the
    data plane's overhead on one GPU, where the reduction itself moves nothing;
@@ -70,6 +72,34 @@ def timed(fn: Any, stream: Any, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 1000)
+    return times
+
+
+SPIN = r"""
+extern "C" __global__ void unison_spin(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {}
+}
+"""
+
+
+def timed_on_device(fn: Any, stream: Any, repeats: int) -> list[float]:
+    """Seconds of `fn`'s GPU work alone: a kernel spins ~3 ms on `stream` while the host issues `fn`."""
+    import cupy
+    import numpy as np
+
+    spin = cupy.RawKernel(SPIN, "unison_spin")
+    cycles = np.int64(int(cupy.cuda.runtime.getDeviceProperties(0)["clockRate"]) * 3)  # kHz * 3 ms
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        with stream:
+            spin((1,), (1,), (cycles,))
         start.record(stream)
         fn()
         end.record(stream)
@@ -241,6 +271,8 @@ def main() -> int:
     device.batched_copies = True
     fuse_s, fuse_memcpy_s = statistics.median(fusion_s[True]), statistics.median(fusion_s[False])
     copy_s = statistics.median(timed(plain_copy, stream, args.repeats))
+    fuse_device_s = statistics.median(timed_on_device(fusion, stream, args.repeats))
+    copy_device_s = statistics.median(timed_on_device(plain_copy, stream, args.repeats))
     check = cupy.concatenate([g.reshape(-1) for g in grads])
     assert bool((flat == check).all()) and all(bool((o == g).all()) for o, g in zip(outs, grads)), \
         "fusion moved the wrong bytes"
@@ -287,6 +319,9 @@ def main() -> int:
               "bytes": nbytes, "fusion_pack_unpack_gbps": 2 * nbytes / fuse_s / 1e9,
               "fusion_pack_unpack_memcpy_gbps": 2 * nbytes / fuse_memcpy_s / 1e9,
               "device_copy_gbps": nbytes / copy_s / 1e9, "fusion_vs_copy": copy_s * 2 / fuse_s,
+              "fusion_device_only_gbps": 2 * nbytes / fuse_device_s / 1e9,
+              "device_copy_device_only_gbps": nbytes / copy_device_s / 1e9,
+              "fusion_device_only_vs_copy": copy_device_s * 2 / fuse_device_s,
               "step_ms": step_s * 1e3, "responses_per_step": len(groups),
               "plane_allreduce_4kib_us": statistics.median(plane_us)}
     print(f"GPU: {result['gpu']}; {len(counts)} tensors, {nbytes / 1e6:.1f} MB")
@@ -294,6 +329,9 @@ def main() -> int:
           f"({100 * result['fusion_vs_copy']:.0f}% of a copy), "
           f"{result['fusion_pack_unpack_memcpy_gbps']:.1f} GB/s with one memcpy per tensor; "
           f"device-to-device copy {result['device_copy_gbps']:.1f} GB/s")
+    print(f"on the device alone: fusion pack+unpack {result['fusion_device_only_gbps']:.1f} GB/s "
+          f"({100 * result['fusion_device_only_vs_copy']:.0f}% of a copy's "
+          f"{result['device_copy_device_only_gbps']:.1f} GB/s)")
     print(f"per-step gradient reduction on one GPU: {result['step_ms']:.2f} ms in {len(groups)} responses")
     print(f"the plane alone, 4 KiB allreduce to the end of its GPU work: {result['plane_allreduce_4kib_us']:.0f} us")
     plane.close()

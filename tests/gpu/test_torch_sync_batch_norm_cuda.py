@@ -40,7 +40,7 @@ def test_the_exchange_stays_on_the_gpu_and_never_synchronizes_the_host(job: Any,
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        y = sbn._SyncBatchNormFunction.apply(x, weight, bias, running_mean, running_var, 1e-5, 0.1)
+        y = sbn._SyncBatchNormFunction.apply(x, weight, bias, running_mean, running_var, 1e-5, 0.1, "sbn")
         y.backward(dy)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -196,6 +196,42 @@ def _ref_out(reference: torch.nn.Module, x_all: torch.Tensor, rows: slice) -> to
         return (y * reference.weight.view(view) + reference.bias.view(view))[rows]
 
 
+def test_sync_batch_norm_backward_from_another_thread_as_torch_runs_it_on_cuda() -> None:
+    """torch runs backward of CUDA tensors in its own device thread; the layers' exchanges are named
+    per layer, so they pair across ranks from any thread, and two layers never pair with each other."""
+    import threading
+
+    if hvd.size() == 1:
+        pytest.skip("SyncBatchNorm is plain BatchNorm at size 1: nothing is exchanged")
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(hvd.SyncBatchNorm(3), torch.nn.Linear(3, 3), hvd.SyncBatchNorm(3)).double()
+    reference = torch.nn.Sequential(torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).double()
+    reference.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(11)
+    x_all = torch.randn(2 * hvd.size(), 3, generator=g, dtype=torch.float64)
+    rows = slice(2 * hvd.rank(), 2 * hvd.rank() + 2)
+    xr = x_all.clone().requires_grad_()
+    reference(xr).pow(2).sum().backward()
+    for _ in range(2):  # the second step reuses the layers' names
+        xs = x_all[rows].clone().requires_grad_()
+        loss = model(xs).pow(2).sum()
+        failures: list[BaseException] = []
+
+        def backward(loss: torch.Tensor, failures: list[BaseException]) -> None:
+            try:
+                loss.backward()
+            except BaseException as exc:  # noqa: BLE001 - reported below, on this rank
+                failures.append(exc)
+
+        worker = threading.Thread(target=backward, args=(loss, failures), name="autograd-like")
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive() and not failures, failures
+        torch.testing.assert_close(xs.grad, xr.grad[rows])
+    names = [m._collective_name[1] for m in model if isinstance(m, hvd.SyncBatchNorm)]
+    assert len(set(names)) == 2 and all(n.startswith("sync_batch_norm.") for n in names)
+
+
 def test_sync_batch_norm_input_check() -> None:
     with pytest.raises(ValueError, match=r"expected at least 2D input \(got 1D input\)"):
         hvd.SyncBatchNorm(3)(torch.ones(3))

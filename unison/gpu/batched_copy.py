@@ -16,6 +16,7 @@ tested without a GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,31 +90,40 @@ extern "C" __global__ void unison_batched_copy(const UnisonBatch batch) {
 """.replace("@PARTS@", str(MAX_PARTS)).replace("@CHUNK@", str(CHUNK_BYTES))
 
 
-def plan_batches(copies: Sequence[tuple[int, int, int]],
-                 chunk_bytes: int = CHUNK_BYTES) -> list[tuple[np.ndarray, int]]:
-    """Kernel launches for `copies`, each (a one-record `BATCH_DTYPE` array, its number of blocks).
+def plan_batches(dst: Any, src: Any, nbytes: Any, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[np.ndarray, int]]:
+    """Kernel launches for the copies ``dst[i] <- src[i]`` of ``nbytes[i]`` bytes, each (a one-record
+    `BATCH_DTYPE` array, its number of blocks); empty copies are left out.
+
+    Vectorized: ResNet-50's 161 copies are planned in tens of microseconds, which matters because the
+    GPU waits for the plan whenever the host is not ahead of it.
 
     Args:
-        copies: (destination address, source address, bytes); empty copies are left out.
+        dst, src, nbytes: addresses and sizes (sequences or uint64 arrays of one length).
         chunk_bytes: the slice one block copies (the kernel's is `CHUNK_BYTES`).
 
     Example:
-        >>> [(int(b["n"][0]), blocks) for b, blocks in plan_batches([(0, 4096, 70000), (9, 99, 0), (1, 2, 3)])]
+        >>> [(int(b["n"][0]), blocks) for b, blocks in plan_batches([0, 9, 1], [4096, 99, 2], [70000, 0, 3])]
         [(2, 3)]
     """
-    live = [(int(d), int(s), int(n)) for d, s, n in copies if n > 0]
+    dst, src, nbytes = (np.asarray(a, dtype=np.uint64) for a in (dst, src, nbytes))
+    live = nbytes > 0
+    if not live.all():
+        dst, src, nbytes = dst[live], src[live], nbytes[live]
+    blocks = (nbytes + np.uint64(chunk_bytes - 1)) // np.uint64(chunk_bytes)
     batches = []
-    for start in range(0, len(live), MAX_PARTS):
-        part = live[start : start + MAX_PARTS]
-        record = np.zeros(1, dtype=BATCH_DTYPE)
-        blocks = 0
-        for i, (dst, src, nbytes) in enumerate(part):
-            record["dst"][0, i], record["src"][0, i], record["nbytes"][0, i] = dst, src, nbytes
-            record["first"][0, i] = blocks
-            blocks += -(-nbytes // chunk_bytes)
-        record["first"][0, len(part)] = blocks
-        record["n"][0] = len(part)
-        batches.append((record, blocks))
+    for start in range(0, len(nbytes), MAX_PARTS):
+        stop = min(start + MAX_PARTS, len(nbytes))
+        count = stop - start
+        # the record as 64-bit words (faster than filling its fields): dst, src, nbytes, then first and n
+        words = np.zeros(BATCH_DTYPE.itemsize // 8, dtype=np.uint64)
+        words[:count] = dst[start:stop]
+        words[MAX_PARTS : MAX_PARTS + count] = src[start:stop]
+        words[2 * MAX_PARTS : 2 * MAX_PARTS + count] = nbytes[start:stop]
+        tail = words[3 * MAX_PARTS :].view(np.uint32)
+        ends = np.cumsum(blocks[start:stop])
+        tail[1 : count + 1] = ends
+        tail[MAX_PARTS + 1] = count
+        batches.append((words.view(BATCH_DTYPE), int(ends[-1])))
     return batches
 
 

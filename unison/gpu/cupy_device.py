@@ -101,6 +101,7 @@ class CupyDevice(ArrayDevice):
         self._stream: Any = None
         self._pinned: Any = None  # one growing pinned staging buffer
         self._copy_kernel: Any = None  # the batched-copy kernel once compiled; False where it cannot be
+        self._torch_streams: dict[int, Any] = {}  # torch stream handle -> its CuPy wrapper
 
     def __repr__(self) -> str:
         return f"<CupyDevice {self.name}>"
@@ -138,7 +139,13 @@ class CupyDevice(ArrayDevice):
             import torch
 
             handle = torch.cuda.current_stream(self.ordinal).cuda_stream
-            return external_stream(self.xp, handle, self.ordinal)
+            # one wrapper per handle: a handle names one stream while it exists, and a later stream
+            # given the same handle is the same stream to CUDA
+            stream = self._torch_streams.get(handle)
+            if stream is None:
+                with self._device:
+                    stream = self._torch_streams[handle] = external_stream(self.xp, handle, self.ordinal)
+            return stream
         with self._device:
             return self.xp.cuda.get_current_stream()
 
@@ -185,57 +192,62 @@ class CupyDevice(ArrayDevice):
                 self._copy_kernel = False
         return self._copy_kernel or None
 
-    def _copy_many(self, copies: Sequence[tuple[int, int, int]], stream: Any) -> None:
-        """Issue the (dst, src, bytes) copies on `stream` (inside the device's context)."""
-        kernel = self._batched_kernel() if self.batched_copies and len(copies) > 1 else None
-        if kernel is None:
-            for dst, src, nbytes in copies:
-                self._memcpy(dst, src, nbytes, stream)
-            return
-        try:
-            with stream:
-                for record, blocks in batched_copy.plan_batches(copies):
-                    kernel((blocks,), (batched_copy.THREADS,), (record,))
-        except Exception as exc:  # noqa: BLE001 - a launch this driver refuses: the per-copy path, named once
-            logger.warning("unison's batched copy kernel could not be launched on %s (%s: %s); fusion "
-                           "copies each tensor with its own cudaMemcpyAsync instead", self.name,
-                           type(exc).__name__, exc)
-            self._copy_kernel = False
-            for dst, src, nbytes in copies:  # copies are idempotent: redoing any already launched is harmless
-                self._memcpy(dst, src, nbytes, stream)
+    def _copy_many(self, dst: np.ndarray, src: np.ndarray, nbytes: np.ndarray, stream: Any) -> None:
+        """Issue the copies ``dst[i] <- src[i]`` (uint64 addresses and sizes) on `stream`, inside the
+        device's context."""
+        kernel = self._batched_kernel() if self.batched_copies and len(nbytes) > 1 else None
+        if kernel is not None:
+            try:
+                with stream:
+                    for record, blocks in batched_copy.plan_batches(dst, src, nbytes):
+                        kernel((blocks,), (batched_copy.THREADS,), (record,))
+                return
+            except Exception as exc:  # noqa: BLE001 - a launch this driver refuses: per copy, named once
+                logger.warning("unison's batched copy kernel could not be launched on %s (%s: %s); fusion "
+                               "copies each tensor with its own cudaMemcpyAsync instead", self.name,
+                               type(exc).__name__, exc)
+                self._copy_kernel = False
+        # copies are idempotent: redoing any the kernel already made is harmless
+        for d, s, n in zip(dst.tolist(), src.tolist(), nbytes.tolist()):
+            self._memcpy(d, s, n, stream)
 
     def copy_(self, dst: Any, src: Any, stream: Any) -> None:
         with self._device:
             self._memcpy(dst.data.ptr, src.data.ptr, src.nbytes, stream)
+
+    @staticmethod
+    def _pieces(buf: Any, counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The address and byte size of each consecutive piece of `counts[i]` elements of `buf`."""
+        sizes = np.asarray(counts, dtype=np.uint64) * np.uint64(buf.itemsize)
+        return np.uint64(buf.data.ptr) + np.cumsum(sizes) - sizes, sizes
+
+    @staticmethod
+    def _addresses(arrays: Sequence[Any]) -> np.ndarray:
+        return np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
 
     def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
              dtype: DType, stream: Any) -> None:
         if factor != 1.0:  # scaled on the way in: the arithmetic's kernels
             super().pack(buf, parts, counts, factor, dtype, stream)
             return
-        itemsize, base = buf.itemsize, buf.data.ptr
-        copies = []
+        pieces, sizes = self._pieces(buf, counts)
         with self._device:
-            offset = 0
-            for part, count in zip(parts, counts):
-                if part is None:  # a joined rank contributes zeros
-                    if count:
-                        self.xp.cuda.runtime.memsetAsync(base + offset, 0, count * itemsize, stream.ptr)
-                elif part.nbytes:
-                    copies.append((base + offset, part.data.ptr, part.nbytes))
-                offset += count * itemsize
-            self._copy_many(copies, stream)
+            if any(part is None for part in parts):  # a joined rank contributes zeros
+                present = np.fromiter((part is not None for part in parts), dtype=bool, count=len(parts))
+                for index in np.flatnonzero(~present & (sizes > 0)).tolist():
+                    self.xp.cuda.runtime.memsetAsync(int(pieces[index]), 0, int(sizes[index]), stream.ptr)
+                pieces, sizes = pieces[present], sizes[present]
+                parts = [part for part in parts if part is not None]
+            self._copy_many(pieces, self._addresses(parts), sizes, stream)
 
     def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
-        itemsize, base = buf.itemsize, buf.data.ptr
-        copies = []
-        offset = 0
-        for out, count in zip(outputs, counts):
-            if out is not None and count:
-                copies.append((out.data.ptr, base + offset, count * itemsize))
-            offset += count * itemsize
+        pieces, sizes = self._pieces(buf, counts)
+        if any(out is None for out in outputs):
+            present = np.fromiter((out is not None for out in outputs), dtype=bool, count=len(outputs))
+            pieces, sizes = pieces[present], sizes[present]
+            outputs = [out for out in outputs if out is not None]
         with self._device:
-            self._copy_many(copies, stream)
+            self._copy_many(self._addresses(outputs), pieces, sizes, stream)
 
     def to_host(self, buf: Any, stream: Any) -> np.ndarray:
         import cupyx  # part of CuPy

@@ -43,6 +43,9 @@ class _Job:
     def __init__(self, size: int) -> None:
         self.size = size
 
+    def next_name_index(self, key: Any) -> int:
+        return 1
+
 
 def _run_ranks(world: _ThreadWorld, fn: Any) -> list[Any]:
     results: list[Any] = [None] * world.size
@@ -169,7 +172,7 @@ def test_forward_and_backward_never_read_a_statistic_on_the_host(monkeypatch: py
     weight = torch.empty(3, device="meta", requires_grad=True)
     bias = torch.empty(3, device="meta", requires_grad=True)
     running_mean, running_var = torch.empty(3, device="meta"), torch.empty(3, device="meta")
-    y = sbn._SyncBatchNormFunction.apply(x, weight, bias, running_mean, running_var, 1e-5, 0.1)
+    y = sbn._SyncBatchNormFunction.apply(x, weight, bias, running_mean, running_var, 1e-5, 0.1, "sbn")
     y.backward(torch.empty_like(y))
     assert y.device.type == "meta" and x.grad is not None and x.grad.shape == x.shape
     assert exchanged == [("allgather", "meta"), ("allreduce", "meta")]

@@ -19,12 +19,12 @@ def test_the_record_matches_the_kernels_struct_and_fits_a_kernel_parameter() -> 
 
 
 def test_blocks_cover_each_copy_in_chunks_and_empty_copies_are_left_out() -> None:
-    ((record, blocks),) = plan_batches([(100, 200, 10), (300, 400, 0), (500, 600, 33)], chunk_bytes=16)
+    ((record, blocks),) = plan_batches([100, 300, 500], [200, 400, 600], [10, 0, 33], chunk_bytes=16)
     assert blocks == 1 + 3
     assert int(record["n"][0]) == 2
     assert record["first"][0, :3].tolist() == [0, 1, 4]
     assert record["dst"][0, :2].tolist() == [100, 500] and record["nbytes"][0, :2].tolist() == [10, 33]
-    assert plan_batches([(1, 2, 0)]) == []
+    assert plan_batches([1], [2], [0]) == []
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -37,7 +37,7 @@ def test_every_byte_lands_where_it_should(seed: int) -> None:
     targets = target_base + np.cumsum([0] + sizes[:-1])
     memory = np.zeros(int(targets[-1]) + sizes[-1] + 32, dtype=np.uint8)
     memory[:target_base] = rng.integers(0, 256, size=target_base)
-    batches = plan_batches([(int(t), int(s), n) for t, s, n in zip(targets, source, sizes)], chunk_bytes=16)
+    batches = plan_batches(targets, source, sizes, chunk_bytes=16)
     assert len(batches) == -(-sum(1 for s in sizes if s) // MAX_PARTS)
     emulate(memory, batches, chunk_bytes=16)
     for t, s, n in zip(targets, source, sizes):

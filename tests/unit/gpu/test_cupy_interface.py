@@ -354,3 +354,28 @@ def test_the_host_copies_use_cupys_keywords() -> None:
     assert hasattr(cupy.cuda.Device, "pci_bus_id") and hasattr(cupy.cuda.Stream, "wait_event")
     assert {"done", "record", "synchronize"} <= set(dir(cupy.cuda.Event))
     assert np.dtype(cupy.uint16) == np.uint16
+
+
+def test_torchs_stream_is_wrapped_once_per_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each submission asks for torch's current stream; the CuPy wrapper is made once per stream handle."""
+    torch = pytest.importorskip("torch")
+    made: list[int] = []
+
+    class Stream:
+        @staticmethod
+        def from_external(obj: Any) -> Any:
+            made.append(obj.__cuda_stream__()[1])
+            return types.SimpleNamespace(ptr=obj.__cuda_stream__()[1])
+
+    fake_cupy(monkeypatch, [])
+    sys.modules["cupy"].cuda.Stream = Stream
+    current = {"handle": 0x10}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda ordinal: types.SimpleNamespace(cuda_stream=current["handle"]))
+    device = cupy_device.CupyDevice(0)
+    first = device.current_stream("torch")
+    assert device.current_stream("torch") is first and first.ptr == 0x10
+    current["handle"] = 0x20
+    assert device.current_stream("torch").ptr == 0x20
+    current["handle"] = 0x10
+    assert device.current_stream("torch") is first
+    assert made == [0x10, 0x20]

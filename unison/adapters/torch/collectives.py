@@ -20,7 +20,7 @@ from ..._runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from .buffers import check_same_device, from_result, to_buffer
+from .buffers import check_same_device, from_result, to_buffer, wait_for_result
 
 __all__ = [
     "allgather_async", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall_async",
@@ -58,9 +58,9 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
         kept = list(tensors) if in_place else list(torch_outputs or [])
 
         def finish(results: list[Any]) -> Any:
-            for result, dtype in zip(results, dtypes):
+            for result in results:
                 if result is not None and hasattr(result, "ready"):  # a GPU result: torch's stream
-                    from_result(result, dtype)  # waits for unison's before anyone reads it
+                    wait_for_result(result)  # waits for unison's before anyone reads it
             return kept if grouped else kept[0]
     else:
         finish = _wrap(dtypes, grouped)

@@ -8,6 +8,12 @@ One code path serves both devices: the statistics stay tensors on the input's de
 moments to the normalized output, so CUDA inputs are exchanged through the GPU data plane and the host
 never reads them (no ``.item()``, no Python branch on a gathered value). The one exception is a rank
 whose own batch is empty: it reads the global count to refuse a batch that is empty everywhere.
+
+The exchanges are named after the layer (``sync_batch_norm.<n>.statistics`` and ``.gradient_sums``,
+n numbering the layers in the order of their first synchronized forward, the same on every rank):
+on CUDA, torch runs backward in its own device thread, where unnamed collectives are refused because
+their order across threads is not the same on every rank. Stable names also let the response cache
+serve every step after the first.
 """
 
 from __future__ import annotations
@@ -72,10 +78,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None, eps: float,
-                momentum: float) -> torch.Tensor:
+                momentum: float, name: str) -> torch.Tensor:
         channels = x.shape[1]
         stats = local_statistics(x)
-        gathered = c.synchronize(c.allgather_async(stats))
+        gathered = c.synchronize(c.allgather_async(stats, name=f"{name}.statistics"))
         mean, var, total = combine_statistics(gathered, channels)
         if x.numel() == 0 and float(total) == 0:
             # Only a rank with an empty batch reads the total; if it is zero, every rank is here.
@@ -94,6 +100,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             y = y + _broadcastable(bias, x)
         ctx.save_for_backward(x, weight, mean_x, invstd_x)
         ctx.total = total
+        ctx.name = name
         ctx.has_bias = bias is not None
         return y
 
@@ -105,7 +112,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         local_sum_dy = dy_flat.sum(1)
         local_sum_dy_xmu = (dy_flat * xmu_flat).sum(1)
         sums = torch.cat([local_sum_dy, local_sum_dy_xmu]).double()
-        sums = c.synchronize(c.allreduce_async(sums, op=ReduceOp.SUM))
+        # on CUDA this runs in torch's autograd device thread: named, never paired by call order
+        sums = c.synchronize(c.allreduce_async(sums, op=ReduceOp.SUM, name=f"{ctx.name}.gradient_sums"))
         channels = mean.shape[0]
         # The global means of dy and dy * (x - mean), divided in float64 before narrowing to x's dtype.
         means = (sums / ctx.total).to(x.dtype)
@@ -116,7 +124,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         )
         grad_w = local_sum_dy_xmu * invstd if weight is not None and ctx.needs_input_grad[1] else None
         grad_b = local_sum_dy if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -136,6 +144,16 @@ class SyncBatchNorm(_BatchNorm):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        # (id of the job it was numbered in, the name): plain values, so the layer still pickles
+        self._collective_name: tuple[int, str] | None = None
+
+    def _name(self) -> str:
+        """This layer's collective name, numbered at its first synchronized forward in the running job."""
+        current = job()
+        if self._collective_name is None or self._collective_name[0] != id(current):
+            index = current.next_name_index("sync_batch_norm")
+            self._collective_name = (id(current), f"sync_batch_norm.{index}")
+        return self._collective_name[1]
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -155,4 +173,4 @@ class SyncBatchNorm(_BatchNorm):
                                 bn_training, factor, self.eps)
         return _SyncBatchNormFunction.apply(
             input, self.weight, self.bias, self.running_mean if use_running else None,
-            self.running_var if use_running else None, self.eps, factor)
+            self.running_var if use_running else None, self.eps, factor, self._name())
