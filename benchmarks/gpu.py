@@ -66,20 +66,6 @@ def resnet50_counts() -> list[int]:
     return counts + [1000 * 2048, 1000]
 
 
-def timed(fn: Any, stream: Any, repeats: int) -> list[float]:
-    import cupy
-
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1000)
-    return times
-
-
 SPIN = r"""
 extern "C" __global__ void unison_spin(long long cycles) {
     const long long start = clock64();
@@ -88,18 +74,29 @@ extern "C" __global__ void unison_spin(long long cycles) {
 """
 
 
-def timed_on_device(fn: Any, stream: Any, repeats: int) -> list[float]:
-    """Seconds of `fn`'s GPU work alone: a kernel spins ~3 ms on `stream` while the host issues `fn`."""
+def timed(fn: Any, stream: Any, repeats: int, *, device_only: bool = False) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn`, by CUDA events on `stream`.
+
+    With `device_only`, a kernel first spins about 3 ms on `stream`, so the host has issued all of
+    `fn`'s work before the start event is reached: the events then time the GPU's work alone.
+    """
     import cupy
     import numpy as np
 
-    spin = cupy.RawKernel(SPIN, "unison_spin")
-    cycles = np.int64(int(cupy.cuda.runtime.getDeviceProperties(0)["clockRate"]) * 3)  # kHz * 3 ms
+    hold = None
+    if device_only:
+        spin = cupy.RawKernel(SPIN, "unison_spin")
+        cycles = np.int64(int(cupy.cuda.runtime.getDeviceProperties(0)["clockRate"]) * 3)  # kHz * 3 ms
+
+        def hold() -> None:
+            with stream:
+                spin((1,), (1,), (cycles,))
+
     times = []
     for _ in range(repeats):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        with stream:
-            spin((1,), (1,), (cycles,))
+        if hold is not None:
+            hold()
         start.record(stream)
         fn()
         end.record(stream)
@@ -271,8 +268,8 @@ def main() -> int:
     device.batched_copies = True
     fuse_s, fuse_memcpy_s = statistics.median(fusion_s[True]), statistics.median(fusion_s[False])
     copy_s = statistics.median(timed(plain_copy, stream, args.repeats))
-    fuse_device_s = statistics.median(timed_on_device(fusion, stream, args.repeats))
-    copy_device_s = statistics.median(timed_on_device(plain_copy, stream, args.repeats))
+    fuse_device_s = statistics.median(timed(fusion, stream, args.repeats, device_only=True))
+    copy_device_s = statistics.median(timed(plain_copy, stream, args.repeats, device_only=True))
     check = cupy.concatenate([g.reshape(-1) for g in grads])
     assert bool((flat == check).all()) and all(bool((o == g).all()) for o, g in zip(outs, grads)), \
         "fusion moved the wrong bytes"
