@@ -60,7 +60,8 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("timeline_mark_cycles", "UNISON_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
             "bool", False, "Mark the start of every cycle in the timeline."),
     Setting("log_level", "UNISON_LOG_LEVEL", "HOROVOD_LOG_LEVEL", "level", "warning",
-            "Level of unison's log: trace, debug, info, warning, error or fatal."),
+            "Level of unison's log: trace, debug, info, warning (or warn), error or fatal (or critical), "
+            "in any case."),
     Setting("log_hide_time", "UNISON_LOG_HIDE_TIME", "HOROVOD_LOG_HIDE_TIME", "bool", False,
             "Drop timestamps from unison's log lines."),
     Setting("controller", "UNISON_CONTROLLER", "HOROVOD_CONTROLLER", "str", "mpi",
@@ -172,6 +173,11 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
 )
 
 _LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
+# Other spellings of those levels: Python's (``logging.WARN``, ``CRITICAL``) and the short ``warn``
+# that Horovod's log parser also ends up at (it takes any unknown text as warning).
+_LEVEL_ALIASES = {"warn": "warning", "critical": "fatal"}
+_TRUE = ("true", "yes", "on")
+_FALSE = ("false", "no", "off")
 _CHOICES = {"controller": ("mpi", "grpc"), "ps_mode": ("async", "sync"), "cpu_operations": ("mpi",), "gpu_operations": ("nccl", "mpi")}
 
 
@@ -282,9 +288,9 @@ def _parse(setting: Setting, variable: str, raw: str) -> Any:
                 raise ValueError
             return number / 1000.0 if setting.kind == "ms" else number
         if setting.kind == "bool":
-            if text.lower() in ("true", "yes", "on"):
+            if text.lower() in _TRUE:
                 return True
-            if text.lower() in ("false", "no", "off", ""):
+            if text.lower() in _FALSE or not text:
                 return False
             return int(text) > 0
     except ValueError:
@@ -293,6 +299,8 @@ def _parse(setting: Setting, variable: str, raw: str) -> Any:
         if setting.kind == "level":
             if text.lower() in _LEVELS:
                 return text.lower()
+            if text.lower() in _LEVEL_ALIASES:
+                return _LEVEL_ALIASES[text.lower()]
         elif setting.kind == "str":
             if setting.field in _CHOICES:
                 if text.lower() in _CHOICES[setting.field]:
@@ -303,8 +311,10 @@ def _parse(setting: Setting, variable: str, raw: str) -> Any:
         "int": "a non-negative integer",
         "float": "a non-negative number",
         "ms": "a non-negative number of milliseconds",
-        "bool": "0 or 1",
-        "level": "one of " + ", ".join(_LEVELS),
+        "bool": ("0 or 1 (any integer above 0 is on), or one of " + ", ".join(_TRUE + _FALSE)
+                 + " in any case"),
+        "level": ("one of " + ", ".join(_LEVELS) + " in any case (also " +
+                  ", ".join(f"{k} for {v}" for k, v in _LEVEL_ALIASES.items()) + ")"),
         "str": "one of " + ", ".join(_CHOICES.get(setting.field, ("text",))),
     }[setting.kind]
     raise ConfigError(f"{variable} must be {expected}. Got {variable}={raw!r}.")

@@ -36,10 +36,28 @@ def test_horovod_alias_and_unison_precedence() -> None:
     ("HOROVOD_LOG_LEVEL", "loud", "must be one of trace, debug"),
     ("UNISON_CONTROLLER", "carrier-pigeon", "must be one of mpi"),
     ("UNISON_DYNAMIC_PROCESS_SETS", "maybe", "must be 0 or 1"),
+    ("HOROVOD_STALL_CHECK_DISABLE", "ture", r"must be 0 or 1 .*one of true, yes, on, false, no, off"),
+    ("HOROVOD_LOG_LEVEL", "warm", r"must be one of .*\(also warn for warning, critical for fatal\)"),
 ])
 def test_bad_values_name_the_variable_and_value(var: str, value: str, expect: str) -> None:
     with pytest.raises(ConfigError, match=f"{var} {expect}.*Got {var}='{value}'"):
         load_settings({var: value})
+
+
+@pytest.mark.parametrize(("value", "level"), [
+    ("WARN", "warning"), ("warn", "warning"), ("Warning", "warning"), ("TRACE", "trace"),
+    ("critical", "fatal"), ("FATAL", "fatal"),
+])
+def test_log_levels_take_horovods_and_pythons_spellings(value: str, level: str) -> None:
+    assert load_settings({"HOROVOD_LOG_LEVEL": value}).log_level == level
+
+
+@pytest.mark.parametrize(("value", "on"), [
+    ("TRUE", True), ("Yes", True), ("on", True), ("2", True), ("False", False), ("NO", False),
+    ("off", False), ("0", False), ("", False),
+])
+def test_booleans_take_every_listed_spelling(value: str, on: bool) -> None:
+    assert load_settings({"HOROVOD_STALL_CHECK_DISABLE": value}).stall_check_disable is on
 
 
 def test_stall_shutdown_must_exceed_warning() -> None:
