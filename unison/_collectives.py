@@ -314,5 +314,11 @@ def join() -> int:
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Block until every rank of the set has called `barrier`."""
-    control(CollectiveKind.BARRIER, "barrier.noname", process_set)
+    """Block until every rank of the set has called `barrier`.
+
+    Barriers of different sets may run at the same time (the even ranks in one, the odd in another):
+    each set's barrier has its own name, ``barrier.noname.set<id>``, so they are never paired with
+    each other. The name carries no call number, since a rank waits in at most one barrier per set.
+    """
+    set_id = process_set.process_set_id
+    control(CollectiveKind.BARRIER, f"barrier.noname.set{set_id}", process_set)

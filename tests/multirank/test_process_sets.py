@@ -71,3 +71,27 @@ def test_dynamic_sets_need_opt_in() -> None:
     hvd.init()
     with pytest.raises(ConfigError, match="UNISON_DYNAMIC_PROCESS_SETS=1"):
         hvd.add_process_set([0])
+
+
+@pytest.mark.min_ranks(2)
+def test_barriers_of_different_sets_pending_at_the_same_time() -> None:
+    import time
+
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    evens, odds = hvd.ProcessSet(range(0, size, 2)), hvd.ProcessSet(range(1, size, 2))
+    hvd.init(process_sets=[evens, odds])
+    if hvd.rank() % 2:
+        # The odd ranks wait in the global barrier while the even ranks pass their own set's.
+        hvd.barrier()
+        hvd.barrier(process_set=odds)
+    else:
+        time.sleep(0.3)
+        hvd.barrier(process_set=evens)
+        hvd.barrier()
+    mine = evens if hvd.rank() % 2 == 0 else odds
+    for _ in range(3):  # and each set's barrier, both at once
+        hvd.barrier(process_set=mine)
+    out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.set.barriers", process_set=mine)
+    assert out[0] == len(mine.ranks)
