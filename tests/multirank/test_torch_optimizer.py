@@ -357,3 +357,60 @@ def test_adasum_optimizer_refuses_a_size_that_is_not_a_power_of_two() -> None:
     model = make_model()
     with pytest.raises(NotImplementedError, match=r"Running Adasum with non-power of 2 ranks is not supported yet"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+
+
+def test_step_after_synchronize_without_skip_synchronize_warns_once_and_reduces_once() -> None:
+    model = torch.nn.Linear(2, 1, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters())
+    for step in range(2):
+        opt.zero_grad()
+        model(torch.ones(1, 2) * (hvd.rank() + 1)).sum().backward()
+        opt.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        messages = [str(w.message) for w in caught]
+        if step == 0:
+            assert len(messages) == 1 and messages[0].startswith(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize()."), messages
+            assert "with optimizer.skip_synchronize():" in messages[0]
+        else:
+            assert messages == []  # once per optimizer
+    assert opt.statistics()["allreduces"] == 2  # one per step: step() did not reduce again
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.zero_grad()
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()  # step() alone reduces and does not warn
+
+
+def test_sparse_as_dense_hands_sparse_adam_a_sparse_gradient() -> None:
+    def make() -> torch.nn.Embedding:
+        torch.manual_seed(3)
+        return torch.nn.Embedding(10, 3, sparse=True)
+
+    def batch(step: int) -> torch.Tensor:
+        return torch.randint(0, 10, (GLOBAL_BATCH,), generator=torch.Generator().manual_seed(7 + step))
+
+    reference = make()
+    ref_opt = torch.optim.SparseAdam(reference.parameters(), lr=0.1)
+    for step in range(3):
+        ref_opt.zero_grad()
+        reference(batch(step)).square().mean().backward()
+        ref_opt.step()
+
+    model = make()
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), sparse_as_dense=True)
+    for step in range(3):
+        opt.zero_grad()
+        model(shard(batch(step))).square().mean().backward()
+        assert model.weight.grad is not None and model.weight.grad.is_sparse
+        opt.synchronize()
+        grad = model.weight.grad
+        assert grad.is_sparse and grad.sparse_dim() == 1, grad.layout  # rows, as autograd made it
+        with opt.skip_synchronize():
+            opt.step()
+    assert_same_everywhere_and_close([model.weight.detach()], [reference.weight.detach()], atol=1e-5)

@@ -96,6 +96,7 @@ class _DistributedOptimizer:
         self._unison_group_handles: dict[int, tuple[int, list[torch.Tensor], list[Any]]] = {}
         self._should_synchronize = True
         self._synchronized = False
+        self._unison_warned_step = False
         current = job()
         self._unison_cpu_overlap = current.settings.cpu_overlap if cpu_overlap is None else bool(cpu_overlap)
         self._unison_deferred: list[torch.Tensor] = []  # CPU parameters whose gradient waits for step()
@@ -358,9 +359,20 @@ class _DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for this step's gradients (unless already synchronized), then take the wrapped
-        optimizer's step. Unlike Horovod, a step() after synchronize() never reduces twice."""
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
+        optimizer's step. Unlike Horovod, a step() after synchronize() never reduces twice; outside
+        ``skip_synchronize()`` it warns once per optimizer, with Horovod's words."""
+        if self._should_synchronize:
+            if not self._synchronized:
+                self.synchronize()
+            elif not self._unison_warned_step:
+                self._unison_warned_step = True
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). The gradients are not reduced again, but the code is not "
+                    "portable: Horovod reduces them twice there. Call step() inside "
+                    "`with optimizer.skip_synchronize():` after an explicit optimizer.synchronize().",
+                    stacklevel=2,
+                )
         self._synchronized = False
         self._unison_stats["steps"] += 1
         if self._unison_adasum:
@@ -423,8 +435,16 @@ class _DistributedOptimizer:
 
 
 def _write_grad(p: torch.Tensor, result: torch.Tensor) -> None:
+    """Put the reduced gradient in ``p.grad``, in the layout autograd gave it.
+
+    A sparse gradient reduced dense (``sparse_as_dense``, a group, a compressor) goes back sparse,
+    with the sparse dimensions it had, as Horovod does: optimizers such as ``torch.optim.SparseAdam``
+    refuse dense gradients.
+    """
     grad = p.grad
-    if grad is None or grad.is_sparse or grad.shape != result.shape:
+    if grad is not None and grad.is_sparse and not result.is_sparse:
+        p.grad = result.to_sparse(grad.sparse_dim())
+    elif grad is None or grad.is_sparse or grad.shape != result.shape:
         p.grad = result
     elif result is not grad:
         grad.copy_(result)
