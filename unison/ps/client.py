@@ -32,18 +32,34 @@ from ..errors import ConfigError
 from ..service.security import TOKEN_KEY
 from ..service.server import CHANNEL_OPTIONS
 from . import ps_pb2 as pb
+from ._ids import table_ids
 from ._wire import DEFAULT_CHUNK_BYTES, Part, floats, frames, sum_rows
 from .errors import RequestError, ServerUnavailableError, TableFullError, TrainerLostError
 from .optim import SGD, Optimizer
 from .plan import DEFAULT_SLICE_ELEMENTS, DensePlan, Placement, plan_dense, split_rows
-from .server import MODES, SERVICE_NAME
+from .server import MAX_DIM, MAX_ELEMENTS, MODES, SERVICE_NAME
 from .table import Initializer
 
-__all__ = ["Client", "shard_capacity"]
+__all__ = ["Client", "shard_capacity", "table_refusal"]
 
 log = logging.getLogger(__name__)
 
 _REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+def table_refusal(name: str, dim: Any, capacity: Any) -> str:
+    """Why a table of `dim` and `capacity`, as the user passed them, cannot be declared; "" when it can.
+
+    Example:
+        >>> table_refusal("emb", 16, 2**62)
+        "table 'emb': capacity (the most distinct ids it holds) must be an integer in [1, 17179869184]. Got capacity=4611686018427387904."
+    """
+    for what, value, high in (("dim (the width of a row)", dim, MAX_DIM),
+                              ("capacity (the most distinct ids it holds)", capacity, MAX_ELEMENTS)):
+        whole = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if not whole or not 1 <= value <= high:
+            return f"table {name!r}: {what} must be an integer in [1, {high}]. Got {what.split()[0]}={value!r}."
+    return ""
 
 
 def shard_capacity(capacity: int, num_servers: int) -> int:
@@ -287,13 +303,14 @@ class Client:
     def declare_table(self, name: str, dim: int, capacity: int, *, initializer: Initializer | None = None,
                       optimizer: Optimizer | None = None) -> None:
         """Create a sparse table on the servers: rows of `dim` floats, up to `capacity` rows in all."""
-        if dim < 1 or capacity < 1:
-            raise RequestError(f"table {name!r}: dim and capacity must be at least 1. Got dim={dim}, "
-                               f"capacity={capacity}.")
+        refusal = table_refusal(name, dim, capacity)
+        if refusal:
+            raise RequestError(refusal)
         initializer = initializer or Initializer()
         optimizer = optimizer or SGD()
         decl = pb.TableDecl(name=name, dim=dim, capacity=shard_capacity(capacity, self.num_servers),
-                            initializer=initializer.kind, scale=initializer.scale, seed=initializer.seed)
+                            initializer=initializer.kind, scale=initializer.scale, seed=initializer.seed,
+                            declared=capacity)
         header = pb.Frame(trainer=self.trainer, tables=[decl],
                           optimizer=pb.Optimizer(kind=optimizer.kind, fields=optimizer.fields()))
         self._on_every(lambda s: self._call(s, "Declare", lambda: iter([header]), pb.Ack))
@@ -321,10 +338,9 @@ class Client:
         """
         started = time.perf_counter()
         blocks = [b for name in dense for b in self._blocks_of(name)]
-        splits = {t: split_rows(np.asarray(ids, dtype=np.int64), self.num_servers)
-                  for t, ids in (sparse or {}).items()}
-        for table in splits:
+        for table in sparse or {}:
             self._table(table)
+        splits = {t: split_rows(table_ids(t, ids).reshape(-1), self.num_servers) for t, ids in (sparse or {}).items()}
 
         def pull_from(server: int) -> list[pb.Frame] | None:
             keys = [b.key for b in blocks if b.server == server]
@@ -390,7 +406,7 @@ class Client:
 
         Only the unique ids travel, each to the server holding it.
         """
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = table_ids(table, ids)
         return self.pull(sparse={table: ids.reshape(-1)})[1][table].reshape(ids.shape + (self._table(table).dim,))
 
     def push(self, dense: Mapping[str, np.ndarray] | None = None,
@@ -403,17 +419,19 @@ class Client:
         started = time.perf_counter()
         parts_of: list[list[Part]] = [[] for _ in range(self.num_servers)]
         for name, grad in (dense or {}).items():
-            flat = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
-            expected = math.prod(self._plan.shapes.get(name, (-1,)))
-            if name in self._plan.shapes and flat.size != expected:
-                raise RequestError(f"the gradient of {name!r} has {flat.size} elements; the parameter has "
-                                   f"shape {self._plan.shapes[name]}.")
-            for b in self._blocks_of(name):
+            blocks = self._blocks_of(name)
+            array = np.asarray(grad, dtype=np.float32)
+            if array.shape != tuple(self._plan.shapes[name]):
+                raise RequestError(f"the gradient of {name!r} has shape {array.shape}; the parameter was declared "
+                                   f"with shape {tuple(self._plan.shapes[name])}, and a gradient must have the "
+                                   "parameter's shape (nothing was sent).")
+            flat = np.ascontiguousarray(array).reshape(-1)
+            for b in blocks:
                 parts_of[b.server].append(Part(b.key, flat[b.start:b.stop]))
         rows_pushed = 0
         for table, (ids, grads) in (sparse or {}).items():
             dim = self._table(table).dim
-            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            ids = table_ids(table, ids).reshape(-1)
             grads = np.asarray(grads, dtype=np.float32)
             if grads.size != len(ids) * dim:
                 raise RequestError(f"the gradient of table {table!r} has {grads.size} values for {len(ids)} ids; "

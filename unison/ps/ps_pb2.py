@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12unison/ps/ps.proto\x12\x0cunison.ps.v1\"n\n\x0bTrainerInfo\x12\x0f\n\x07trainer\x18\x01 \x01(\r\x12\x14\n\x0cnum_trainers\x18\x02 \x01(\r\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0c\n\x04mode\x18\x06 \x01(\t\"\x89\x01\n\nHelloReply\x12\x0e\n\x06server\x18\x01 \x01(\r\x12\x13\n\x0bnum_servers\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x10\n\x08restored\x18\x05 \x01(\x08\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x10\n\x08sequence\x18\x07 \x01(\x04\"}\n\tOptimizer\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x33\n\x06\x66ields\x18\x02 \x03(\x0b\x32#.unison.ps.v1.Optimizer.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"&\n\tDenseDecl\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\"j\n\tTableDecl\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\x04\x12\x13\n\x0binitializer\x18\x04 \x01(\t\x12\r\n\x05scale\x18\x05 \x01(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"?\n\x05Piece\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x8f\x02\n\x05\x46rame\x12\x0f\n\x07trainer\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08\x62\x61sed_on\x18\x03 \x01(\x04\x12&\n\x05\x64\x65nse\x18\x04 \x03(\x0b\x32\x17.unison.ps.v1.DenseDecl\x12\'\n\x06tables\x18\x05 \x03(\x0b\x32\x17.unison.ps.v1.TableDecl\x12*\n\toptimizer\x18\x06 \x01(\x0b\x32\x17.unison.ps.v1.Optimizer\x12#\n\x06pieces\x18\x07 \x03(\x0b\x32\x13.unison.ps.v1.Piece\x12\x0c\n\x04keys\x18\x08 \x03(\t\x12\x10\n\x08sequence\x18\t \x01(\x04\x12\x13\n\x0bincarnation\x18\n \x01(\x04\"L\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04note\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\x0f\n\rStatusRequest\"&\n\x0bStatusReply\x12\x17\n\x0fstatistics_json\x18\x01 \x01(\t\"\x13\n\x11\x43heckpointRequest\"0\n\x0f\x43heckpointReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x32\xf9\x03\n\x0fParameterServer\x12>\n\x05Hello\x12\x19.unison.ps.v1.TrainerInfo\x1a\x18.unison.ps.v1.HelloReply(\x01\x12;\n\tHeartbeat\x12\x19.unison.ps.v1.TrainerInfo\x1a\x11.unison.ps.v1.Ack(\x01\x12\x38\n\x06\x46inish\x12\x19.unison.ps.v1.TrainerInfo\x1a\x11.unison.ps.v1.Ack(\x01\x12\x33\n\x07\x44\x65\x63lare\x12\x13.unison.ps.v1.Frame\x1a\x11.unison.ps.v1.Ack(\x01\x12\x34\n\x04Pull\x12\x13.unison.ps.v1.Frame\x1a\x13.unison.ps.v1.Frame(\x01\x30\x01\x12\x30\n\x04Push\x12\x13.unison.ps.v1.Frame\x1a\x11.unison.ps.v1.Ack(\x01\x12\x42\n\x06Status\x12\x1b.unison.ps.v1.StatusRequest\x1a\x19.unison.ps.v1.StatusReply(\x01\x12N\n\nCheckpoint\x12\x1f.unison.ps.v1.CheckpointRequest\x1a\x1d.unison.ps.v1.CheckpointReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12unison/ps/ps.proto\x12\x0cunison.ps.v1"n\n\x0bTrainerInfo\x12\x0f\n\x07trainer\x18\x01 \x01(\r\x12\x14\n\x0cnum_trainers\x18\x02 \x01(\r\x12\x0c\n\x04host\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0c\n\x04mode\x18\x06 \x01(\t"\x89\x01\n\nHelloReply\x12\x0e\n\x06server\x18\x01 \x01(\r\x12\x13\n\x0bnum_servers\x18\x02 \x01(\r\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x04\x12\x10\n\x08restored\x18\x05 \x01(\x08\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x10\n\x08sequence\x18\x07 \x01(\x04"}\n\tOptimizer\x12\x0c\n\x04kind\x18\x01 \x01(\t\x123\n\x06fields\x18\x02 \x03(\x0b2#.unison.ps.v1.Optimizer.FieldsEntry\x1a-\n\x0bFieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x028\x01"&\n\tDenseDecl\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04"|\n\tTableDecl\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03dim\x18\x02 \x01(\r\x12\x10\n\x08capacity\x18\x03 \x01(\x04\x12\x13\n\x0binitializer\x18\x04 \x01(\t\x12\r\n\x05scale\x18\x05 \x01(\x01\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x10\n\x08declared\x18\x07 \x01(\x04"?\n\x05Piece\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x01(\x0c\x12\x0c\n\x04data\x18\x04 \x01(\x0c"\x8f\x02\n\x05Frame\x12\x0f\n\x07trainer\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x10\n\x08based_on\x18\x03 \x01(\x04\x12&\n\x05dense\x18\x04 \x03(\x0b2\x17.unison.ps.v1.DenseDecl\x12\'\n\x06tables\x18\x05 \x03(\x0b2\x17.unison.ps.v1.TableDecl\x12*\n\toptimizer\x18\x06 \x01(\x0b2\x17.unison.ps.v1.Optimizer\x12#\n\x06pieces\x18\x07 \x03(\x0b2\x13.unison.ps.v1.Piece\x12\x0c\n\x04keys\x18\x08 \x03(\t\x12\x10\n\x08sequence\x18\t \x01(\x04\x12\x13\n\x0bincarnation\x18\n \x01(\x04"L\n\x03Ack\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04note\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12\x11\n\tduplicate\x18\x04 \x01(\x08"\x0f\n\rStatusRequest"&\n\x0bStatusReply\x12\x17\n\x0fstatistics_json\x18\x01 \x01(\t"\x13\n\x11CheckpointRequest"0\n\x0fCheckpointReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x042\xf9\x03\n\x0fParameterServer\x12>\n\x05Hello\x12\x19.unison.ps.v1.TrainerInfo\x1a\x18.unison.ps.v1.HelloReply(\x01\x12;\n\tHeartbeat\x12\x19.unison.ps.v1.TrainerInfo\x1a\x11.unison.ps.v1.Ack(\x01\x128\n\x06Finish\x12\x19.unison.ps.v1.TrainerInfo\x1a\x11.unison.ps.v1.Ack(\x01\x123\n\x07Declare\x12\x13.unison.ps.v1.Frame\x1a\x11.unison.ps.v1.Ack(\x01\x124\n\x04Pull\x12\x13.unison.ps.v1.Frame\x1a\x13.unison.ps.v1.Frame(\x010\x01\x120\n\x04Push\x12\x13.unison.ps.v1.Frame\x1a\x11.unison.ps.v1.Ack(\x01\x12B\n\x06Status\x12\x1b.unison.ps.v1.StatusRequest\x1a\x19.unison.ps.v1.StatusReply(\x01\x12N\n\nCheckpoint\x12\x1f.unison.ps.v1.CheckpointRequest\x1a\x1d.unison.ps.v1.CheckpointReply(\x01b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,21 +44,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DENSEDECL']._serialized_start=415
   _globals['_DENSEDECL']._serialized_end=453
   _globals['_TABLEDECL']._serialized_start=455
-  _globals['_TABLEDECL']._serialized_end=561
-  _globals['_PIECE']._serialized_start=563
-  _globals['_PIECE']._serialized_end=626
-  _globals['_FRAME']._serialized_start=629
-  _globals['_FRAME']._serialized_end=900
-  _globals['_ACK']._serialized_start=902
-  _globals['_ACK']._serialized_end=978
-  _globals['_STATUSREQUEST']._serialized_start=980
-  _globals['_STATUSREQUEST']._serialized_end=995
-  _globals['_STATUSREPLY']._serialized_start=997
-  _globals['_STATUSREPLY']._serialized_end=1035
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1037
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1056
-  _globals['_CHECKPOINTREPLY']._serialized_start=1058
-  _globals['_CHECKPOINTREPLY']._serialized_end=1106
-  _globals['_PARAMETERSERVER']._serialized_start=1109
-  _globals['_PARAMETERSERVER']._serialized_end=1614
+  _globals['_TABLEDECL']._serialized_end=579
+  _globals['_PIECE']._serialized_start=581
+  _globals['_PIECE']._serialized_end=644
+  _globals['_FRAME']._serialized_start=647
+  _globals['_FRAME']._serialized_end=918
+  _globals['_ACK']._serialized_start=920
+  _globals['_ACK']._serialized_end=996
+  _globals['_STATUSREQUEST']._serialized_start=998
+  _globals['_STATUSREQUEST']._serialized_end=1013
+  _globals['_STATUSREPLY']._serialized_start=1015
+  _globals['_STATUSREPLY']._serialized_end=1053
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1055
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1074
+  _globals['_CHECKPOINTREPLY']._serialized_start=1076
+  _globals['_CHECKPOINTREPLY']._serialized_end=1124
+  _globals['_PARAMETERSERVER']._serialized_start=1127
+  _globals['_PARAMETERSERVER']._serialized_end=1632
 # @@protoc_insertion_point(module_scope)

@@ -64,20 +64,22 @@ class DenseDecl(_message.Message):
     def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
 
 class TableDecl(_message.Message):
-    __slots__ = ("name", "dim", "capacity", "initializer", "scale", "seed")
+    __slots__ = ("name", "dim", "capacity", "initializer", "scale", "seed", "declared")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     capacity: int
     initializer: str
     scale: float
     seed: int
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., capacity: _Optional[int] = ..., initializer: _Optional[str] = ..., scale: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    declared: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., capacity: _Optional[int] = ..., initializer: _Optional[str] = ..., scale: _Optional[float] = ..., seed: _Optional[int] = ..., declared: _Optional[int] = ...) -> None: ...
 
 class Piece(_message.Message):
     __slots__ = ("key", "offset", "ids", "data")

@@ -268,6 +268,7 @@ class ParameterServer:
                 tables = {}
                 for name, table in self._tables.items():
                     tables[name] = {"dim": table.dim, "capacity": table.capacity,
+                                    "declared_capacity": table.declared_capacity,
                                     "initializer": dataclasses.asdict(table.initializer),
                                     "optimizer": _optimizer_fields(table.optimizer)}
                     arrays.update({f"table/{name}/{k}": a for k, a in table.state().items()})
@@ -299,7 +300,8 @@ class ParameterServer:
                                       optimizer, filled=int(meta["size"]))
         for name, meta in header["tables"].items():
             table = TableShard(name, int(meta["dim"]), int(meta["capacity"]), Initializer(**meta["initializer"]),
-                               from_fields(meta["optimizer"]["kind"], meta["optimizer"]["fields"]))
+                               from_fields(meta["optimizer"]["kind"], meta["optimizer"]["fields"]),
+                               declared_capacity=int(meta.get("declared_capacity", 0)))
             prefix = f"table/{name}/"
             table.restore({k[len(prefix):]: a for k, a in arrays.items() if k.startswith(prefix)})
             self._tables[name] = table
@@ -325,7 +327,8 @@ class ParameterServer:
                 server=self.index, num_servers=self.num_servers, mode=self.mode, state=self.state,
                 version=self.version, restored=self.restored, dense_blocks=len(self._dense),
                 dense_elements=sum(b.size for b in self._dense.values()),
-                tables={name: {"rows": len(t), "capacity": t.capacity, "dim": t.dim}
+                tables={name: {"rows": len(t), "capacity": t.capacity, "declared_capacity": t.declared_capacity,
+                               "dim": t.dim}
                         for name, t in self._tables.items()},
                 staleness_histogram={str(k): v for k, v in sorted(self._staleness.items())},
                 memory_bytes=memory, rss_bytes=_rss_bytes(), pending_steps=sorted(self._pending),
@@ -474,8 +477,9 @@ class ParameterServer:
             _check_key(t.name, dense=False)
             if not 0 < t.dim <= MAX_DIM:
                 raise _bad(f"table {t.name!r}: dim must be in [1, {MAX_DIM}]. Got dim={t.dim}.")
-            if not 0 < t.capacity <= MAX_ELEMENTS:
-                raise _bad(f"table {t.name!r}: capacity must be in [1, {MAX_ELEMENTS}]. Got {t.capacity}.")
+            if not 0 < t.capacity <= MAX_ELEMENTS or not 0 <= t.declared <= MAX_ELEMENTS:
+                raise _bad(f"table {t.name!r}: capacity must be in [1, {MAX_ELEMENTS}]. Got capacity="
+                           f"{t.declared or t.capacity} ({t.capacity} rows on this server).")
             if t.initializer not in INITIALIZERS:
                 raise _bad(f"table {t.name!r}: initializer must be one of {INITIALIZERS}. Got {t.initializer!r}.")
         sizes = {d.key: int(d.size) for d in header.dense}
@@ -495,11 +499,12 @@ class ParameterServer:
                 initializer = Initializer(t.initializer, t.scale, t.seed)
                 table = self._tables.get(t.name)
                 if table is None:
-                    self._tables[t.name] = TableShard(t.name, t.dim, t.capacity, initializer, optimizer)
+                    self._tables[t.name] = TableShard(t.name, t.dim, t.capacity, initializer, optimizer,
+                                                      declared_capacity=t.declared)
                 else:
-                    _agree(f"table {t.name!r}", {"dim": table.dim, "capacity": table.capacity,
+                    _agree(f"table {t.name!r}", {"dim": table.dim, "capacity": table.declared_capacity,
                                                  "initializer": table.initializer, "optimizer": table.optimizer},
-                           {"dim": t.dim, "capacity": t.capacity, "initializer": initializer,
+                           {"dim": t.dim, "capacity": t.declared or t.capacity, "initializer": initializer,
                             "optimizer": optimizer}, trainer)
             for piece in pieces:
                 block = self._dense.get(piece.key)

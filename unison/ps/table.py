@@ -80,13 +80,16 @@ class TableShard:
         capacity: the most rows this shard holds.
         initializer: makes a row the first time its id is seen.
         optimizer: applies gradients to rows, keeping its state row by row.
+        declared_capacity: the whole table's capacity as the trainers declared it (0: `capacity`), for
+            messages and for checking that every trainer declared the same.
     """
 
     def __init__(self, name: str, dim: int, capacity: int, initializer: Initializer,
-                 optimizer: Optimizer) -> None:
+                 optimizer: Optimizer, declared_capacity: int = 0) -> None:
         self.name = name
         self.dim = dim
         self.capacity = capacity
+        self.declared_capacity = declared_capacity or capacity
         self.initializer = initializer
         self.optimizer = optimizer
         self._slot_of: dict[int, int] = {}
@@ -138,7 +141,8 @@ class TableShard:
             if used + len(fresh) > self.capacity:
                 raise TableFullError(
                     f"table {self.name!r} is full on this server: it holds {used} of its {self.capacity} "
-                    f"rows and the batch brings {len(fresh)} new ids. Declare a larger capacity.")
+                    f"rows and the batch brings {len(fresh)} new ids (the table was declared with capacity="
+                    f"{self.declared_capacity}; this is this server's share). Declare a larger capacity.")
             self._grow(used + len(fresh))
             new_positions = np.arange(used, used + len(fresh), dtype=np.int64)
             new_ids = ids[fresh]

@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, RequestError
 from . import _api
+from ._ids import table_ids
 from .client import Client
 from .optim import Optimizer
 from .table import Initializer
@@ -75,8 +76,11 @@ class DistributedEmbedding(nn.Module):
 
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        given = input.detach().cpu()
+        if given.dtype == torch.bfloat16:  # NumPy has no bfloat16: refused below as float32
+            given = given.float()
+        ids = table_ids(self.name, given.numpy())  # before anything is sent
         self._declare()
-        ids = input.detach().cpu().numpy().astype(np.int64, copy=False)
         unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
         rows = self.client.pull(sparse={self.name: unique})[1][self.name]
         weight = torch.from_numpy(rows)
@@ -102,6 +106,36 @@ class DistributedEmbedding(nn.Module):
         return ids, rows
 
 
+def _parameter_changes(declared: dict[str, tuple[int, ...]], held: dict[str, tuple[int, tuple[int, ...]]],
+                      now: dict[str, tuple[int, tuple[int, ...]]]) -> list[str]:
+    """What changed in a model since its parameters were declared, as text ([] when nothing did).
+
+    Args:
+        declared: each declared parameter's shape, by name.
+        held: (object id, shape) of the parameter objects the optimizer holds, by name.
+        now: (object id, shape) of the model's trainable parameters now, by name.
+
+    Example:
+        >>> _parameter_changes({"w": (1, 4)}, {"w": (7, (1, 4))}, {"w": (8, (1, 8))})
+        ["'w' has shape (1, 8) now (declared (1, 4)), and is another tensor than the one declared"]
+    """
+    changes = []
+    for name, shape in declared.items():
+        if name not in now:
+            changes.append(f"{name!r} is no longer a trainable parameter of the model")
+            continue
+        ident, current = now[name]
+        what = []
+        if current != shape or held[name][1] != shape:
+            what.append(f"has shape {current} now (declared {shape})")
+        if ident != held[name][0]:
+            what.append("is another tensor than the one declared")
+        if what:
+            changes.append(f"{name!r} " + ", and ".join(what))
+    changes += [f"{name!r} is new (shape {now[name][1]}) and was never declared" for name in now if name not in declared]
+    return changes
+
+
 class ServerOptimizer:
     """Train a model's dense parameters and distributed embeddings through the parameter servers.
 
@@ -120,6 +154,7 @@ class ServerOptimizer:
         self._client = client
         self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.embeddings = [m for m in model.modules() if isinstance(m, DistributedEmbedding)]
+        self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
         self.client.declare_dense({n: p.detach().cpu().numpy() for n, p in self.params.items()}, optimizer)
         self.pull()
 
@@ -148,6 +183,14 @@ class ServerOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 closure()
+        changed = _parameter_changes(self.shapes, {n: (id(p), tuple(p.shape)) for n, p in self.params.items()},
+                                    {n: (id(p), tuple(p.shape)) for n, p in self.model.named_parameters()
+                                     if p.requires_grad})
+        if changed:
+            raise RequestError("ServerOptimizer trains the parameters the model had when it was made, with their "
+                               "shapes then; " + "; ".join(changed) + ". Nothing was pushed. Make the model's "
+                               "final parameters first, then the ServerOptimizer (a parameter that changes shape "
+                               "needs a new name: the servers hold it with its first shape).")
         dense = {name: (p.grad.detach().cpu().numpy() if p.grad is not None else np.zeros(tuple(p.shape), np.float32))
                  for name, p in self.params.items()}
         sparse = {}
