@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -106,6 +107,29 @@ def test_indexed_slices_refuse_min() -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("op", "message"), [
+    ("Adasum", "The Adasum reduction does not currently support sparse tensors. As a workaround please pass "
+               "sparse_as_dense=True to DistributedOptimizer"),
+    ("Min", "Only Sum and Average ops are supported with tf.IndexedSlices"),
+    ("Product", "Only Sum and Average ops are supported with tf.IndexedSlices"),
+])
+def test_grouped_allreduce_mixing_indexed_slices_refuses_before_submitting(mode: str, op: str,
+                                                                           message: str) -> None:
+    sl = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64), tf.constant([4, 2], tf.int64))
+    before = hvd.statistics().executor.tensors
+    def fn(dense):
+        return hvd.grouped_allreduce([dense, sl], op=getattr(hvd, op))
+
+    # (autograph would wrap the error of a traced function in a StagingError)
+    with pytest.raises(NotImplementedError, match=re.escape(message)):
+        (fn if mode == "eager" else tf.function(fn, autograph=False))(tf.ones([3]))
+    # the dense member was not reduced either: nothing of the call ran on any rank
+    assert hvd.statistics().executor.tensors == before
+    with pytest.raises(NotImplementedError, match=re.escape(message)):
+        hvd.allreduce(sl, op=getattr(hvd, op))
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_allgather_uneven_and_gradient(mode: str) -> None:
     rows = hvd.rank() + 1
     v = tf.Variable(tf.fill([rows, 2], float(hvd.rank())))
@@ -190,19 +214,28 @@ def test_alltoall_with_splits_and_gradient(mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_reducescatter_and_gradient(mode: str) -> None:
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_reducescatter_and_gradient(mode: str, op: str, grouped: bool) -> None:
+    # Horovod's gradient: the allgather of the upstream gradient, times the set's size for Sum.
     size = hvd.size()
     v = tf.Variable(tf.ones([2 * size, 3]) * float(hvd.rank() + 1))
 
     def fn(var):
         with tf.GradientTape() as tape:
-            out = hvd.reducescatter(var, op=hvd.Sum)
-            loss = tf.reduce_sum(out)
+            if grouped:
+                (out,) = hvd.grouped_reducescatter([var], op=getattr(hvd, op))
+            else:
+                out = hvd.reducescatter(var, op=getattr(hvd, op))
+            loss = tf.reduce_sum(out * float(hvd.rank() + 1))  # each rank's slice has its own gradient
         return out, tape.gradient(loss, var)
 
     out, grad = call(mode, fn, v)
-    np.testing.assert_allclose(out.numpy(), np.full((2, 3), ranks_sum()))
-    np.testing.assert_allclose(grad.numpy(), np.ones((2 * size, 3)))
+    reduced = ranks_sum() if op == "Sum" else ranks_sum() / size
+    np.testing.assert_allclose(out.numpy(), np.full((2, 3), reduced))
+    factor = size if op == "Sum" else 1
+    expected = np.concatenate([np.full((2, 3), (r + 1.0) * factor) for r in range(size)])
+    np.testing.assert_allclose(grad.numpy(), expected)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -112,12 +112,31 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
     return list(result) if grouped else [result]
 
 
+def _check_sparse(op: ReduceOp, prescale: float, postscale: float) -> None:
+    """Refuse, with Horovod's errors, what the gather of `tf.IndexedSlices` cannot do.
+
+    Called before anything of the call is submitted, so a refused call leaves nothing in flight.
+    """
+    if op is ReduceOp.ADASUM:
+        raise UnisonNotImplementedError(
+            "The Adasum reduction does not currently support sparse tensors. As a workaround please pass "
+            "sparse_as_dense=True to DistributedOptimizer"
+        )
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise UnisonNotImplementedError(
+            f"Only Sum and Average ops are supported with tf.IndexedSlices. Got op={op.name}; reduce "
+            "tf.convert_to_tensor(slices) instead to use it."
+        )
+    if prescale != 1.0 or postscale != 1.0:
+        raise UnisonNotImplementedError(
+            "Pre/postscale_factor are not supported with tf.IndexedSlices. Got "
+            f"prescale_factor={prescale}, postscale_factor={postscale}; scale the values yourself."
+        )
+
+
 def _sparse_allreduce(tensor: tf.IndexedSlices, op: ReduceOp, prescale: float, postscale: float,
                       name: str | None, process_set: ProcessSet) -> tf.IndexedSlices:
-    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise UnisonNotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
-    if prescale != 1.0 or postscale != 1.0:
-        raise UnisonNotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    _check_sparse(op, prescale, postscale)
     values, indices = grouped_allgather([tensor.values, tensor.indices], name=name,
                                         process_set=process_set)
     if op is ReduceOp.AVERAGE:
@@ -167,6 +186,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
     out: list[Any] = [None] * len(tensors)
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse_at:  # before the dense members are submitted: a refusal leaves nothing in flight
+        _check_sparse(resolved, prescale_factor, postscale_factor)
     if dense_at:
         dense = [tf.convert_to_tensor(tensors[i]) for i in dense_at]
         fixed = graph_name("HorovodGroupedAllreduce", name, dense[0], ignore_name_scope)
@@ -367,11 +388,13 @@ def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, 
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
         def grad(*dys: Any) -> list[tf.Tensor]:
+            # Horovod's gradient: the allgather of the upstream gradient, times the set's size for
+            # Sum (as its torch gradient and unison's torch adapter); times the scale factors here.
             gathered = _allgather_group(_zeros_for(dys, outputs), _gradient_name(name), process_set,
                                         grouped=True)
             factor = prescale * postscale
-            if op is ReduceOp.AVERAGE:
-                factor /= set_size(process_set)
+            if op is ReduceOp.SUM:
+                factor *= set_size(process_set)
             return [g * tf.cast(factor, g.dtype) if factor != 1.0 else g for g in gathered]
 
         return (outputs if grouped else outputs[0]), grad
