@@ -66,7 +66,6 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
         ("horovod.torch", "check_extension"),
         ("horovod.tensorflow", "check_extension"),
         ("horovod.tensorflow", "check_num_rank_power_of_2"),
-        ("horovod.tensorflow", "gpu_available"),
         ("horovod.tensorflow", "split_list"),
         ("horovod.tensorflow", "refs_to_vars"),
         ("horovod.tensorflow", "vars_to_refs"),
@@ -84,6 +83,43 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
     "horovod.run": ("num_proc defaults to None: the slots of hosts/hostfile, else 2 processes",
                     "parameter 'num_proc' defaults to None; Horovod's is 1"),
 }
+
+
+# The module paths user code imports Horovod's names from (``from horovod.torch.mpi_ops import
+# synchronize``): where Horovod defines what its framework modules export (each entry's "module" in
+# the json), plus the names those modules also hold that scripts import from them. Each unison path
+# must import and hold the same object as the framework module.
+_BASICS = sorted(name for name, entry in SIGNATURES["horovod.torch"].items()
+                 if entry and entry.get("module", "").endswith("HorovodBasics"))
+_PROCESS_SETS = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
+EXTRA_MODULE_NAMES: dict[str, dict[str, str]] = {
+    "horovod.torch.mpi_ops": {n: "horovod.torch" for n in [*_BASICS, *_PROCESS_SETS, "is_homogeneous"]},
+    "horovod.tensorflow.mpi_ops": {n: "horovod.tensorflow" for n in [*_BASICS, *_PROCESS_SETS,
+                                                                     "is_homogeneous", "gpu_available"]},
+    "horovod.common.exceptions": {"HostsUpdatedInterrupt": "horovod.torch.elastic"},
+    "horovod.common.elastic": {"State": "horovod.torch.elastic"},
+    "horovod.common.util": {"gpu_available": "horovod.tensorflow"},
+    "horovod.runner": {"run": "horovod"},
+}
+
+
+def _module_paths() -> dict[str, dict[str, str]]:
+    """Horovod module path -> {name: the framework module whose unison equivalent holds it}."""
+    paths: dict[str, dict[str, str]] = {}
+    for module, names in SIGNATURES.items():
+        for name, entry in names.items():
+            where = (entry or {}).get("module", "")
+            if not where.startswith("horovod.") or where.endswith("HorovodBasics") or where == "horovod.runner":
+                continue
+            if f"{module}.{name}" in EXCEPTIONS and EXCEPTIONS[f"{module}.{name}"][0] == _INTERNAL:
+                continue  # an implementation helper: no script imports it
+            paths.setdefault(where, {}).setdefault(name, module)
+    for where, names in EXTRA_MODULE_NAMES.items():
+        paths.setdefault(where, {}).update(names)
+    return paths
+
+
+MODULE_PATHS = _module_paths()
 
 
 def unison_name(horovod_module: str) -> str:
@@ -201,6 +237,44 @@ def test_name_matches_horovod(horovod_module: str, name: str, entry: dict[str, A
     _, difference = exception
     with pytest.raises((AssertionError, ImportError), match=re.escape(difference)):
         check_conformance(horovod_module, name, entry)
+
+
+@pytest.mark.parametrize("horovod_module", sorted(MODULE_PATHS))
+def test_module_path_imports_the_same_objects(horovod_module: str) -> None:
+    module = importlib.import_module(unison_name(horovod_module))
+    for name, exporter in sorted(MODULE_PATHS[horovod_module].items()):
+        assert hasattr(module, name), f"{module.__name__} has no {name!r}"
+        if exporter == "horovod":
+            expected = getattr(importlib.import_module("unison"), name)
+        else:
+            expected = getattr(importlib.import_module(unison_name(exporter)), name)
+        assert getattr(module, name) is expected, f"{module.__name__}.{name} is not {unison_name(exporter)}.{name}"
+
+
+def test_module_paths_cover_horovods_own() -> None:
+    # The paths users import from, among them the ones the examples and Horovod's tests use.
+    for path in ("horovod.torch.mpi_ops", "horovod.tensorflow.mpi_ops", "horovod.torch.functions",
+                 "horovod.torch.compression", "horovod.torch.optimizer", "horovod.torch.sync_batch_norm",
+                 "horovod.torch.elastic.sampler", "horovod.torch.elastic.state",
+                 "horovod.tensorflow.functions", "horovod.tensorflow.compression",
+                 "horovod.tensorflow.sync_batch_norm", "horovod.common.exceptions",
+                 "horovod.common.process_sets", "horovod.common.util", "horovod.common.elastic",
+                 "horovod.runner"):
+        assert path in MODULE_PATHS, path
+    assert "synchronize" in MODULE_PATHS["horovod.torch.mpi_ops"]
+
+
+def test_gpu_available_answers_for_each_framework() -> None:
+    import torch
+
+    import unison.tensorflow as hvd
+    from unison.errors import InvalidArgumentError
+
+    # asked in a child process: torch sees a GPU and unison's GPU data plane (CuPy) can run
+    assert hvd.gpu_available("torch") is (torch.cuda.is_available() and hvd.cuda_built())
+    assert hvd.gpu_available("mxnet") is False
+    with pytest.raises(InvalidArgumentError, match=r"one of 'torch', 'tensorflow', 'mxnet'. Got 'jax'"):
+        hvd.gpu_available("jax")
 
 
 def test_exceptions_name_real_cases() -> None:

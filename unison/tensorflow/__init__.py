@@ -1,6 +1,7 @@
 """``import unison.tensorflow as hvd``: Horovod's TensorFlow API on unison (eager and tf.function)."""
 
 from .._elastic import elastic_getattr as _elastic_getattr
+from .._gpu_available import gpu_available
 from .._objects import add_process_set, remove_process_set
 from .._runtime import (
     ccl_built,
@@ -90,6 +91,7 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "gpu_available",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",

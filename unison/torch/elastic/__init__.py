@@ -7,10 +7,10 @@ Example:
     ... def train(state): ...                                                    # doctest: +SKIP
 """
 
-from .._runtime import init, shutdown
-from ..elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
-from ..elastic._torch import ElasticSampler, TorchState
-from ..errors import HorovodInternalError
+from ..._runtime import init, shutdown
+from ...elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
+from ...elastic._torch import ElasticSampler, TorchState
+from ...errors import HorovodInternalError
 
 __all__ = [
     "ElasticSampler",

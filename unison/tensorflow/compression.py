@@ -1,0 +1,5 @@
+"""``horovod.tensorflow.compression``: the gradient compressors."""
+
+from . import Compression
+
+__all__ = ["Compression"]

@@ -1,0 +1,5 @@
+"""``horovod.tensorflow.sync_batch_norm``: `SyncBatchNormalization`."""
+
+from . import SyncBatchNormalization
+
+__all__ = ["SyncBatchNormalization"]

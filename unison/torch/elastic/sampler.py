@@ -1,0 +1,5 @@
+"""``horovod.torch.elastic.sampler``: `ElasticSampler`."""
+
+from ...elastic._torch import ElasticSampler
+
+__all__ = ["ElasticSampler"]

@@ -1,0 +1,5 @@
+"""``horovod.torch.optimizer``: `DistributedOptimizer`."""
+
+from . import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer"]
