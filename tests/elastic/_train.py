@@ -12,6 +12,13 @@ before the allreduce of the step after that commit, once per job), ``ELASTIC_RAI
 ``ELASTIC_KILL_DURING=COMMIT:RANK`` (in the first launch, every rank starts a 32 MiB allreduce after
 that commit and that rank SIGKILLs itself ``ELASTIC_KILL_DELAY`` seconds into it; each rank writes
 ``padding-<rank>-started`` before it and ``padding-<rank>-finished`` if it ever returns).
+
+``ELASTIC_HOROVOD_STYLE=1`` trains as Horovod's own elastic scripts do: the state also keeps a
+``commits`` counter of the script's own (counting down: 1000 minus the committed steps), a ``batch``
+index that goes on across resets and is what ``record_batch`` gets, and a value of every name the
+State once used for its own bookkeeping (`FORMER_INTERNAL_NAMES`), each set to ``[name, steps]``.
+Rank 0 writes ``restored-<launch>`` (the committed steps each launch starts from) and
+``committed-<launch>`` (after each of its commits), and the progress file counts steps, not commits.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ import unison.torch as hvd
 
 BATCH = 2
 FEATURES = 4
+# Every name a State kept as an attribute of its own before its bookkeeping moved apart from the
+# user's values (tests/unit/elastic/test_states.py has the same list).
+FORMER_INTERNAL_NAMES = ("commits", "_bcast_object", "_get_rank", "_reset_callbacks", "_known_updates",
+                         "_driver_updates", "_asked_at", "_pending_check", "_checked", "_saved", "_saved_in_store",
+                         "_background_commits", "_writer", "_write_error", "_writer_store", "_names")
 
 
 def features(index: int) -> list[float]:
@@ -101,12 +113,18 @@ def main() -> None:
     pause = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.05"))
     model, optimizer = model_and_optimizer()
     sampler = hvd.elastic.ElasticSampler(list(range(samples)), shuffle=True, seed=7)
-    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, history=[])
+    horovod_style = os.environ.get("ELASTIC_HOROVOD_STYLE") == "1"
+    extra = ({name: [name, 0] for name in FORMER_INTERNAL_NAMES} | {"commits": 1000, "batch": 0}
+             if horovod_style else {})
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, history=[], **extra)
     resets: list[int] = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    launch = os.environ.get("UNISON_ELASTIC_EPOCH", "0")
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        if horovod_style and hvd.rank() == 0:
+            (out / f"restored-{launch}").write_text(str(len(state.history)))
         while state.epoch < epochs:
             s = state.train_sampler
             local = list(iter(s))
@@ -115,29 +133,42 @@ def main() -> None:
                 real = [local[k] for k in positions if k * s.num_replicas + s.rank < len(s.remaining_indices)]
                 contribution = torch.tensor([sum(features(i)[k] for i in real) for k in range(FEATURES)],
                                             dtype=torch.float64)
-                if _trigger("ELASTIC_KILL", state.commits, hvd.rank(), out):
+                if _trigger("ELASTIC_KILL", state.statistics()["commits"], hvd.rank(), out):
                     os.kill(os.getpid(), signal.SIGKILL)
-                if _trigger("ELASTIC_RAISE", state.commits, hvd.rank(), out):
+                if _trigger("ELASTIC_RAISE", state.statistics()["commits"], hvd.rank(), out):
                     raise RuntimeError("injected failure")
-                _allreduce_while_killed(state.commits, out)
+                _allreduce_while_killed(state.statistics()["commits"], out)
                 gradient = hvd.allreduce(contribution, op=hvd.Sum, name="gradient")
                 apply_step(state.model, state.optimizer, gradient)
                 seen = sorted(i for part in hvd.allgather_object(real, name="seen") for i in part)
                 state.history.append((state.epoch, seen))
-                s.record_batch(batch, BATCH)
+                if horovod_style:  # the batch index goes on across resets, as in Horovod's scripts
+                    s.record_batch(state.batch, BATCH)
+                    state.batch += 1
+                    state.commits = 1000 - len(state.history)
+                    for name in FORMER_INTERNAL_NAMES[1:]:
+                        setattr(state, name, [name, len(state.history)])
+                else:
+                    s.record_batch(batch, BATCH)
                 state.commit()
                 if hvd.rank() == 0:
-                    (out / "progress").write_text(f"{state.commits} {hvd.size()}")
+                    done = len(state.history) if horovod_style else state.statistics()["commits"]
+                    (out / "progress").write_text(f"{done} {hvd.size()}")
+                    if horovod_style:
+                        (out / f"committed-{launch}").write_text(str(len(state.history)))
                 time.sleep(pause)
             state.epoch += 1
+            if horovod_style:
+                state.batch = 0
             s.set_epoch(state.epoch)
             state.commit()
 
     train(state)
     weight, momentum = digest(state.model, state.optimizer)
-    result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(os.environ.get("UNISON_ELASTIC_EPOCH", "0")),
-              "commits": state.commits, "history": state.history, "weight": weight, "momentum": momentum,
-              "resets": resets}
+    result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(launch),
+              "commits": state.statistics()["commits"], "history": state.history, "weight": weight,
+              "momentum": momentum, "resets": resets,
+              "values": {name: getattr(state, name) for name in extra}}
     (out / f"result-{hvd.rank()}.json").write_text(json.dumps(result))
 
 

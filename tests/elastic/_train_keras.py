@@ -116,7 +116,7 @@ class Kill(keras.callbacks.Callback):
         done = self.out / "elastic_kill-done"
         if spec and not done.exists():
             at_commit, at_rank = (int(x) for x in spec.split(":"))
-            if self.state.commits >= at_commit and hvd.rank() == at_rank:
+            if self.state.statistics()["commits"] >= at_commit and hvd.rank() == at_rank:
                 done.write_text(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -137,7 +137,7 @@ def main() -> None:
 
     train(state)
     result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": state.epoch, "batch": state.batch,
-              "commits": state.commits, "history": state.history, **digest(model, model.optimizer),
+              "commits": state.statistics()["commits"], "history": state.history, **digest(model, model.optimizer),
               "inner": digest(model, optimizer)["optimizer"]}
     (out / f"result-{hvd.rank()}.json").write_text(json.dumps(result))
 

@@ -128,7 +128,7 @@ def main() -> None:
                 size, rank = hvd.size(), hvd.rank()
                 batch = visit[state.position:state.position + BATCH * size]
                 local = batch[rank::size]
-                if _kill_now(state.commits, out):
+                if _kill_now(state.statistics()["commits"], out):
                     os.kill(os.getpid(), signal.SIGKILL)
                 with tf.GradientTape() as tape:
                     loss = model.loss(inputs(local))
@@ -139,7 +139,7 @@ def main() -> None:
                 state.position += len(batch)
                 state.commit()
                 if rank == 0:
-                    (out / "progress").write_text(f"{state.commits} {size}")
+                    (out / "progress").write_text(f"{state.statistics()['commits']} {size}")
                 time.sleep(pause)
             state.epoch += 1
             state.position = 0
@@ -147,7 +147,7 @@ def main() -> None:
 
     train(state)
     result = {"rank": hvd.rank(), "size": hvd.size(), "launch": int(os.environ.get("UNISON_ELASTIC_EPOCH", "0")),
-              "mode": model.mode, "commits": state.commits, "history": state.history, **model.digest(),
+              "mode": model.mode, "commits": state.statistics()["commits"], "history": state.history, **model.digest(),
               "resets": resets}
     (out / f"result-{hvd.rank()}.json").write_text(json.dumps(result))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from . import _train
 from ._harness import HOSTS, check_committed, run
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,3 +83,39 @@ def test_keras_job_with_the_elastic_callbacks_survives_a_kill(tmp_path: Path) ->
     assert {r["epoch"] for r in job.results} == {3}
     # 8 batches per epoch, a commit every 2 and at each epoch's end: 4 + 1 per epoch.
     assert job.results[0]["commits"] == 15
+
+
+def test_a_horovod_style_script_keeps_its_own_values_and_loses_no_commit(tmp_path: Path) -> None:
+    # The script keeps a `commits` counter of its own (counting down), a batch index that goes on
+    # across resets (what record_batch gets), and a value of every name the State once used for its
+    # own bookkeeping. 127.0.0.1 leaves after a few steps (its store keeps that commit) and comes back
+    # later in the same epoch: the launch it joins must start from the newest commit, not from its
+    # older one, and the batches recorded after the first change (their index went on past what
+    # the new launch dealt) must count, or the second change would deal them out again.
+    a, b, c = HOSTS
+    changes: list[int] = []
+
+    def schedule(steps: int, size: int) -> Sequence[str] | None:
+        if not changes and size == 2 and steps >= 3:
+            changes.append(steps)
+            return [a, c]
+        if len(changes) == 1 and steps >= changes[0] + 4:
+            changes.append(steps)
+            return [a, c, b]
+        return None
+
+    job = run(tmp_path, [a, b], ["-np", "2", "--min-np", "2", "--max-np", "3"], schedule=schedule,
+              env={"ELASTIC_HOROVOD_STYLE": "1", "ELASTIC_SAMPLES": "48", "ELASTIC_STEP_SECONDS": "0.1"})
+    check_committed(job, samples=48, epochs=2, size=3)
+    assert f"epoch 1: 2 ranks on {a}:1,{c}:1" in job.stderr and f"epoch 2: 3 ranks on {a}:1,{c}:1,{b}:1" in job.stderr
+    for launch in (1, 2):  # each launch went on from the last commit of the one before (or one after it:
+        # the commit that stopped the launch for the change of hosts is never logged)
+        restored = int((tmp_path / f"restored-{launch}").read_text())
+        assert restored - int((tmp_path / f"committed-{launch - 1}").read_text()) in (0, 1), launch
+    steps = len(job.results[0]["history"])  # type: ignore[arg-type]
+    for result in job.results:
+        values = result["values"]
+        assert isinstance(values, dict)
+        assert values.pop("commits") == 1000 - steps and values.pop("batch") == 0
+        assert values == {name: [name, steps] for name in _train.FORMER_INTERNAL_NAMES[1:]}
+    assert job.results[0]["commits"] == steps + 2  # unison's own count: a commit each step and each epoch's end

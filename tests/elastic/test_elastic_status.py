@@ -135,8 +135,8 @@ def test_status_of_an_elastic_job_waiting_for_hosts(tmp_path: Path) -> None:
 
 def test_status_lines_of_an_ended_epoch_and_a_cooling_down_host(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    StateStore(store, "a").write(CommitId(7, 2), [b"x"])
-    StateStore(store, "b").write(CommitId(9, 1), [b"y"])
+    StateStore(store, "a").write(CommitId(epoch=2, commit=7), [b"x"])
+    StateStore(store, "b").write(CommitId(epoch=1, commit=9), [b"y"])
     job = {"pid": 42, "dir": str(store), "command": ["python", "train.py"], "elastic": {
         "epoch": 2, "np": 3, "hosts": "a:2,b:1", "epoch_started": 100.0, "running": False, "waiting": "",
         "resets": 2, "failures": 1, "discovered": "a:2, b:1, c:1",
@@ -145,7 +145,7 @@ def test_status_lines_of_an_ended_epoch_and_a_cooling_down_host(tmp_path: Path) 
     assert elastic_lines(job, now=110.0) == [
         "unisonrun elastic job 42: python train.py",
         "  epoch 2 ended (it ran 3 ranks on a:2,b:1); the next is not started yet",
-        "  commits: commit 9 (written in epoch 1, newest on b); resets: 2 (1 after a failure)",
+        "  commits: commit 7 (written in epoch 2, newest on a); resets: 2 (1 after a failure)",
         "  blacklisted: c for 2.3 s more (unreachable: ssh exited with status 255); d for good (rank 3 failed)",
         "  discovered: a:2, b:1, c:1",
     ]

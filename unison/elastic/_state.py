@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import sys
 import threading
@@ -40,6 +41,36 @@ _UPDATES_NAME = "unison.elastic.host_updates"
 # The State whose host check is in flight in this process: the broadcast's one name is used by one
 # collective at a time, so a State starting its check first finishes another's (two States committing).
 _checking: list[State] = []
+# Where a State keeps its own bookkeeping in its __dict__: not an identifier, so no state value can
+# name it (values are attributes, and their names must be identifiers).
+_BOOKS = "unison elastic bookkeeping"
+
+
+@dataclasses.dataclass
+class _Books:
+    """A State's own bookkeeping, kept apart from the values the user puts in it (``epoch``, ``commits``, ...).
+
+    Horovod's State keeps its values as attributes, so any name a user chooses is an attribute; a
+    script that keeps a counter named ``commits`` (Horovod's own elastic scripts do) must not touch
+    unison's commit number, nor a value named ``_saved`` the last save.
+    """
+
+    bcast_object: Callable[..., Any]
+    get_rank: Callable[[], int]
+    names: list[str] = dataclasses.field(default_factory=list)  # the user's values, in order
+    reset_callbacks: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
+    commits: int = 0  # commits since the job began (carried across launches)
+    known_updates: int = 0
+    driver_updates: int = 0
+    asked_at: float = float("-inf")
+    pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
+    checked: int | None = None  # its value, when another State's check finished it first
+    saved: Any = None
+    saved_in_store: bool = False
+    background_commits: bool = False  # TorchState: tensors change only in optimizer.step()
+    writer: threading.Thread | None = None
+    write_error: BaseException | None = None
+    writer_store: StateStore | None = None
 
 
 class State:
@@ -48,33 +79,47 @@ class State:
     Horovod's interface: ``commit()`` saves and checks for host changes; ``restore()`` returns to the
     last save; ``sync()`` makes every rank hold rank 0's values; ``register_reset_callbacks`` names
     functions called after each reset (in unison: at the start of every launch after the first).
+    The values a subclass keeps are attributes named as the user chose; unison's own bookkeeping
+    (the commit number among it) lives apart from them, so a value of any name is only a value.
     """
 
     def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
-        self._bcast_object = bcast_object
-        self._get_rank = get_rank
-        self._reset_callbacks: list[Callable[[], Any]] = []
-        self._known_updates = 0
-        self._driver_updates = 0
-        self._asked_at = float("-inf")
-        self._pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
-        self._checked: int | None = None  # its value, when another State's check finished it first
-        self.commits = 0  # commits since the job began (carried across launches)
+        vars(self)[_BOOKS] = _Books(bcast_object, get_rank)
+
+    @property
+    def _books(self) -> _Books:
+        books: _Books = vars(self)[_BOOKS]
+        return books
+
+    def _set_values(self, values: dict[str, Any]) -> None:
+        """Keep `values` as attributes (the user's names), after checking that no name hides the State's own."""
+        for name in values:
+            if not name.isidentifier():
+                raise ValueError(f"A state value's name must be an identifier (values are attributes). "
+                                 f"Got {name!r}. Rename it.")
+            if hasattr(type(self), name) or name in vars(self):
+                raise ValueError(
+                    f"A state value named {name!r} would hide {type(self).__name__}.{name}, which the state "
+                    f"needs. Rename the value (for example {name.strip('_')}_value=...).")
+        self._books.names = list(values)
+        for name, value in values.items():
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(commits={self.commits}, epoch={environment().epoch})"
+        return f"{type(self).__name__}(commits={self._books.commits}, epoch={environment().epoch})"
 
     def statistics(self) -> dict[str, int]:
-        return {"commits": self.commits, "host_updates": self._known_updates}
+        """unison's counters: commits since the job began, host changes seen (not the user's values)."""
+        return {"commits": self._books.commits, "host_updates": self._books.known_updates}
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
         """Call each of `callbacks` after every reset, in order (e.g. to scale the learning rate)."""
-        self._reset_callbacks.extend(callbacks)
+        self._books.reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
         """Run `reset` and the registered callbacks."""
         self.reset()
-        for callback in self._reset_callbacks:
+        for callback in self._books.reset_callbacks:
             callback()
 
     def on_hosts_updated(self, timestamp: Any = None, update_res: Any = None) -> None:
@@ -86,7 +131,7 @@ class State:
         Raises:
             HostsUpdatedInterrupt: on every rank at once, after saving, when the hosts changed.
         """
-        self.commits += 1
+        self._books.commits += 1
         self._commit_state()
         self.check_host_updates()
 
@@ -104,8 +149,8 @@ class State:
         if not environment().driver:
             return
         seen = self._finish_check()
-        if seen > self._known_updates:
-            self._known_updates = seen
+        if seen > self._books.known_updates:
+            self._books.known_updates = seen
             raise HostsUpdatedInterrupt(False)
         self._start_check()
 
@@ -114,26 +159,27 @@ class State:
         from .._collectives import broadcast_async_
 
         env = environment()
-        if self._get_rank() == 0:
+        books = self._books
+        if self._books.get_rank() == 0:
             now = time.monotonic()
-            if now - self._asked_at >= _ASK_EVERY_SECONDS:
-                self._asked_at = now
+            if now - books.asked_at >= _ASK_EVERY_SECONDS:
+                books.asked_at = now
                 answer = ask_driver(env.driver, env.epoch)
                 if answer is None:  # no answer (up to 2 s lost): ask again only after a while
-                    self._asked_at = now + _ASK_AFTER_NO_ANSWER_SECONDS
+                    books.asked_at = now + _ASK_AFTER_NO_ANSWER_SECONDS
                 else:
-                    self._driver_updates = answer
-        count = np.array([self._driver_updates], dtype=np.int64)
+                    books.driver_updates = answer
+        count = np.array([books.driver_updates], dtype=np.int64)
         for other in list(_checking):
             other._resolve_check()
-        self._pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
+        books.pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
         _checking[:] = [self]
 
     def _take_check(self) -> tuple[int, np.ndarray] | None:
         """This State's check broadcast (handle, buffer), if one runs; no longer in flight for the others."""
         if _checking and _checking[0] is self:
             _checking.clear()
-        pending, self._pending_check = self._pending_check, None
+        pending, self._books.pending_check = self._books.pending_check, None
         return pending
 
     def _resolve_check(self) -> None:
@@ -143,7 +189,7 @@ class State:
         pending = self._take_check()
         if pending is not None:
             synchronize(pending[0])
-            self._checked = int(pending[1][0])
+            self._books.checked = int(pending[1][0])
 
     def _drop_check(self, timeout_seconds: float) -> None:
         """At shutdown: let the check broadcast in flight finish (every rank started it), but wait at
@@ -160,8 +206,8 @@ class State:
     def _finish_check(self) -> int:
         """Rank 0's count from the previous check (this rank's known count when there was none)."""
         self._resolve_check()
-        seen, self._checked = self._checked, None
-        return self._known_updates if seen is None else seen
+        seen, self._books.checked = self._books.checked, None
+        return self._books.known_updates if seen is None else seen
 
     def _settle(self) -> None:
         """Finish what the last commit left running (the host check's broadcast), on every rank at the end of `run`."""
@@ -207,15 +253,6 @@ class SnapshotState(State):
     their `restore` reads the host's commit. Without the driver every rank keeps a copy in memory.
     """
 
-    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
-        super().__init__(bcast_object, get_rank)
-        self._saved: Any = None
-        self._saved_in_store = False
-        self._background_commits = False  # TorchState: tensors change only in optimizer.step()
-        self._writer: threading.Thread | None = None
-        self._write_error: BaseException | None = None
-        self._writer_store: StateStore | None = None
-
     def _capture(self) -> Any:
         raise NotImplementedError
 
@@ -225,17 +262,18 @@ class SnapshotState(State):
     def _store(self) -> StateStore | None:
         """This host's store when this rank writes it (kept, so that its mappings last between commits)."""
         env = environment()
-        rank = self._get_rank()
+        rank = self._books.get_rank()
         if not env.writes_store(rank):
             return None
-        if self._writer_store is None:  # the environment and the rank are fixed for this process's launch
-            self._writer_store = StateStore(env.store, env.host_of(rank))
-        return self._writer_store
+        books = self._books
+        if books.writer_store is None:  # the environment and the rank are fixed for this process's launch
+            books.writer_store = StateStore(env.store, env.host_of(rank))
+        return books.writer_store
 
     def save(self) -> None:
         """Keep a copy of the current values for `restore`."""
-        self._saved = copy.deepcopy(self._capture())
-        self._saved_in_store = False
+        self._books.saved = copy.deepcopy(self._capture())
+        self._books.saved_in_store = False
 
     def _commit_state(self) -> None:
         env = environment()
@@ -243,24 +281,25 @@ class SnapshotState(State):
             self.save()
             return
         # Under the driver only the host's first rank copies anything: the others restore from it.
+        books = self._books
         store = self._store()
         if store is not None:
             self.finish_commit()
             parts = _codec.encode(self._capture())
-            commit = CommitId(self.commits, env.epoch)
-            if self._background_commits:
-                self._writer = threading.Thread(target=self._write, args=(store, commit, parts),
+            commit = CommitId(epoch=env.epoch, commit=books.commits)
+            if books.background_commits:
+                books.writer = threading.Thread(target=self._write, args=(store, commit, parts),
                                                 name="unison-elastic-commit", daemon=True)
-                self._writer.start()
+                books.writer.start()
             else:
                 store.write(commit, parts)
-        self._saved, self._saved_in_store = None, True
+        books.saved, books.saved_in_store = None, True
 
     def _write(self, store: StateStore, commit: CommitId, parts: list[memoryview]) -> None:
         try:
             store.write(commit, parts)
         except BaseException as exc:  # noqa: BLE001  (re-raised by finish_commit on the caller's thread)
-            self._write_error = exc
+            self._books.write_error = exc
 
     def _settle(self) -> None:
         """Finish the last commit's write and host check (every rank, at the end of `run`)."""
@@ -269,43 +308,44 @@ class SnapshotState(State):
 
     def finish_commit(self) -> None:
         """Wait until the last commit is in shared memory (a no-op unless commits are written in the background)."""
-        writer, self._writer = self._writer, None
+        books = self._books
+        writer, books.writer = books.writer, None
         if writer is not None:
             writer.join()
-        error, self._write_error = self._write_error, None
+        error, books.write_error = books.write_error, None
         if error is not None:
             raise error
 
     def _host_commit(self) -> tuple[CommitId, bytearray]:
         """This host's commit of this rank's commit number (waiting briefly for the host's writer)."""
         env = environment()
-        store = StateStore(env.store, env.host_of(self._get_rank()))
+        store = StateStore(env.store, env.host_of(self._books.get_rank()))
         deadline = time.monotonic() + _HOST_COMMIT_WAIT_SECONDS
         while True:
             found = store.read()
-            if found is not None and found[0].commit >= self.commits or time.monotonic() > deadline:
+            if found is not None and found[0].commit >= self._books.commits or time.monotonic() > deadline:
                 break
             time.sleep(0.001)
-        if found is None or found[0].commit != self.commits:
+        if found is None or found[0].commit != self._books.commits:
             raise HorovodInternalError(
                 f"restore() found commit {found[0].commit if found else None} in {store!r}, not this rank's "
-                f"commit {self.commits}: the host's first rank is not at the same commit. Call restore() on "
-                "every rank at the same point of the training loop.")
+                f"commit {self._books.commits}: the host's first rank is not at the same commit. Call restore() "
+                "on every rank at the same point of the training loop.")
         return found
 
     def restore(self) -> None:
         """Return to the values of the last commit (or save)."""
-        if self._saved_in_store:
+        if self._books.saved_in_store:
             self.finish_commit()
             self._apply(_codec.decode(self._host_commit()[1]))
-        elif self._saved is not None:
-            self._apply(copy.deepcopy(self._saved))
+        elif self._books.saved is not None:
+            self._apply(copy.deepcopy(self._books.saved))
 
     def sync(self, root_rank: int = 0) -> None:
         """Give every rank `root_rank`'s current values, and keep them as the saved ones."""
-        data = bytearray(b"".join(_codec.encode(self._capture()))) if self._get_rank() == root_rank else None
+        data = bytearray(b"".join(_codec.encode(self._capture()))) if self._books.get_rank() == root_rank else None
         received = _broadcast_bytes(data, root_rank)
-        if self._get_rank() != root_rank:
+        if self._books.get_rank() != root_rank:
             self._apply(_codec.decode(received))
         self.save()
 
@@ -314,7 +354,7 @@ class SnapshotState(State):
         from .._objects import allgather_object
 
         env = environment()
-        rank = self._get_rank()
+        rank = self._books.get_rank()
         mine = StateStore(env.store, env.host_of(rank)).newest() if env.store else None
         found: list[CommitId | None] = allgather_object(mine, name="unison.elastic.commits")
         newest = max((commit for commit in found if commit is not None), default=None)
@@ -331,8 +371,8 @@ class SnapshotState(State):
             if store is not None and mine != newest:  # a new host: keep the commit here too
                 store.write(newest, [received])
             self._apply(_codec.decode(received))
-            self.commits = newest.commit
-            self._saved, self._saved_in_store = None, True
+            self._books.commits = newest.commit
+            self._books.saved, self._books.saved_in_store = None, True
         if env.epoch > 0:
             self.on_reset()
 
@@ -347,13 +387,11 @@ class ObjectState(SnapshotState):
 
     def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
         super().__init__(bcast_object, get_rank)
-        self._names = list(kwargs)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
+        self._set_values(kwargs)
         self.save()
 
     def _capture(self) -> Any:
-        return {name: getattr(self, name) for name in self._names}
+        return {name: getattr(self, name) for name in self._books.names}
 
     def _apply(self, values: Any) -> None:
         for name, value in values.items():

@@ -30,14 +30,18 @@ __all__ = ["CommitId", "StateStore"]
 
 @dataclasses.dataclass(frozen=True, order=True)
 class CommitId:
-    """Which commit: the number of commits since the job began, then the epoch that wrote it.
+    """Which commit: the membership epoch that wrote it, then the number of commits since the job began.
 
-    The order picks the newest state to restore: the most commits, and between equal numbers the
-    later epoch (an older epoch's commit of that number belongs to a line of work given up since).
+    The order picks the state to restore at the start of a launch: the latest epoch first, because
+    every launch starts from the newest commit of its hosts and goes on from there, so a commit of
+    a later epoch descends from every commit that launch could see; a host that sat out that launch
+    may hold more commits of an older epoch, but those belong to a line of work given up when the
+    launch began. Within an epoch, the most commits. Both numbers are unison's own (the driver's
+    epoch, the State's private count): no value the user keeps in a State can change the order.
     """
 
-    commit: int
     epoch: int
+    commit: int
 
 
 class StateStore:
@@ -65,7 +69,7 @@ class StateStore:
     def newest(self) -> CommitId | None:
         """The newest complete commit on this host, or None."""
         current = self._current()
-        return None if current is None else CommitId(int(current["commit"]), int(current["epoch"]))
+        return None if current is None else CommitId(epoch=int(current["epoch"]), commit=int(current["commit"]))
 
     def write(self, commit: CommitId, parts: Sequence[memoryview | bytes]) -> None:
         """Store `parts` (concatenated) as `commit`; the previous commit stays readable until it is done."""
@@ -129,4 +133,4 @@ class StateStore:
         with open(self.path / f"slot-{int(current['slot'])}", "rb") as f:
             if f.readinto(data) != len(data):
                 return None
-        return CommitId(int(current["commit"]), int(current["epoch"])), data
+        return CommitId(epoch=int(current["epoch"]), commit=int(current["commit"])), data

@@ -1,4 +1,8 @@
-"""TensorFlowState, TensorFlowKerasState and the Keras elastic callbacks: TensorFlow values as one elastic state."""
+"""TensorFlowState, TensorFlowKerasState and the Keras elastic callbacks: TensorFlow values as one elastic state.
+
+The callbacks' behaviour lives in plain mixins (`CommitStateLogic`, ...); the classes here put them on
+Keras 3's ``Callback``, and `unison.adapters.tf_keras.elastic` on Keras 2's (tf_keras).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ import keras
 
 from ._state import SnapshotState
 
-__all__ = ["CommitStateCallback", "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback"]
+__all__ = ["CommitStateCallback", "CommitStateLogic", "TensorFlowKerasState", "TensorFlowState",
+           "UpdateBatchStateCallback", "UpdateBatchStateLogic", "UpdateEpochStateCallback",
+           "UpdateEpochStateLogic"]
 
 
 def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
@@ -36,13 +41,8 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
 class _ValuesState(SnapshotState):
     """Plain values (epoch, batch, ...) kept as attributes beside the framework's variables."""
 
-    def _init_values(self, kwargs: dict[str, Any]) -> None:
-        self._names = list(kwargs)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-
     def _values(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._names}
+        return {name: getattr(self, name) for name in self._books.names}
 
     def _apply_values(self, values: dict[str, Any]) -> None:
         for name, value in values.items():
@@ -63,7 +63,7 @@ class TensorFlowState(_ValuesState):
             raise ValueError("TensorFlowState needs its variables: TensorFlowState(variables=[...], ...)")
         super().__init__(_broadcast_object, _rank)
         self.variables = list(variables)
-        self._init_values(kwargs)
+        self._set_values(kwargs)
         self.save()
 
     def _capture(self) -> Any:
@@ -82,16 +82,20 @@ class TensorFlowKerasState(_ValuesState):
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         self.backend = backend
-        self._init_values(kwargs)
+        self._set_values(kwargs)
         self.save()
 
     def _optimizer_variables(self, wanted: int = 0) -> list[Any]:
-        if self.optimizer is None:
-            return []
-        variables = list(self.optimizer.variables)
-        if wanted > len(variables) and hasattr(self.optimizer, "build"):
-            self.optimizer.build(self.model.trainable_variables)  # slots are made lazily, at the first step
-            variables = list(self.optimizer.variables)
+        from ..adapters.keras.callback_logic import optimizer_variables
+
+        variables = optimizer_variables(self.optimizer)
+        if wanted > len(variables):
+            # Slots are made lazily, at the first step: Keras 3's and tf_keras's `build`, or the
+            # `_create_all_weights` of Keras 2's legacy optimizers.
+            create = getattr(self.optimizer, "_create_all_weights", None) or getattr(self.optimizer, "build", None)
+            if create is not None:
+                create(self.model.trainable_variables)
+                variables = optimizer_variables(self.optimizer)
         return variables
 
     def _capture(self) -> Any:
@@ -105,8 +109,11 @@ class TensorFlowKerasState(_ValuesState):
         self._apply_values(values["values"])
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateLogic:
     """Commit `state` every `batches_per_commit` batches and at the end of every epoch."""
+
+    model: Any  # set by the Keras Callback the logic is mixed into
+    params: Any
 
     def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
         super().__init__()
@@ -128,7 +135,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = self.batches_per_commit
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateLogic:
     """Keep ``state.batch`` at the last finished batch; after a reset the first epoch runs only its remaining steps.
 
     ``state.batch`` is the epoch's index of the last finished batch, 0 at an epoch's end (Horovod's
@@ -140,6 +147,9 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     start, so batch 0 runs again; one after the last batch but before the epoch's end runs one step
     more (Keras runs at least one step an epoch).
     """
+
+    model: Any  # set by the Keras Callback the logic is mixed into
+    params: Any
 
     def __init__(self, state: Any) -> None:
         super().__init__()
@@ -176,8 +186,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
             self.model.stop_training = self._stopped = False  # only the resumed epoch ends early, not fit
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateLogic:
     """Keep ``state.epoch`` at the number of epochs finished since the job began."""
+
+    model: Any  # set by the Keras Callback the logic is mixed into
+    params: Any
 
     def __init__(self, state: Any) -> None:
         super().__init__()
@@ -189,3 +202,15 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.state.epoch = self.initial_epoch + epoch + 1
+
+
+class CommitStateCallback(CommitStateLogic, keras.callbacks.Callback):
+    """Commit `state` every `batches_per_commit` batches and at the end of every epoch (Keras 3)."""
+
+
+class UpdateBatchStateCallback(UpdateBatchStateLogic, keras.callbacks.Callback):
+    """Keep ``state.batch`` at the last finished batch (Keras 3); see `UpdateBatchStateLogic`."""
+
+
+class UpdateEpochStateCallback(UpdateEpochStateLogic, keras.callbacks.Callback):
+    """Keep ``state.epoch`` at the number of epochs finished since the job began (Keras 3)."""

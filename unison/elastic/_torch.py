@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -33,12 +34,16 @@ def _size() -> int:
 class ElasticSampler:
     """A distributed sampler that, after any reset, hands out only the samples this epoch has not yet processed.
 
-    Like Horovod's: shuffled by ``seed + epoch``, the unprocessed indices padded to a multiple of the
-    size and dealt out by rank. ``record_batch(i, batch_size)`` records batch ``i`` of *every* rank
-    (all ranks step together), so the record in a commit is whole on every host, and after a reset
-    the remaining indices are re-dealt over the new size: across any sequence of resets within an
-    epoch, every index is recorded exactly once. The padding (at most ``size - 1`` repeats, in the
-    last batch) is never recorded.
+    Horovod 0.28's: each epoch's order is ``range(len(dataset))`` shuffled by ``random.Random(seed +
+    epoch)`` (or kept in order), and ``processed_num`` counts how many of its first indices were
+    processed. ``record_batch(batch_idx, batch_size)`` adds one batch of every rank, ``batch_size *
+    size`` (all ranks step together, so the count is the same on every rank and in every host's
+    commit; `batch_idx` is not used). The rest of the order is padded to a multiple of the size and
+    dealt out by rank (rank r takes positions r, r + size, ...), so after a reset, whatever the new
+    size, the remaining indices are dealt again and every index is processed exactly once per epoch.
+    The padding (at most ``size - 1`` repeats, in the last batch) counts towards ``processed_num``
+    only as the end of the epoch. ``state_dict()`` is ``{'epoch', 'processed_num'}``, so a state saved
+    by Horovod 0.28 loads here and gives the same indices.
 
     Example:
         >>> sampler = ElasticSampler(dataset)                              # doctest: +SKIP
@@ -51,70 +56,72 @@ class ElasticSampler:
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.processed_indices: set[int] = set()
+        self.processed_num = 0
         self.num_replicas = 0
         self.rank = 0
         self.remaining_indices: list[int] = []
         self.num_samples = 0
         self.total_size = 0
         self.indices: list[int] = []
-        self._dealt: list[int] = []  # this iteration's padded order; rank r takes positions r, r + n, ...
+        self._order: list[int] = []  # the epoch's order; remaining_indices is what follows processed_num
         self.reset()
 
     def __repr__(self) -> str:
-        return (f"ElasticSampler(epoch={self.epoch}, processed={len(self.processed_indices)}, "
+        return (f"ElasticSampler(epoch={self.epoch}, processed_num={self.processed_num}, "
                 f"remaining={len(self.remaining_indices)}, rank={self.rank}/{self.num_replicas})")
 
+    @property
+    def processed_indices(self) -> set[int]:
+        """The indices processed so far this epoch: the first `processed_num` of the epoch's order."""
+        return set(self._order[:self.processed_num])
+
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch `epoch`: nothing processed yet."""
+        """Start epoch `epoch` (its own shuffle): nothing processed yet. Call it at the end of an epoch."""
         self.epoch = epoch
-        self.processed_indices = set()
+        self.processed_num = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Record batch `batch_idx` (of `batch_size` samples per rank) of every rank as processed."""
-        start = batch_idx * batch_size * self.num_replicas
-        end = min((batch_idx + 1) * batch_size * self.num_replicas, len(self.remaining_indices))
-        self.processed_indices.update(self._dealt[start:end])
-
-    def record_indices(self, indices: Any) -> None:
-        """Record `indices` as processed (this rank's own; the ranks' records are merged at each sync)."""
-        self.processed_indices.update(int(i) for i in indices)
+        """Record one batch (`batch_size` samples per rank) of every rank as processed; `batch_idx` is not used."""
+        self.processed_num += batch_size * self.num_replicas
 
     def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
-        """This rank's indices of batch `batch_idx`."""
+        """This rank's indices of batch `batch_idx` of what is left of the epoch."""
         start = batch_idx * batch_size
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.epoch = state_dict["epoch"]
-        self.processed_indices = set(state_dict["processed_indices"])
+        """Take a `state_dict()` (``{'epoch', 'processed_num'}``, the form Horovod 0.28 saves)."""
+        if not isinstance(state_dict, dict) or "epoch" not in state_dict or "processed_num" not in state_dict:
+            keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError("ElasticSampler.load_state_dict needs {'epoch': E, 'processed_num': N} (what "
+                             f"state_dict() returns, as in Horovod 0.28). Got {keys}.")
+        self.epoch = int(state_dict["epoch"])
+        self.processed_num = int(state_dict["processed_num"])
         self.reset()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+        """``{'epoch': ..., 'processed_num': ...}``."""
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
 
     def reset(self) -> None:
-        """Deal the unprocessed indices over the current ranks."""
+        """Deal what is left of the epoch over the current ranks."""
         self.num_replicas = _size()
         self.rank = _rank()
-        self.remaining_indices = [i for i in range(len(self.dataset)) if i not in self.processed_indices]
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        self._order = order
+        self.remaining_indices = order[self.processed_num:]
         self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
         self._deal()
 
     def _deal(self) -> None:
-        order = self.remaining_indices
-        if self.shuffle:
-            import torch
-
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
-        padded = list(order)
-        while order and len(padded) < self.total_size:
-            padded += order[:self.total_size - len(padded)]
-        self._dealt = padded
+        remaining = self.remaining_indices
+        padded = list(remaining)
+        while remaining and len(padded) < self.total_size:
+            padded += remaining[:self.total_size - len(padded)]
         self.indices = padded[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
@@ -136,9 +143,7 @@ class TorchState(SnapshotState):
         super().__init__(_broadcast_object, _rank)
         self.model = model
         self.optimizer = optimizer
-        self._names = list(kwargs)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
+        self._set_values(kwargs)
         self.save()
         if optimizer is not None:
             self._hold_steps_for_commits(optimizer)
@@ -152,14 +157,14 @@ class TorchState(SnapshotState):
             return step(*args, **kwargs)
 
         optimizer.step = step_after_commit
-        self._background_commits = True
+        self._books.background_commits = True
 
     def _capture(self) -> Any:
         values: dict[str, Any] = {}
-        for name in self._names:
+        for name in self._books.names:
             value = getattr(self, name)
             values[name] = ("sampler", value.state_dict()) if isinstance(value, ElasticSampler) else ("value", value)
-        if self._background_commits:  # written while the next step runs: only the model and optimizer
+        if self._books.background_commits:  # written while the next step runs: only the model and optimizer
             values = copy.deepcopy(values)  # tensors wait for optimizer.step(); other values are copied now
         return {"model": self.model.state_dict() if self.model is not None else None,
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
@@ -175,17 +180,3 @@ class TorchState(SnapshotState):
                 getattr(self, name).load_state_dict(value)
             else:
                 setattr(self, name, value)
-
-    def sync(self, root_rank: int = 0) -> None:
-        """Give every rank `root_rank`'s values; samplers first merge every rank's recorded indices."""
-        from .._objects import allgather_object
-
-        for name in self._names:
-            sampler = getattr(self, name)
-            if isinstance(sampler, ElasticSampler):
-                merged: set[int] = set()
-                for indices in allgather_object(sorted(sampler.processed_indices)):
-                    merged.update(indices)
-                sampler.processed_indices = merged
-                sampler.reset()
-        super().sync(root_rank)

@@ -160,19 +160,20 @@ def _describe(job: dict[str, Any]) -> str:
 
 
 def _newest_commit(store: str) -> tuple[int, int, str] | None:
-    """The newest commit in an elastic job's store on this host: (commit, epoch, host), or None."""
-    from ..elastic._store import StateStore
+    """The newest commit in an elastic job's store on this host (in restore order, `CommitId`'s):
+    (commit, epoch, host), or None."""
+    from ..elastic._store import CommitId, StateStore
 
-    newest = None
+    newest: tuple[CommitId, str] | None = None
     try:
         hosts = sorted(entry.name for entry in os.scandir(store) if entry.is_dir())
     except OSError:
         return None
     for host in hosts:
         found = StateStore(store, host).newest()
-        if found is not None and (newest is None or (found.commit, found.epoch) > newest[:2]):
-            newest = (found.commit, found.epoch, host)
-    return newest
+        if found is not None and (newest is None or found > newest[0]):
+            newest = (found, host)
+    return None if newest is None else (newest[0].commit, newest[0].epoch, newest[1])
 
 
 def elastic_lines(job: dict[str, Any], now: float) -> list[str]:

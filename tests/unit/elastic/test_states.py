@@ -6,6 +6,17 @@ import pytest
 
 from unison.elastic._state import HostsUpdatedInterrupt, ObjectState
 
+# Every name a State kept as an attribute of its own before its bookkeeping moved apart from the
+# user's values: a user value of any of these names must be only a value.
+FORMER_INTERNAL_NAMES = ("commits", "_bcast_object", "_get_rank", "_reset_callbacks", "_known_updates",
+                         "_driver_updates", "_asked_at", "_pending_check", "_checked", "_saved", "_saved_in_store",
+                         "_background_commits", "_writer", "_write_error", "_writer_store", "_names")
+
+
+def internal_names(state: object) -> set[str]:
+    """The names a state uses internally now, that a user could pass as a value (identifiers only)."""
+    return {name for name in vars(state) if name.isidentifier()} | set(FORMER_INTERNAL_NAMES)
+
 
 def test_object_state_commit_and_restore() -> None:
     state = ObjectState(lambda obj, root_rank=0: obj, lambda: 0, epoch=0, seen=[1])
@@ -14,7 +25,7 @@ def test_object_state_commit_and_restore() -> None:
     state.seen.append(99)
     state.epoch = 7
     state.restore()
-    assert (state.epoch, state.seen, state.commits) == (3, [1, 2], 1)
+    assert (state.epoch, state.seen, state.statistics()["commits"]) == (3, [1, 2], 1)
     called = []
     state.register_reset_callbacks([lambda: called.append(1)])
     state.on_reset()
@@ -127,9 +138,53 @@ def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypat
     state = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, step=0)
     for _ in range(5):
         state.commit()  # no answer: the commits go on, and nobody asks again for 5 s
-    assert asked == [0] and state._driver_updates == 0
+    assert asked == [0] and state._books.driver_updates == 0
     monkeypatch.setattr(_state, "_ASK_AFTER_NO_ANSWER_SECONDS", 0.0)
-    state._asked_at = float("-inf")
+    state._books.asked_at = float("-inf")
     state.commit()
-    assert asked == [0, 0] and state._driver_updates == 2
+    assert asked == [0, 0] and state._books.driver_updates == 2
     state._settle()
+
+
+def test_user_values_named_like_the_states_own_bookkeeping_are_only_values() -> None:
+    fresh = ObjectState(lambda obj, root_rank=0: obj, lambda: 0)
+    names = sorted(internal_names(fresh))
+    assert "commits" in names and len(names) >= len(FORMER_INTERNAL_NAMES)
+    state = ObjectState(lambda obj, root_rank=0: obj, lambda: 0, **{name: [name] for name in names})
+    for step in range(3):
+        for name in names:
+            setattr(state, name, [name, step])
+        state.commits = -step  # a script's own counter, lowered
+        state.commit()
+    assert state.statistics()["commits"] == 3
+    for name in names:
+        setattr(state, name, "changed after the commit")
+    state.restore()
+    assert {name: getattr(state, name) for name in names} == {
+        name: (-2 if name == "commits" else [name, 2]) for name in names}
+    assert state.statistics()["commits"] == 3 and "commits=3" in repr(state)
+
+
+def test_torch_state_values_named_like_its_bookkeeping_are_only_values() -> None:
+    torch = pytest.importorskip("torch")
+    from unison.elastic._torch import TorchState
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = sorted(internal_names(TorchState(model, optimizer)) - {"model", "optimizer"})
+    state = TorchState(model, optimizer, **{name: 0 for name in names})
+    state.commits = 100
+    state.commit()
+    state.commits, state._background_commits = 5, "x"  # type: ignore[attr-defined]
+    state.restore()
+    assert (state.commits, state._background_commits, state.statistics()["commits"]) == (100, 0, 1)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["commit", "restore", "sync", "save", "_books", "_capture", "statistics"])
+def test_a_value_that_would_hide_the_states_methods_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"A state value named '{name}' would hide ObjectState.{name}, which "
+                       r"the state needs. Rename the value"):
+        ObjectState(lambda obj, root_rank=0: obj, lambda: 0, **{name: 1})
+    with pytest.raises(ValueError, match=r"A state value's name must be an identifier \(values are attributes\). "
+                       r"Got 'unison elastic bookkeeping'"):
+        ObjectState(lambda obj, root_rank=0: obj, lambda: 0, **{"unison elastic bookkeeping": 1})

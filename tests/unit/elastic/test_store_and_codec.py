@@ -32,27 +32,27 @@ def test_codec_round_trip_is_exact() -> None:
 def test_store_keeps_the_newest_complete_commit(tmp_path: Path) -> None:
     store = StateStore(tmp_path, "host/1")
     assert store.newest() is None and store.read() is None
-    store.write(CommitId(1, 0), [b"first", memoryview(b"-one")])
-    store.write(CommitId(2, 0), [b"second"])
-    assert store.newest() == CommitId(2, 0)
-    assert store.read() == (CommitId(2, 0), bytearray(b"second"))
-    store.write(CommitId(3, 1), [b"3"])  # shorter than the slot it reuses
-    assert store.read() == (CommitId(3, 1), bytearray(b"3"))
+    store.write(CommitId(epoch=0, commit=1), [b"first", memoryview(b"-one")])
+    store.write(CommitId(epoch=0, commit=2), [b"second"])
+    assert store.newest() == CommitId(epoch=0, commit=2)
+    assert store.read() == (CommitId(epoch=0, commit=2), bytearray(b"second"))
+    store.write(CommitId(epoch=1, commit=3), [b"3"])  # shorter than the slot it reuses
+    assert store.read() == (CommitId(epoch=1, commit=3), bytearray(b"3"))
     assert sorted(os.listdir(store.path)) == ["current", "slot-0", "slot-1"]
     assert store.statistics() == {"writes": 3, "bytes_written": 16}
-    assert StateStore(tmp_path, "host/1").newest() == CommitId(3, 1)  # another process's view
+    assert StateStore(tmp_path, "host/1").newest() == CommitId(epoch=1, commit=3)  # another process's view
 
 
 def test_a_torn_write_leaves_the_previous_commit(tmp_path: Path) -> None:
     store = StateStore(tmp_path, "h")
-    store.write(CommitId(5, 2), [b"good"])
+    store.write(CommitId(epoch=2, commit=5), [b"good"])
     with pytest.raises(TypeError):  # a part that is not a buffer: nothing is published
-        store.write(CommitId(6, 2), [b"partial", 42])  # type: ignore[list-item]
+        store.write(CommitId(epoch=2, commit=6), [b"partial", 42])  # type: ignore[list-item]
     # A writer killed halfway through the next commit has scribbled over the other slot only.
     torn = StateStore(tmp_path, "h")
     torn._map(1, 9)[:7] = b"partial"
     torn.close()
-    assert StateStore(tmp_path, "h").read() == (CommitId(5, 2), bytearray(b"good"))
+    assert StateStore(tmp_path, "h").read() == (CommitId(epoch=2, commit=5), bytearray(b"good"))
 
 
 def test_slots_stay_mapped_across_commits_of_changing_sizes(tmp_path: Path) -> None:
@@ -61,8 +61,8 @@ def test_slots_stay_mapped_across_commits_of_changing_sizes(tmp_path: Path) -> N
     rng = np.random.default_rng(0)
     for commit, size in enumerate([4096, 4096, 4096, 10, 1 << 20, 0, 3, 3], start=1):
         data = rng.integers(0, 256, size, dtype=np.uint8)
-        store.write(CommitId(commit, 0), [data[: size // 2], memoryview(data[size // 2:])])
-        assert reader.read() == (CommitId(commit, 0), bytearray(data.tobytes())), commit
+        store.write(CommitId(epoch=0, commit=commit), [data[: size // 2], memoryview(data[size // 2:])])
+        assert reader.read() == (CommitId(epoch=0, commit=commit), bytearray(data.tobytes())), commit
         assert os.path.getsize(store.path / f"slot-{(commit - 1) % 2}") == size
     assert sorted(store._maps) == [0, 1]  # the last two commits (3 bytes each) are still mapped
     store.close()
@@ -74,7 +74,7 @@ import sys
 from unison.elastic._store import CommitId, StateStore
 store = StateStore(sys.argv[1], "h")
 try:
-    store.write(CommitId(1, 0), [bytes(256 * 1024)])
+    store.write(CommitId(epoch=0, commit=1), [bytes(256 * 1024)])
 except OSError as exc:
     print("refused:", exc.strerror)
 """
@@ -102,7 +102,7 @@ def test_a_failed_copy_leaves_no_exported_mapping_behind(tmp_path: Path, monkeyp
     from unison.elastic import _store
 
     store = StateStore(tmp_path, "h")
-    store.write(CommitId(1, 0), [b"one"])
+    store.write(CommitId(epoch=0, commit=1), [b"one"])
     copies = []
 
     def failing_copyto(target: object, source: object) -> None:
@@ -113,13 +113,17 @@ def test_a_failed_copy_leaves_no_exported_mapping_behind(tmp_path: Path, monkeyp
     with monkeypatch.context() as patch:
         patch.setattr(_store.np, "copyto", failing_copyto)
         with pytest.raises(MemoryError) as failed:
-            store.write(CommitId(2, 0), [b"two", b"parts"])
+            store.write(CommitId(epoch=0, commit=2), [b"two", b"parts"])
     assert copies and failed.traceback  # the traceback (and its frames) still alive
-    store.write(CommitId(2, 0), [b"longer now"])  # remaps slot 1: closing it must not meet an export
+    store.write(CommitId(epoch=0, commit=2), [b"longer now"])  # remaps slot 1: closing it must not meet an export
     store.close()
-    assert store.read() == (CommitId(2, 0), bytearray(b"longer now"))
+    assert store.read() == (CommitId(epoch=0, commit=2), bytearray(b"longer now"))
 
 
-def test_commit_order_prefers_more_commits_then_the_later_epoch() -> None:
-    assert max([CommitId(11, 3), CommitId(11, 4), CommitId(10, 9)]) == CommitId(11, 4)
-    assert max([CommitId(12, 1), CommitId(11, 4)]) == CommitId(12, 1)
+def test_commit_order_prefers_the_later_epoch_then_more_commits() -> None:
+    # A later epoch went on from the newest commit its hosts had: a host that sat it out may hold more
+    # commits of an older epoch, but that line of work was given up when the later epoch began.
+    assert max([CommitId(epoch=3, commit=11), CommitId(epoch=4, commit=11), CommitId(epoch=2, commit=12)]) == (
+        CommitId(epoch=4, commit=11))
+    assert max([CommitId(epoch=1, commit=12), CommitId(epoch=1, commit=11)]) == CommitId(epoch=1, commit=12)
+    assert max([CommitId(epoch=0, commit=40), CommitId(epoch=1, commit=3)]) == CommitId(epoch=1, commit=3)
