@@ -77,6 +77,47 @@ def async_steps() -> None:
     ps.shutdown()
 
 
+def async_outlive() -> None:
+    """Push steps (OUT.ready after the fifth) until OUT.stop exists; then wait until every server counts the
+    other trainers lost, and write the servers' statistics and the steps made to OUT."""
+    client = ps.init()
+    ps.declare_dense({"w": np.zeros(100, np.float32)}, ps.SGD(0.001))
+    steps = 0
+    while not Path(str(out) + ".stop").exists():
+        ps.pull_dense()
+        ps.push(dense={"w": np.ones(100, np.float32)})
+        steps += 1
+        if steps == 5:
+            Path(f"{out}.ready").write_text("")
+        time.sleep(0.01)
+    deadline = time.monotonic() + 30
+    stats = ps.server_statistics()
+    while not all(len(s["lost_trainers"]) == client.num_trainers - 1 for s in stats):
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+        stats = ps.server_statistics()
+    out.write_text(json.dumps({"steps": steps, "servers": stats}))
+    ps.shutdown()
+
+
+def sync_until_lost() -> None:
+    """Synchronous steps (OUT.ready after the third) until an error stops them; write it to OUT, exit 3."""
+    ps.init()
+    ps.declare_dense({"w": np.zeros(4, np.float32)}, ps.SGD(0.1))
+    steps = 0
+    try:
+        while True:
+            ps.pull_dense()
+            ps.push(dense={"w": np.ones(4, np.float32)})
+            steps += 1
+            if steps == 3:
+                Path(f"{out}.ready").write_text("")
+            time.sleep(0.01)
+    except (ps.TrainerLostError, ps.ServerUnavailableError) as exc:
+        out.write_text(json.dumps({"error": str(exc), "type": type(exc).__name__, "steps": steps}))
+        raise SystemExit(3) from None
+
+
 def sync_quit() -> None:
     """Two synchronous steps, then leave without telling the servers (as a crash would)."""
     ps.init()
@@ -351,6 +392,7 @@ def keras_dense_lost() -> None:
 
 
 {"sync_torch": sync_torch, "digits_async": digits_async, "async_steps": async_steps, "sync_quit": sync_quit,
+ "async_outlive": async_outlive, "sync_until_lost": sync_until_lost,
  "sync_pauses": sync_pauses, "keras_sync": keras_sync,
  "keras_mask": keras_mask, "keras_dense_sync": keras_dense_sync, "keras_dense_async": keras_dense_async,
  "keras_dense_errors": keras_dense_errors,

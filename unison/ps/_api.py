@@ -16,7 +16,7 @@ from .client import Client
 from .optim import Optimizer
 from .plan import DensePlan
 from .roles import Role, resolve_role
-from .server import ParameterServer
+from .server import LOST_EXIT_STATUS, ParameterServer
 from .table import Initializer
 
 __all__ = ["checkpoint", "client", "declare_dense", "declare_table", "init", "num_trainers", "pull",
@@ -29,8 +29,13 @@ _client: Client | None = None
 _role: Role | None = None
 
 
-def run_server(role: Role) -> None:
-    """Serve one shard until every trainer finished, then write the last checkpoint and stop."""
+def run_server(role: Role) -> int:
+    """Serve one shard until its work is over, write the last checkpoint and stop; return the exit status.
+
+    The work is over when every trainer finished (status 0), or when the trainers that did not are
+    lost, after the others finished (asynchronous mode) or were told that a step failed
+    (synchronous mode): status `LOST_EXIT_STATUS` (3). See `_steps.server_end`.
+    """
     listen = role.endpoints[role.index] if role.endpoints else "127.0.0.1:0"
     if role.endpoints:
         listen = "[::]:" + listen.rpartition(":")[2] if not listen.startswith("127.") else listen
@@ -47,10 +52,15 @@ def run_server(role: Role) -> None:
         server.wait_finished()
     finally:
         server.stop()
+    if server.every_trainer_finished:
+        log.info("parameter server %d: every trainer finished", role.index)
+        return 0
+    log.warning("parameter server %d (%s) ends: %s", role.index, address, server.end_reason)
+    return LOST_EXIT_STATUS
 
 
 def init(**overrides: Any) -> Client:
-    """Play this process's part: a server serves until every trainer finished and exits; a trainer connects.
+    """Play this process's part: a server serves until its trainers are done and exits; a trainer connects.
 
     The role comes from keyword arguments (``role``, ``trainer_id``, ``server_index``, ``endpoints``,
     ``num_trainers``, ``mode``, ``checkpoint_dir``, ...) or ``UNISON_PS_*`` variables (see
@@ -68,8 +78,7 @@ def init(**overrides: Any) -> Client:
     global _client, _role
     role_ = resolve_role(os.environ, **overrides)
     if role_.role == "server":
-        run_server(role_)
-        sys.exit(0)
+        sys.exit(run_server(role_))
     connection = Client(role_.endpoints, role_.secret, trainer=role_.index, num_trainers=role_.num_trainers,
                         mode=role_.mode)
     connection.connect()

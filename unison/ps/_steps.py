@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Set
 
-__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "push_refusal", "resume_refusal", "staleness",
-           "step_blockers", "step_complete"]
+__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "lost_trainers", "push_refusal", "resume_refusal",
+           "server_end", "staleness", "step_blockers", "step_complete"]
 
 # A synchronous push may run this many steps ahead of the server's version (its gradients wait).
 AHEAD_STEPS = 2
@@ -36,6 +36,7 @@ class TrainerSeen:
     last_seen: float = 0.0
     pushed: int = -1  # the last step pushed (synchronous mode), -1 before any
     finished: bool = False
+    first_seen: float = 0.0  # when it first said hello (0: its last_seen stands in)
 
 
 def is_duplicate(sequence: int, last_sequence: int) -> bool:
@@ -84,7 +85,7 @@ def resume_refusal(*, server: int, version: int, restored: bool, trainer: int, s
     Example:
         >>> resume_refusal(server=0, version=5, restored=True, trainer=1, step=5)
         ''
-        >>> resume_refusal(server=0, version=5, restored=True, trainer=1, step=7)[:80]
+        >>> resume_refusal(server=0, version=5, restored=True, trainer=1, step=7)[:81]
         'parameter server 0 restarted from its checkpoint at step 5, but trainer 1 is at s'
     """
     if step == version:
@@ -107,6 +108,24 @@ def step_complete(contributors: Set[int], num_trainers: int) -> bool:
     return len(contributors) == num_trainers
 
 
+def _first_seen(trainers: Mapping[int, TrainerSeen], now: float) -> float:
+    return min((t.first_seen or t.last_seen for t in trainers.values() if t.pid), default=now)
+
+
+def _lost(trainer: int, seen: TrainerSeen | None, first_seen: float, now: float, timeout_seconds: float,
+          sync: bool) -> str:
+    """Why `trainer`, which has not finished, is lost, as text; "" while it is not."""
+    if seen is None or not seen.pid:
+        if now - first_seen > timeout_seconds:
+            return f"trainer {trainer} never connected ({now - first_seen:.1f} s after the first)"
+        return ""
+    if now - seen.last_seen > timeout_seconds:
+        pushed = f" pushed steps up to {seen.pushed} and" if sync else ""
+        return (f"trainer {trainer} ({seen.host}, pid {seen.pid}){pushed} sent nothing for "
+                f"{now - seen.last_seen:.1f} s; it died or is stopped")
+    return ""
+
+
 def step_blockers(step: int, contributors: Set[int], trainers: Mapping[int, TrainerSeen], num_trainers: int,
                   now: float, timeout_seconds: float) -> list[str]:
     """Why step `step` cannot complete: each missing trainer that is gone, as text; [] while it may yet.
@@ -120,21 +139,76 @@ def step_blockers(step: int, contributors: Set[int], trainers: Mapping[int, Trai
         ['trainer 1 (b, pid 11) pushed steps up to 2 and sent nothing for 11.0 s; it died or is stopped']
     """
     reasons = []
-    first_seen = min((t.last_seen for t in trainers.values() if t.pid), default=now)
+    first_seen = _first_seen(trainers, now)
     for trainer in range(num_trainers):
         if trainer in contributors:
             continue
         seen = trainers.get(trainer)
-        if seen is None or not seen.pid:
-            if now - first_seen > timeout_seconds:
-                reasons.append(f"trainer {trainer} never connected ({now - first_seen:.1f} s after the first)")
+        if seen is not None and seen.pid and seen.finished:
+            reasons.append(f"trainer {trainer} ({seen.host}, pid {seen.pid}) pushed steps up to {seen.pushed} and "
+                           "finished")
             continue
-        where = f"trainer {trainer} ({seen.host}, pid {seen.pid}) pushed steps up to {seen.pushed}"
-        if seen.finished:
-            reasons.append(f"{where} and finished")
-        elif now - seen.last_seen > timeout_seconds:
-            reasons.append(f"{where} and sent nothing for {now - seen.last_seen:.1f} s; it died or is stopped")
+        lost = _lost(trainer, seen, first_seen, now, timeout_seconds, sync=True)
+        if lost:
+            reasons.append(lost)
     return reasons
+
+
+def lost_trainers(trainers: Mapping[int, TrainerSeen], num_trainers: int, now: float, timeout_seconds: float,
+                  sync: bool = False) -> dict[int, str]:
+    """The trainers that did not finish and are gone, with why: silent for `timeout_seconds`, or never came.
+
+    A trainer that never said hello counts as lost once `timeout_seconds` passed since the first
+    trainer did (none came: nobody is lost). A lost trainer that is heard from again is no longer
+    lost.
+
+    Example:
+        >>> seen = {0: TrainerSeen("a", 10, 100.0, finished=True), 1: TrainerSeen("b", 11, 90.0)}
+        >>> lost_trainers(seen, 2, 101.0, 5.0)
+        {1: 'trainer 1 (b, pid 11) sent nothing for 11.0 s; it died or is stopped'}
+    """
+    first_seen = _first_seen(trainers, now)
+    lost = {}
+    for trainer in range(num_trainers):
+        seen = trainers.get(trainer)
+        if seen is not None and seen.finished:
+            continue
+        reason = _lost(trainer, seen, first_seen, now, timeout_seconds, sync)
+        if reason:
+            lost[trainer] = reason
+    return lost
+
+
+def server_end(*, sync: bool, trainers: Mapping[int, TrainerSeen], num_trainers: int, now: float,
+               timeout_seconds: float, failure: str = "", told: Set[int] = frozenset()) -> str:
+    """Why a server's work is over, as text; "" while a trainer may still need it.
+
+    The rule: every trainer finished; or (asynchronous) every trainer finished or is lost: the
+    others went on without the lost ones; or (synchronous) a step failed (`failure`, with a lost
+    trainer) and every trainer finished, is lost, or was told of the failure (`told`). A server
+    then writes its last checkpoint and exits.
+
+    Example:
+        >>> seen = {0: TrainerSeen("a", 10, 100.0, finished=True), 1: TrainerSeen("b", 11, 90.0)}
+        >>> server_end(sync=False, trainers=seen, num_trainers=2, now=101.0, timeout_seconds=5.0)
+        'trainer 0 finished; trainer 1 (b, pid 11) sent nothing for 11.0 s; it died or is stopped'
+        >>> server_end(sync=False, trainers=seen, num_trainers=2, now=94.0, timeout_seconds=5.0)
+        ''
+    """
+    finished = [t for t in range(num_trainers) if (seen := trainers.get(t)) is not None and seen.finished]
+    if len(finished) == num_trainers:
+        return "every trainer finished"
+    lost = lost_trainers(trainers, num_trainers, now, timeout_seconds, sync)
+    waiting = [t for t in range(num_trainers) if t not in finished and t not in lost and t not in told]
+    if waiting or (sync and not failure and not lost):
+        return ""
+    done = [f"trainer{'s' if len(finished) > 1 else ''} {', '.join(map(str, finished))} finished"] if finished else []
+    if failure:
+        informed = sorted(set(told) - set(finished) - set(lost))
+        done += [f"trainer{'s' if len(informed) > 1 else ''} {', '.join(map(str, informed))} got the error"] \
+            if informed else []
+        return "; ".join([f"synchronous training stopped: {failure}", *done, *lost.values()])
+    return "; ".join([*done, *lost.values()])
 
 
 def staleness(version: int, based_on: int) -> int:

@@ -44,8 +44,10 @@ from . import ps_pb2 as pb
 from ._steps import (
     TrainerSeen,
     is_duplicate,
+    lost_trainers,
     push_refusal,
     resume_refusal,
+    server_end,
     staleness,
     step_blockers,
     step_complete,
@@ -54,7 +56,7 @@ from ._wire import DEFAULT_CHUNK_BYTES, MAX_KEY_CHARS, Part, floats, frames, ids
 from .optim import Optimizer, from_fields
 from .table import INITIALIZERS, Initializer, TableShard
 
-__all__ = ["MAX_DIM", "MAX_ELEMENTS", "MODES", "SERVICE_NAME", "ParameterServer"]
+__all__ = ["LOST_EXIT_STATUS", "MAX_DIM", "MAX_ELEMENTS", "MODES", "SERVICE_NAME", "ParameterServer"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ MODES = ("async", "sync")
 MAX_DIM = 1 << 16  # widest table row
 MAX_ELEMENTS = 1 << 34  # largest dense block, and most rows a table may declare
 _WAIT_SLICE_SECONDS = 0.25
+# A server process exits with this status when its job ended without every trainer finishing (some
+# were lost); 0 when every trainer finished. Either is an orderly end, after the last checkpoint.
+LOST_EXIT_STATUS = 3
 
 
 class _Refused(Exception):
@@ -178,6 +183,10 @@ class ParameterServer:
         # this process, told apart from earlier and later processes of the same server
         self.incarnation = secrets.randbits(63) | 1
         self._finished = threading.Event()
+        self.end_reason = ""  # why the server's work is over (`server_end`), once it is
+        self._failure = ""  # synchronous mode: the step that failed, with the trainer lost
+        self._told: set[int] = set()  # trainers that got `_failure`
+        self._lost_named: set[int] = set()  # trainers logged as lost (and not heard from since)
         self._stopping = threading.Event()
         self._checkpoint_lock = threading.Lock()
         self._checkpointed_version = -1
@@ -217,13 +226,50 @@ class ParameterServer:
         if self.checkpoint_dir and self.checkpoint_seconds > 0:
             self._ticker = threading.Thread(target=self._tick, name="unison-ps-checkpoint", daemon=True)
             self._ticker.start()
+        threading.Thread(target=self._watch, name="unison-ps-trainers", daemon=True).start()
         log.info("parameter server %d/%d (%s) listening on %s", self.index, self.num_servers, self.mode,
                  self.address)
         return self.address
 
     def wait_finished(self, timeout: float | None = None) -> bool:
-        """Block until every trainer called ``Finish`` (True), or `timeout` passed (False)."""
+        """Block until the server's work is over (True), or `timeout` passed (False).
+
+        It is over when every trainer called ``Finish``, or when the others finished or were told
+        of a failed synchronous step and the rest are lost (`_steps.server_end`); `end_reason` says
+        which, and `every_trainer_finished` whether all finished.
+        """
         return self._finished.wait(timeout)
+
+    @property
+    def every_trainer_finished(self) -> bool:
+        return self.end_reason == "every trainer finished"
+
+    def _watch(self) -> None:
+        """Note trainers that are lost (and found again), and end the server's work by `server_end`'s rule."""
+        while not self._stopping.is_set() and not self._finished.is_set():
+            with self._changed:
+                self._check_end()
+            self._stopping.wait(_WAIT_SLICE_SECONDS)
+
+    def _check_end(self) -> None:
+        """(Under the lock.) Log changes in the lost trainers; set `end_reason` once the work is over."""
+        if self._finished.is_set():
+            return
+        now = time.monotonic()
+        lost = lost_trainers(self._trainers, self.num_trainers, now, self.trainer_timeout_seconds,
+                             self.mode == "sync")
+        for trainer in sorted(set(lost) - self._lost_named):
+            log.info("parameter server %d counts %s", self.index, lost[trainer])
+        for trainer in sorted(self._lost_named - set(lost)):
+            log.info("parameter server %d hears from trainer %d again", self.index, trainer)
+        self._lost_named = set(lost)
+        reason = server_end(sync=self.mode == "sync", trainers=self._trainers, num_trainers=self.num_trainers,
+                            now=now, timeout_seconds=self.trainer_timeout_seconds, failure=self._failure,
+                            told=self._told)
+        if reason:
+            self.end_reason = reason
+            self._finished.set()
+            self._changed.notify_all()
 
     def stop(self, grace_seconds: float = 1.0) -> None:
         """Write a last checkpoint (with a checkpoint directory) and stop serving."""
@@ -318,6 +364,8 @@ class ParameterServer:
         """Counters and state: calls, bytes in and out, rows, staleness, checkpoints, memory, trainers."""
         now = time.monotonic()
         with self._lock:
+            lost = lost_trainers(self._trainers, self.num_trainers, now, self.trainer_timeout_seconds,
+                                 self.mode == "sync")
             out: dict[str, Any] = dict(self._counts)
             memory = sum(b.values.nbytes + b.steps.nbytes + sum(a.nbytes for a in b.slots.values())
                          for b in self._dense.values())
@@ -333,8 +381,10 @@ class ParameterServer:
                 staleness_histogram={str(k): v for k, v in sorted(self._staleness.items())},
                 memory_bytes=memory, rss_bytes=_rss_bytes(), pending_steps=sorted(self._pending),
                 trainers={str(t): {"host": s.host, "pid": s.pid, "pushed": s.pushed, "finished": s.finished,
-                                   "seconds_since_seen": round(now - s.last_seen, 3)}
+                                   "seconds_since_seen": round(now - s.last_seen, 3), "lost": lost.get(t, "")}
                           for t, s in sorted(self._trainers.items())},
+                lost_trainers={str(t): why for t, why in sorted(lost.items())},
+                failure=self._failure, end_reason=self.end_reason,
             )
         out.update(self._gate.statistics())
         return out
@@ -413,7 +463,9 @@ class ParameterServer:
     def _seen(self, trainer: int, **changes: Any) -> None:
         """Note that `trainer` was heard from (under the lock)."""
         seen = self._trainers.get(trainer, TrainerSeen())
-        self._trainers[trainer] = dataclasses.replace(seen, last_seen=time.monotonic(), **changes)
+        now = time.monotonic()
+        self._trainers[trainer] = dataclasses.replace(seen, last_seen=now, first_seen=seen.first_seen or now,
+                                                      **changes)
 
     def _hello(self, requests: list[pb.TrainerInfo], context: grpc.ServicerContext) -> pb.HelloReply:
         info = requests[0]
@@ -448,8 +500,7 @@ class ParameterServer:
             self._seen(trainer, finished=True)
             self._changed.notify_all()
             done = sum(1 for s in self._trainers.values() if s.finished)
-            if done == self.num_trainers:
-                self._finished.set()
+            self._check_end()
             return pb.Ack(version=self.version, note=f"{done} of {self.num_trainers} trainers finished")
 
     def _status(self, requests: list[pb.StatusRequest], context: grpc.ServicerContext) -> pb.StatusReply:
@@ -562,9 +613,18 @@ class ParameterServer:
                     raise _Refused(grpc.StatusCode.NOT_FOUND, f"unknown table {table!r} on parameter server "
                                    f"{self.index}; declared tables: {sorted(self._tables)}.")
             if self.mode == "sync":
-                self._wait(lambda: self.version >= step,
-                           lambda: f"step {self.version} did not complete",
-                           context, lambda: self._blockers(self.version))
+                self._check_failure(trainer)
+                try:
+                    self._wait(lambda: self.version >= step,
+                               lambda: f"step {self.version} did not complete",
+                               context, lambda: self._blockers(self.version))
+                except _Refused as exc:
+                    if exc.code == grpc.StatusCode.ABORTED:  # a trainer is lost: this job's steps are over
+                        self._failure = self._failure or str(exc)
+                        self._told.add(trainer)
+                        log.warning("parameter server %d: %s", self.index, exc)
+                        self._check_end()
+                    raise
             self._wait(lambda: all(self._dense[k].ready for k in keys),
                        lambda: f"the values of {[k for k in keys if not self._dense[k].ready]} were not declared "
                        "by trainer 0", context)
@@ -588,6 +648,13 @@ class ParameterServer:
         if refusal:
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         log.info("parameter server %d: trainer %d goes on at step %d with this process", self.index, trainer, step)
+
+    def _check_failure(self, trainer: int) -> None:
+        """(Under the lock.) After a failed synchronous step, answer every call of `trainer` with the failure."""
+        if self._failure:
+            self._told.add(trainer)
+            self._check_end()
+            raise _Refused(grpc.StatusCode.ABORTED, self._failure)
 
     def _blockers(self, step: int) -> list[str]:
         pending = self._pending.get(step)
@@ -625,6 +692,7 @@ class ParameterServer:
                     self._sequences[trainer] = self._applied_sequences[trainer] = sequence
             else:
                 step = int(header.step)
+                self._check_failure(trainer)
                 self._check_resume(header, trainer, step)
                 pending = self._pending.get(step)
                 refusal = push_refusal(step=step, version=self.version, trainer=trainer,
