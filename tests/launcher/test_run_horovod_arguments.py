@@ -89,14 +89,19 @@ def test_elastic_argument_without_discovery_is_refused_by_run_before_anything_st
         run(_run_work.rank_size_and_start_timeout, num_proc=2, min_num_proc=1, max_num_proc=4)
 
 
-def test_gloo_and_no_mpi_are_refused() -> None:
+def test_gloo_is_refused_and_any_use_mpi_accepted() -> None:
     with pytest.raises(InvalidArgumentError, match=r"unison.run got use_gloo=True, but unison has no Gloo "
                        r"backend: .* Leave use_gloo unset."):
         plan(use_gloo=True)
-    with pytest.raises(InvalidArgumentError, match=r"unison.run got use_mpi=False, but unison's ranks always "
-                       r"run under mpiexec. Leave use_mpi unset \(or True\)."):
-        plan(use_mpi=False)
-    assert plan(use_gloo=False, use_mpi=True).num_proc == DEFAULT_NUM_PROC
+    for use_mpi in (True, False, None):  # False: Horovod's "no preference" (its examples pass it)
+        assert plan(use_gloo=False, use_mpi=use_mpi).num_proc == DEFAULT_NUM_PROC
+
+
+def test_use_mpi_false_as_horovods_examples_pass_it_runs_the_function() -> None:
+    # Horovod's examples call horovod.run(..., use_gloo=comm == 'gloo', use_mpi=comm == 'mpi'):
+    # without --communication both are False.
+    assert run(_run_work.rank_size_and_start_timeout, num_proc=2, use_gloo=False, use_mpi=False,
+               timeout=90) == [(0, 2, ""), (1, 2, "")]
 
 
 def test_hosts_of_this_machine_give_the_slots(tmp_path) -> None:

@@ -85,7 +85,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
             accepted; no effect on processes of this machine.
         output_filename: a directory for each rank's output files, instead of this process's streams.
         use_gloo: must not be true (unison has no Gloo backend).
-        use_mpi: must not be false (the ranks run under mpiexec).
+        use_mpi: accepted: the ranks always run under mpiexec (False means "no preference", as in Horovod).
         mpi_args: extra mpiexec arguments, as one string.
         executable: the Python that runs each rank (default: this one); unison must be installed there.
         np: Horovod's deprecated name for `num_proc`.

@@ -132,7 +132,8 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
         start_timeout: seconds each rank's `init()` waits for the others (UNISON_START_TIMEOUT_SECONDS).
         output_filename: directory for each rank's output files.
         use_gloo: refused when true: unison has no Gloo backend.
-        use_mpi: refused when false: unison's ranks always run under mpiexec.
+        use_mpi: any value: True asks for MPI, which unison always uses; False and None say "no
+            preference" in Horovod (its examples pass ``use_mpi=False`` without ``--communication``).
         executable: the Python that runs each rank.
         elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); ``host_discovery_script`` makes
             the job elastic, and the others need it.
@@ -146,11 +147,6 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
         raise InvalidArgumentError(
             "unison.run got use_gloo=True, but unison has no Gloo backend: its ranks run under mpiexec "
             "(set UNISON_CONTROLLER=grpc in env= for the gRPC control plane). Leave use_gloo unset."
-        )
-    if use_mpi is not None and not use_mpi:
-        raise InvalidArgumentError(
-            f"unison.run got use_mpi={use_mpi!r}, but unison's ranks always run under mpiexec. Leave "
-            "use_mpi unset (or True)."
         )
     if num_proc is not None and np is not None and num_proc != np:
         raise InvalidArgumentError(
