@@ -27,7 +27,8 @@ def test_a_failed_host_rejoins_the_job_after_its_cooldown(tmp_path: Path) -> Non
     everyone = ",".join(f"{h}:1" for h in HOSTS)
     assert f"epoch 0: 3 ranks on {everyone}" in job.stderr, job.stderr
     assert re.search(rf"epoch 0 failed \(exit status \d+\); blacklisting {re.escape(HOSTS[1])} for 2\.0 s "
-                     r"\(--blacklist-cooldown-range\) \(rank 1 failed\)", job.stderr), job.stderr
+                     r"\(failure 1 of this host; --blacklist-cooldown-range backs off\) \(rank 1 failed\)",
+                     job.stderr), job.stderr
     assert f"epoch 1: 2 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1" in job.stderr
     assert "epoch 1 committed and stopped for a change of hosts" in job.stderr
     # The survivors keep their places; the host back from its cooldown comes last.

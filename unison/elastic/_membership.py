@@ -17,9 +17,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from ..errors import LaunchError
 
 __all__ = ["FAILURES_WITHOUT_COMMIT", "Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait",
-           "blame_hosts", "parse_discovery"]
+           "blame_hosts", "cooldown_seconds", "parse_discovery"]
 
 FAILURES_WITHOUT_COMMIT = 3  # failed launches in a row with no commit, after which the job stops
+
+
+def cooldown_seconds(low: float, high: float, count: int, draw: float) -> float:
+    """How long a host stays blacklisted the `count`-th time it fails (Horovod's backoff).
+
+    ``low * 2**count`` plus a jitter of ``draw * low`` (`draw` uniform in [0, 1)), kept within
+    [`low`, `high`]: with ``--blacklist-cooldown-range 10 300``, 20-30 s after the first failure,
+    40-50 s after the second, 80-90 s after the third, then 160-170 s, then 300 s each time.
+
+    Example:
+        >>> [cooldown_seconds(10, 300, count, 0.5) for count in (1, 2, 3, 4, 5, 6)]
+        [25.0, 45.0, 85.0, 165.0, 300, 300]
+    """
+    return max(low, min(high, low * 2.0 ** min(count, 64) + draw * low))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +202,7 @@ class Membership:
         self.rng = rng or random.Random()
         self.blacklist: dict[str, float] = {}  # host -> blacklisted until (inf: for good)
         self.reasons: dict[str, str] = {}  # host -> why it was blacklisted last
+        self.blacklistings: dict[str, int] = {}  # host -> how many times it was blacklisted (the backoff)
         self.resets = 0
         self.epochs = 0
         self.failed_without_commit = 0  # failed epochs in a row that made no commit
@@ -261,7 +276,8 @@ class Membership:
         """Record how the running epoch ended; a `Stop` when the job must not be reset again.
 
         The failed hosts (`blame_hosts`; a mapping keeps why) are blacklisted, for good or, with a
-        cooldown range, for a time drawn uniformly from it. Every reset (a failure or a host change)
+        cooldown range, for `cooldown_seconds` (backing off exponentially with each failure of the
+        same host). Every reset (a failure or a host change)
         counts against --reset-limit. `committed` says whether the epoch made any commit: after
         `FAILURES_WITHOUT_COMMIT` failed epochs in a row that made none, the job stops, whatever the
         reset limit (a program that fails before its first commit would otherwise be relaunched for
@@ -279,7 +295,8 @@ class Membership:
         failed_early = ending is Ending.FAILED and not committed
         self.failed_without_commit = self.failed_without_commit + 1 if failed_early else 0
         for name in failed_hosts:
-            cooldown = (self.rng.uniform(*self.limits.cooldown_range)
+            count = self.blacklistings[name] = self.blacklistings.get(name, 0) + 1
+            cooldown = (cooldown_seconds(*self.limits.cooldown_range, count, self.rng.random())
                         if self.limits.cooldown_range is not None else math.inf)
             self.blacklist[name] = now + cooldown
             self.reasons[name] = failed_hosts[name] if isinstance(failed_hosts, Mapping) else "failed"

@@ -85,8 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--reset-limit", type=int, default=None, metavar="R",
                        help="stop the job when it would be reset more than R times")
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, default=None, metavar=("A", "B"),
-                       help="a failed host may return after a cooldown drawn from [A, B] seconds "
-                       "(default: it stays blacklisted)")
+                       help="a failed host may return after a cooldown: A*2^n seconds plus up to A of "
+                       "jitter after its n-th failure, at most B (default: it stays blacklisted)")
     group.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
                        help="how often the discovery script runs (default 1)")
 
@@ -255,7 +255,9 @@ def _blacklisting(membership: Membership, blamed: dict[str, str], now: float) ->
     parts = []
     for name, why in blamed.items():
         left = membership.blacklist.get(name, now) - now
-        duration = "for good" if math.isinf(left) else f"for {left:.1f} s (--blacklist-cooldown-range)"
+        count = membership.blacklistings.get(name, 1)
+        duration = ("for good" if math.isinf(left) else
+                    f"for {left:.1f} s (failure {count} of this host; --blacklist-cooldown-range backs off)")
         parts.append(f"{name} {duration} ({why})")
     return "; blacklisting " + ", ".join(parts) if parts else ""
 

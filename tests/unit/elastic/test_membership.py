@@ -16,6 +16,7 @@ from unison.elastic._membership import (
     Stop,
     Wait,
     blame_hosts,
+    cooldown_seconds,
     parse_discovery,
 )
 from unison.errors import LaunchError
@@ -88,6 +89,23 @@ def test_cooldown_returns_a_host_after_its_draw() -> None:
     # All blacklisted but with a cooldown: wait, not stop.
     m.ended(Ending.FAILED, failed_hosts=("a", "b"), now=until)
     assert isinstance(m.plan((A, B), now=until + 1), Wait)
+
+
+def test_a_host_that_fails_again_stays_out_longer_each_time_up_to_the_range_end() -> None:
+    # Horovod's backoff: the n-th failure of a host keeps it out A * 2**n plus up to A of jitter, at most B.
+    m = Membership(Limits(min_np=1, cooldown_range=(1.0, 20.0)), rng=random.Random(3))
+    m.started(m.plan((A, B), now=0))  # type: ignore[arg-type]
+    cooldowns = []
+    now = 0.0
+    for _ in range(6):
+        m.ended(Ending.FAILED, failed_hosts=("a",), now=now)
+        cooldowns.append(m.blacklist["a"] - now)
+        now = m.blacklist["a"]
+    for n, cooldown in enumerate(cooldowns[:4], 1):
+        assert 2 ** n <= cooldown < 2 ** n + 1, (n, cooldowns)
+    assert cooldowns[4:] == [20.0, 20.0] and m.blacklistings == {"a": 6}
+    assert m.blacklist.get("b") is None
+    assert [cooldown_seconds(4.0, 5.0, 1, 0.9), cooldown_seconds(0.0, 0.0, 3, 0.5)] == [5.0, 0.0]
 
 
 @pytest.mark.parametrize("ending", [Ending.FAILED, Ending.HOSTS_UPDATED])
