@@ -20,6 +20,7 @@ from ._elastic_driver import run_elastic
 from ._environment import env_pairs, hide_values
 from ._host_exec import address_seen_from
 from ._jobs import register, show_status
+from ._keeper import HOSTS_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._program import check_program
@@ -95,13 +96,26 @@ def _local_only(hosts: str, hostfile: str, launcher_exec: str, extra: Sequence[s
         arg.split("=", 1)[0] in _HOST_OPTIONS for arg in extra)
 
 
-def _host_names(hosts: str, hostfile: str) -> list[str]:
-    """The host names of ``-H`` or of a hostfile; none when they do not parse (mpiexec will say why)."""
+def _hosts_and_slots(hosts: str, hostfile: str) -> list[tuple[str, int]]:
+    """The hosts of ``-H`` or of a hostfile with their slots; none when they do not parse (mpiexec will say why)."""
     try:
         entries = hosts.split(",") if hosts else read_hostfile(hostfile) if hostfile else []
-        return [name for name, _ in parse_hosts(entries, "hosts")]
+        return parse_hosts(entries, "hosts")
     except InvalidArgumentError:
         return []
+
+
+def _host_names(hosts: str, hostfile: str) -> list[str]:
+    """The host names of ``-H`` or of a hostfile; none when they do not parse (mpiexec will say why)."""
+    return [name for name, _ in _hosts_and_slots(hosts, hostfile)]
+
+
+def launcher_hosts(np: int, hosts: str = "", hostfile: str = "") -> str:
+    """``UNISON_LAUNCHER_HOSTS`` for a launch: its hosts as ``host:slots,...`` (``localhost:np`` without
+    -H or a hostfile, as horovodrun), from which each rank's keeper derives the HOROVOD_* variables."""
+    if not hosts and not hostfile:
+        return f"localhost:{np}"
+    return ",".join(f"{name}:{slots}" for name, slots in _hosts_and_slots(hosts, hostfile))
 
 
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
@@ -130,6 +144,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         env.update(extra_env or {})
         env.update(env_pairs)  # values travel in mpiexec's environment, never on its command line
         env[LAUNCHER_DIR_VARIABLE] = directory
+        env[HOSTS_VARIABLE] = launcher_hosts(np, hosts, hostfile)
         if remote:  # ranks and keepers on other hosts send their markers to the relay
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(_host_names(hosts, hostfile))))
             env[RELAY_VARIABLE] = relay.variable

@@ -47,6 +47,7 @@ from ..errors import LaunchError
 from ._elastic_endpoint import Endpoint, driver_address
 from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
+from ._keeper import HOSTS_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
@@ -188,7 +189,7 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
             epoch_env[RELAY_VARIABLE] = relay.variable
             env_names = [*env_names, RELAY_VARIABLE]
         epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
-        epoch_env["UNISON_ELASTIC_HOSTS"] = epoch.hosts_argument()
+        epoch_env["UNISON_ELASTIC_HOSTS"] = epoch_env[HOSTS_VARIABLE] = epoch.hosts_argument()
         if output_dir:  # one directory per epoch: a rank number names a different process each epoch
             output_dir = os.path.join(output_dir, f"epoch-{epoch.number}")
             os.makedirs(output_dir, exist_ok=True)

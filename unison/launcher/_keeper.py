@@ -16,6 +16,11 @@ On another host than unisonrun's, where the launcher's directory does not exist,
 the marker over the launcher's marker relay instead (`unison.launcher._relay`; ``send_marker`` below,
 which the ranks use too): a line signed with the relay's key, answered once the marker is on disk.
 
+Before the program starts, the keeper gives it the variables horovodrun gives its workers
+(`horovod_variables`): ``HOROVOD_HOSTNAME``, ``HOROVOD_RANK``, ``HOROVOD_SIZE``,
+``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``, ``HOROVOD_CROSS_RANK`` and ``HOROVOD_CROSS_SIZE``,
+read from mpiexec's variables and the launch's host list (``UNISON_LAUNCHER_HOSTS``, in rank order).
+
 Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library, so it starts in a
 few tens of milliseconds. Without a rank number, or with neither the launcher's directory nor a relay,
 it simply becomes the program. `command` with ``remote=True`` starts it through ``sh`` so that a host
@@ -38,6 +43,10 @@ __all__ = ["command", "main"]
 
 _PR_SET_PDEATHSIG = 1
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+HOSTS_VARIABLE = "UNISON_LAUNCHER_HOSTS"  # the launch's hosts, host:slots,... in rank order
 _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
 RELAY_VARIABLE = "UNISON_LAUNCHER_RELAY"  # KEY@HOST:PORT of the launcher's marker relay
 RELAY_TIMEOUT_SECONDS = 2.0
@@ -46,6 +55,67 @@ _REMOTE = ('p="$1"; k="$2"; shift 2; if [ -x "$p" ] && [ -f "$k" ]; then exec "$
            'exec "$@"')
 # mpiexec signals each rank's whole process group: the rank receives these itself.
 _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _first(environ: dict[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def placement(hosts: str, size: int) -> list[str]:
+    """The host of each of `size` ranks when ranks fill each host's slots in turn (mpiexec's default),
+    starting over at the first host when every slot is taken.
+
+    Example:
+        >>> placement("a:2,b:1", 4)
+        ['a', 'a', 'b', 'a']
+    """
+    slots: list[str] = []
+    for item in filter(None, hosts.split(",")):
+        name, _, count = item.rpartition(":")
+        if not name or not count.isdigit():
+            return []
+        slots += [name] * int(count)
+    return [slots[rank % len(slots)] for rank in range(size)] if slots else []
+
+
+def horovod_variables(environ: dict[str, str], hostname: str = "") -> dict[str, str]:
+    """The variables horovodrun gives each worker, for the rank `environ` (mpiexec's variables) describes.
+
+    With the launch's host list (``UNISON_LAUNCHER_HOSTS``; in an elastic job the epoch's elastic
+    hosts) the host, local and cross ranks follow from it as in Horovod: the local rank counts the
+    ranks before this one on its host, the cross rank counts the hosts before this one that also
+    run that local rank. Without it: mpiexec's host name and local rank, cross rank 0 of 1. Nothing
+    when mpiexec's rank and size are unknown.
+
+    Example:
+        >>> env = {"PMI_RANK": "2", "PMI_SIZE": "3", "UNISON_LAUNCHER_HOSTS": "a:2,b:2"}
+        >>> horovod_variables(env)["HOROVOD_HOSTNAME"], horovod_variables(env)["HOROVOD_CROSS_RANK"]
+        ('b', '1')
+    """
+    rank, size = _first(environ, _RANK_VARIABLES), _first(environ, _SIZE_VARIABLES)
+    if rank is None or size is None or not 0 <= rank < size:
+        return {}
+    hosts = placement(environ.get(HOSTS_VARIABLE, ""), size)
+    if hosts:
+        host = hosts[rank]
+        counts: dict[str, int] = {}  # ranks per host, in the order each host's first rank comes
+        for name in hosts:
+            counts[name] = counts.get(name, 0) + 1
+        local_rank, local_size = hosts[:rank].count(host), counts[host]
+        peers = [name for name, count in counts.items() if count > local_rank]  # hosts running that local rank
+        cross_rank, cross_size = peers.index(host), len(peers)
+    else:
+        host = environ.get("PMI_HOSTNAME") or hostname or socket.gethostname()
+        local = (_first(environ, _LOCAL_RANK_VARIABLES), _first(environ, _LOCAL_SIZE_VARIABLES))
+        local_rank, local_size = (local[0], local[1]) if local[0] is not None and local[1] is not None else (rank, size)
+        cross_rank, cross_size = 0, 1
+    return {"HOROVOD_HOSTNAME": host, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+            "HOROVOD_LOCAL_RANK": str(local_rank), "HOROVOD_LOCAL_SIZE": str(local_size),
+            "HOROVOD_CROSS_RANK": str(cross_rank), "HOROVOD_CROSS_SIZE": str(cross_size)}
 
 
 def command(program: list[str], remote: bool = False) -> list[str]:
@@ -113,6 +183,7 @@ def main(program: list[str]) -> int:
     if not program:
         sys.stderr.write("usage: _keeper.py PROGRAM [ARGS...]\n")
         return 2
+    os.environ.update(horovod_variables(dict(os.environ)))
     reachable = bool(directory) and (os.path.isdir(directory) or bool(os.environ.get(RELAY_VARIABLE)))
     if not rank or not reachable:
         os.execvp(program[0], program)

@@ -14,6 +14,7 @@ from .._failure import LAUNCHER_DIR_VARIABLE
 from ..elastic._membership import Epoch
 from ..errors import AbortedError, LaunchError, ShutdownError
 from ._elastic_driver import ElasticOptions, run_elastic
+from ._keeper import HOSTS_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._reaper import JobDirectory
@@ -139,6 +140,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         run_env.update(decided.env)
         run_env.update(env or {})
         run_env[LAUNCHER_DIR_VARIABLE] = directory
+        run_env[HOSTS_VARIABLE] = f"localhost:{np}"  # as horovod.run's default hosts
         python = decided.executable or sys.executable
         if decided.elastic is not None:
             return _run_elastic(decided.elastic, [python, "-m", "unison.launcher._bootstrap", directory], job,
