@@ -42,16 +42,17 @@ def _write_hosts(path: Path, hosts: Sequence[str]) -> None:
 
 def run(tmp_path: Path, hosts: Sequence[str], args: Sequence[str], env: dict[str, str] | None = None,
         schedule: Callable[[int, int], Sequence[str] | None] | None = None, timeout: float = 90,
-        wrap: Callable[[list[str]], list[str]] = list, program: str = TRAIN) -> Job:
+        wrap: Callable[[list[str]], list[str]] = list, program: str = TRAIN, discover: bool = True) -> Job:
     """Start the job with `hosts` discovered; `schedule(commits, size)` may return new hosts as it runs.
 
-    `wrap` turns unisonrun's command line into the one to run (e.g. inside an emulated host).
+    `wrap` turns unisonrun's command line into the one to run (e.g. inside an emulated host). Without
+    `discover` there is no discovery script: `args` name the hosts (-H, an elastic job on fixed hosts).
     """
     hosts_file = tmp_path / "hosts"
     _write_hosts(hosts_file, hosts)
     run_env = dict(os.environ, ELASTIC_OUT=str(tmp_path), **(env or {}))
-    cmd = [PYTHON, "-m", "unison.launcher", *args, "--host-discovery-script", f"cat {hosts_file}",
-           "--slots-per-host", "1", "--discovery-interval", "0.2", PYTHON, program]
+    discovery = ["--host-discovery-script", f"cat {hosts_file}", "--slots-per-host", "1"] if discover else []
+    cmd = [PYTHON, "-m", "unison.launcher", *args, *discovery, "--discovery-interval", "0.2", PYTHON, program]
     start = time.monotonic()
     proc = subprocess.Popen(wrap(cmd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

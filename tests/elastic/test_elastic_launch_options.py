@@ -1,5 +1,6 @@
 """unisonrun's elastic mode: the shared-memory store is removed however the driver ends; per-epoch output
-options; the options that do not apply to an elastic job are refused."""
+options; the options that do not apply to an elastic job are refused; horovodrun's elastic command
+lines (fixed hosts, --log-level, HOROVOD_ELASTIC_TIMEOUT)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from unison.launcher._cli import main
+
+from ._harness import HOSTS, check_committed, run
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,3 +120,41 @@ def test_options_that_do_not_apply_to_an_elastic_job_are_refused(
     assert status == 2
     assert re.search(message, capsys.readouterr().err)
     assert not started.exists()
+
+
+def test_horovodruns_elastic_job_on_fixed_hosts_with_its_log_level(tmp_path: Path) -> None:
+    # horovodrun -np 2 --min-np 1 -H a:1,b:1 --log-level DEBUG: no discovery script. Rank 1 dies; its
+    # host leaves and the job goes on on the other one from the last commit.
+    job = run(tmp_path, [], ["-np", "2", "--min-np", "1", "-H", f"{HOSTS[0]}:1,{HOSTS[1]}:1", "--log-level", "debug"],
+              env={"ELASTIC_KILL": "2:1"}, discover=False)
+    check_committed(job, samples=24, epochs=2, size=1)
+    assert f"epoch 0: 2 ranks on {HOSTS[0]}:1,{HOSTS[1]}:1" in job.stderr
+    assert f"blacklisting {HOSTS[1]} for good (rank 1 failed)" in job.stderr
+    assert f"epoch 1: 1 ranks on {HOSTS[0]}:1" in job.stderr
+    assert re.search(r"\[unison rank 0/1 \S+\] DEBUG ", job.stderr), job.stderr  # the ranks log at DEBUG
+
+
+def test_horovod_elastic_timeout_from_the_environment(tmp_path: Path) -> None:
+    job = run(tmp_path, [], ["-np", "3", "--min-np", "3", "-H", f"{HOSTS[0]}:1,{HOSTS[1]}:1"],
+              env={"HOROVOD_ELASTIC_TIMEOUT": "1"},
+              discover=False)
+    assert job.returncode == 1
+    assert ("waited 1 s (HOROVOD_ELASTIC_TIMEOUT) for hosts: 2 ranks available, 3 needed (--min-np 3); "
+            f"discovered: {HOSTS[0]}:1, {HOSTS[1]}:1. Add hosts, or lower --min-np.") in job.stderr, job.stderr
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--min-np", "1"], r"unisonrun: --min-np make the job elastic, which needs its hosts: --host-discovery-script "
+     r"SCRIPT \(hosts that come and go\) or -H/--hostfile \(fixed hosts"),
+    (["--elastic-timeout", "0", "--min-np", "1", "-H", "localhost:1"], r"unisonrun: --elastic-timeout is how long an "
+     r"elastic job waits for its --min-np slots: a positive number of seconds. Got --elastic-timeout 0."),
+    (["--log-level", "loud"], r"argument --log-level: invalid choice: 'LOUD' \(choose from "),
+])
+def test_elastic_and_log_options_that_cannot_work_say_why(options: list[str], message: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main(["-np", "2", *options, PYTHON, "-c", "pass"])
+    except SystemExit as exc:  # argparse's own refusal
+        status = int(exc.code or 0)
+    assert status == 2
+    assert re.search(message, capsys.readouterr().err)

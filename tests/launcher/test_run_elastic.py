@@ -45,5 +45,16 @@ def test_an_elastic_job_that_stops_raises_the_drivers_reason(tmp_path: Path,
                        r"the elastic driver's reason is printed above"):
         run(_run_elastic_work.elastic_steps, args=(1,), min_np=3,
             host_discovery_script=_discovery(tmp_path, "localhost:2\n"), elastic_timeout=1, timeout=60)
-    assert "waited 1 s (--elastic-timeout) for hosts: 2 ranks available, 3 needed" in capfd.readouterr().err
+    assert "waited 1 s (elastic_timeout) for hosts: 2 ranks available, 3 needed" in capfd.readouterr().err
 
+
+
+def test_elastic_arguments_with_fixed_hosts_run_an_elastic_job_on_them(tmp_path: Path) -> None:
+    # horovod.run(..., hosts=..., min_num_proc=...): no discovery script. Rank 1's host (127.0.0.1)
+    # leaves after it raises, and the job goes on on localhost from the commit of step 1.
+    marker = tmp_path / "failed-once"
+    results = run(_run_elastic_work.elastic_steps, args=(4, str(marker)), hosts="localhost:1,127.0.0.1:1",
+                  min_num_proc=1, max_num_proc=2, elastic_timeout=60, timeout=150)
+    assert marker.exists()
+    assert results == [{"rank": 0, "size": 1, "total": 2.0 + 4.0 + 3.0 + 4.0,
+                        "history": [(0, 2), (1, 2), (2, 1), (3, 1)]}]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unison.elastic._membership import Limits
+from unison.elastic._membership import Host, Limits
 from unison.errors import InvalidArgumentError, LaunchError
 from unison.launcher import run
 from unison.launcher._elastic_driver import ElasticOptions
@@ -44,19 +44,35 @@ def test_num_proc_default_and_its_alias() -> None:
 def test_host_discovery_script_makes_the_job_elastic() -> None:
     decided = plan(num_proc=2, elastic={"host_discovery_script": "cat hosts", "max_np": 4, "slots": 2,
                                         "reset_limit": 3, "cooldown_range": (1, 5)}, elastic_timeout=30)
-    assert decided.elastic == ElasticOptions("cat hosts", Limits(2, 4, 3, (1.0, 5.0)), 2, 30.0)
+    assert decided.elastic == ElasticOptions("cat hosts", Limits(2, 4, 3, (1.0, 5.0)), 2, 30.0,
+                                             timeout_source="elastic_timeout")
     assert decided.num_proc == 2
     assert plan(elastic={"host_discovery_script": "s", "min_num_proc": 1}).elastic == ElasticOptions(
-        "s", Limits(1), None, 600.0)
+        "s", Limits(1), None, 600.0, timeout_source="elastic_timeout")
     assert plan(elastic=dict.fromkeys(ELASTIC_ARGUMENTS)).elastic is None
 
 
 @pytest.mark.parametrize("name", sorted(set(ELASTIC_ARGUMENTS) - {"host_discovery_script"}))
-def test_elastic_arguments_need_a_discovery_script(name: str) -> None:
+def test_elastic_arguments_need_a_discovery_script_or_hosts(name: str) -> None:
     value = (1, 2) if name == "cooldown_range" else 2
-    with pytest.raises(InvalidArgumentError, match=rf"unison.run got {name}= but no host_discovery_script=: an "
-                       r"elastic job needs a program that prints the available hosts"):
+    with pytest.raises(InvalidArgumentError, match=rf"unison.run got {name}= but neither host_discovery_script= "
+                       r"nor hosts=/hostfile=: an elastic job needs its hosts, from a program that prints"):
         plan(elastic={name: value})
+
+
+def test_elastic_arguments_with_hosts_make_an_elastic_job_on_those_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    decided = plan(hosts="localhost:2,127.0.0.1:1", elastic={"min_num_proc": 2})
+    assert decided.elastic == ElasticOptions("", Limits(2), fixed_hosts=(Host("localhost", 2), Host("127.0.0.1", 1)),
+                                             timeout_source="elastic_timeout")
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "30")
+    options = plan(hosts="localhost:1", elastic={"min_num_proc": 1}).elastic
+    assert options is not None and (options.elastic_timeout, options.timeout_source) == (30.0, "HOROVOD_ELASTIC_TIMEOUT")
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "soon")
+    with pytest.raises(InvalidArgumentError, match=r"HOROVOD_ELASTIC_TIMEOUT is how long an elastic job waits for its "
+                       r"--min-np slots: a positive number of seconds. Got HOROVOD_ELASTIC_TIMEOUT='soon'."):
+        plan(hosts="localhost:1", elastic={"min_num_proc": 1})
+    with pytest.raises(InvalidArgumentError, match=r"unison.run starts processes on this machine only"):
+        plan(hosts="far-away-1:2", elastic={"min_num_proc": 1})
 
 
 def test_bad_elastic_arguments_say_what_to_do() -> None:
@@ -84,8 +100,8 @@ def test_bad_elastic_arguments_say_what_to_do() -> None:
 
 
 def test_elastic_argument_without_discovery_is_refused_by_run_before_anything_starts() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"unison.run got max_num_proc=, min_num_proc= but no "
-                       r"host_discovery_script="):
+    with pytest.raises(InvalidArgumentError, match=r"unison.run got max_num_proc=, min_num_proc= but neither "
+                       r"host_discovery_script= nor hosts=/hostfile="):
         run(_run_work.rank_size_and_start_timeout, num_proc=2, min_num_proc=1, max_num_proc=4)
 
 

@@ -77,6 +77,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status", nargs="?", const="", default=None, metavar="PID|HOST:PORT",
                    help="print the live status table of your running job (started by unisonrun with "
                    "UNISON_CONTROLLER=grpc), or of the job with that unisonrun pid or service address")
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=None,
+                   help="the ranks' log level (sets HOROVOD_LOG_LEVEL and UNISON_LOG_LEVEL for them, as horovodrun)")
     add_elastic_arguments(p)
     p.add_argument("--pservers", type=int, default=0, metavar="N",
                    help="also start N parameter servers running the same program (its unison.ps.init() "
@@ -84,6 +86,17 @@ def parser() -> argparse.ArgumentParser:
                    "as mpiexec starts ranks there; the -np processes are its trainers (docs/ps.md)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="program and its arguments")
     return p
+
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level choices
+
+
+def _variables(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """What every rank gets in its environment: the ``-x`` variables, then ``--log-level``'s."""
+    pairs = env_pairs(args.env, os.environ)
+    if args.log_level:
+        pairs += [("HOROVOD_LOG_LEVEL", args.log_level), ("UNISON_LOG_LEVEL", args.log_level.lower())]
+    return pairs
 
 
 _HOST_OPTIONS = frozenset({"-hosts", "-host", "-H", "--host", "-f", "-hostfile", "--hostfile", "-machinefile",
@@ -172,8 +185,9 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
 
 
 def _refuse_in_elastic_mode(args: argparse.Namespace) -> None:
-    """Options that have no meaning in an elastic job (whose hosts come from the discovery script)."""
-    if args.hosts or args.hostfile:
+    """Options that have no meaning in an elastic job (whose hosts come from the discovery script, or
+    are the fixed -H/--hostfile ones)."""
+    if args.host_discovery_script and (args.hosts or args.hostfile):
         given = "-H/--hosts" if args.hosts else "--hostfile"
         raise LaunchError(
             f"{given} cannot be combined with --host-discovery-script: an elastic job runs on the hosts "
@@ -181,9 +195,11 @@ def _refuse_in_elastic_mode(args: argparse.Namespace) -> None:
             "echo localhost:2)."
         )
     if args.pservers:
+        what = ("--host-discovery-script" if args.host_discovery_script else
+                "an elastic job (--min-np, --max-np, --reset-limit, --blacklist-cooldown-range)")
         raise LaunchError(
-            f"--pservers {args.pservers} cannot be combined with --host-discovery-script: parameter "
-            "servers run beside a fixed set of trainers, not an elastic one. Drop one of them."
+            f"--pservers {args.pservers} cannot be combined with {what}: parameter servers run beside a "
+            "fixed set of trainers, not an elastic one. Drop one of them."
         )
 
 
@@ -207,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if elastic is not None:
             _refuse_in_elastic_mode(args)
             return run_elastic(elastic, command, mpiexec=args.mpiexec, mpi_args=args.mpi_args,
-                               env_pairs=env_pairs(args.env, os.environ), launcher_exec=args.launcher_exec,
+                               env_pairs=_variables(args), launcher_exec=args.launcher_exec,
                                iface=args.iface, timeout=args.timeout, tag_output=args.tag_output,
                                output_dir=args.output_filename)
         if args.pservers:
@@ -217,11 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    launcher_exec=args.launcher_exec) as trainer_env:
                 return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile,
                               tag_output=args.tag_output, output_dir=args.output_filename,
-                              env_pairs=env_pairs(args.env, os.environ), mpi_args=args.mpi_args,
+                              env_pairs=_variables(args), mpi_args=args.mpi_args,
                               mpiexec=args.mpiexec, timeout=args.timeout, launcher_exec=args.launcher_exec,
                               iface=args.iface, extra_env=trainer_env)
         return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
-                      output_dir=args.output_filename, env_pairs=env_pairs(args.env, os.environ),
+                      output_dir=args.output_filename, env_pairs=_variables(args),
                       mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout,
                       launcher_exec=args.launcher_exec, iface=args.iface)
     except LaunchError as exc:

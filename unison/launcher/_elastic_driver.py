@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .._failure import LAUNCHER_DIR_VARIABLE
 from ..elastic._environment import HOSTS_UPDATED_EXIT
@@ -43,7 +43,7 @@ from ..elastic._membership import (
     blame_hosts,
     parse_discovery,
 )
-from ..errors import LaunchError
+from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_endpoint import Endpoint, driver_address
 from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
@@ -58,15 +58,52 @@ __all__ = ["ElasticOptions", "add_arguments", "options_from", "run_elastic"]
 
 
 
+ELASTIC_TIMEOUT_VARIABLE = "HOROVOD_ELASTIC_TIMEOUT"  # horovodrun's default for --elastic-timeout
+DEFAULT_ELASTIC_TIMEOUT_SECONDS = 600.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ElasticOptions:
-    """unisonrun's elastic options (Horovod's meanings)."""
+    """unisonrun's elastic options (Horovod's meanings).
+
+    The hosts come from `discovery_script`, polled, or when it is empty from `fixed_hosts` (horovodrun
+    ``-H a:2,b:2 --min-np 2``: an elastic job on fixed hosts, which a failed host leaves for good or
+    for its cooldown). `timeout_source` names where `elastic_timeout` came from, for the message.
+    """
 
     discovery_script: str
     limits: Limits
     slots_per_host: int | None = None
-    elastic_timeout: float = 600.0
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT_SECONDS
     discovery_interval: float = 1.0
+    fixed_hosts: tuple[Host, ...] = ()
+    timeout_source: str = "--elastic-timeout"
+
+
+def elastic_timeout(given: float | None, environ: Mapping[str, str], name: str) -> tuple[float, str]:
+    """The elastic timeout and where it came from: `given` (named `name`), else ``HOROVOD_ELASTIC_TIMEOUT``,
+    else 600 s (Horovod's order).
+
+    Example:
+        >>> elastic_timeout(None, {"HOROVOD_ELASTIC_TIMEOUT": "30"}, "--elastic-timeout")
+        (30.0, 'HOROVOD_ELASTIC_TIMEOUT')
+    """
+    if given is not None:
+        value, source = given, name
+    elif ELASTIC_TIMEOUT_VARIABLE in environ:
+        source = ELASTIC_TIMEOUT_VARIABLE
+        try:
+            value = float(environ[source])
+        except ValueError:
+            value = math.nan
+        text = environ[source]
+    else:
+        return DEFAULT_ELASTIC_TIMEOUT_SECONDS, name
+    if not (math.isfinite(value) and value > 0):
+        shown = f"{source}={text!r}" if source == ELASTIC_TIMEOUT_VARIABLE else f"{source} {value:g}"
+        raise LaunchError(f"{source} is how long an elastic job waits for its --min-np slots: a positive number "
+                          f"of seconds. Got {shown}.")
+    return value, source
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,8 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "makes the job elastic")
     group.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, default=None,
                        metavar="K", help="slots of a host the discovery script prints without ':slots'")
-    group.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
-                       help="how long to wait for --min-np slots before failing (default 600)")
+    group.add_argument("--elastic-timeout", type=float, default=None, metavar="SECONDS",
+                       help="how long to wait for --min-np slots before failing (default: $HOROVOD_ELASTIC_TIMEOUT, "
+                       "else 600)")
     group.add_argument("--reset-limit", type=int, default=None, metavar="R",
                        help="stop the job when it would be reset more than R times")
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, default=None, metavar=("A", "B"),
@@ -92,30 +130,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="how often the discovery script runs (default 1)")
 
 
-def options_from(args: argparse.Namespace) -> ElasticOptions | None:
-    """The elastic options of parsed arguments, or None when the job is not elastic."""
+def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ElasticOptions | None:
+    """The elastic options of parsed arguments, or None when the job is not elastic.
+
+    Elastic: a discovery script, or (as horovodrun) -H/--hostfile with any of --min-np, --max-np,
+    --reset-limit, --blacklist-cooldown-range: then the hosts are fixed.
+    """
+    environ = os.environ if environ is None else environ
+    given = [flag for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
+                                      ("--reset-limit", args.reset_limit),
+                                      ("--blacklist-cooldown-range", args.blacklist_cooldown_range))
+             if value is not None]
+    fixed: tuple[Host, ...] = ()
     if not args.host_discovery_script:
-        given = [flag for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np),
-                                          ("--reset-limit", args.reset_limit),
-                                          ("--blacklist-cooldown-range", args.blacklist_cooldown_range))
-                 if value is not None]
-        if given:
-            raise LaunchError(f"{', '.join(given)} need --host-discovery-script SCRIPT (an elastic job).")
-        return None
+        if not given:
+            return None
+        if not (args.hosts or args.hostfile):
+            raise LaunchError(f"{', '.join(given)} make the job elastic, which needs its hosts: "
+                              "--host-discovery-script SCRIPT (hosts that come and go) or -H/--hostfile "
+                              "(fixed hosts, as horovodrun -H a:2,b:2 --min-np 2).")
+        from ._run_options import parse_hosts, read_hostfile
+
+        try:
+            entries = args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile)
+            fixed = tuple(Host(name, slots) for name, slots in
+                          parse_hosts(entries, "-H" if args.hosts else f"--hostfile {args.hostfile}"))
+        except InvalidArgumentError as exc:
+            raise LaunchError(str(exc)) from None
+        if not fixed:
+            raise LaunchError(f"{'-H' if args.hosts else '--hostfile'} names no host.")
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None:
         raise LaunchError("An elastic job needs -np N or --min-np N.")
     cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
+    timeout, source = elastic_timeout(args.elastic_timeout, environ, "--elastic-timeout")
     return ElasticOptions(args.host_discovery_script,
                           Limits(min_np, args.max_np, args.reset_limit, cooldown),  # type: ignore[arg-type]
-                          args.slots_per_host, args.elastic_timeout, args.discovery_interval)
+                          args.slots_per_host, timeout, args.discovery_interval, fixed, source)
 
 
 class _Discovery:
-    """Runs the discovery script every interval in a thread; keeps the last good answer."""
+    """Runs the discovery script every interval in a thread; keeps the last good answer (`fixed`: no
+    script, these hosts always)."""
 
-    def __init__(self, script: str, slots: int | None, interval: float, on_hosts: object) -> None:
-        self.script, self.slots, self.interval = script, slots, interval
+    def __init__(self, script: str, slots: int | None, interval: float, on_hosts: object,
+                 fixed: tuple[Host, ...] = ()) -> None:
+        self.script, self.slots, self.interval, self.fixed = script, slots, interval, fixed
         self.on_hosts = on_hosts
         self.hosts: tuple[Host, ...] | None = None
         self.error = ""
@@ -132,6 +192,9 @@ class _Discovery:
             self._poll()
 
     def _poll(self) -> None:
+        if self.fixed:
+            self._found(self.fixed)
+            return
         try:
             done = subprocess.run(shlex.split(self.script), capture_output=True, text=True,
                                   timeout=max(10.0, self.interval * 10))
@@ -144,6 +207,9 @@ class _Discovery:
                 print(f"unisonrun: elastic: {exc} (keeping the hosts it printed last)", file=sys.stderr, flush=True)
             self.error = str(exc)
             return
+        self._found(hosts)
+
+    def _found(self, hosts: tuple[Host, ...]) -> None:
         self.error = ""
         self.polls += 1
         if hosts != self.hosts:
@@ -297,7 +363,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
         store.remove_too(status.record)
         cleanup.callback(status.remove)
         discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
-                               on_hosts)
+                               on_hosts, options.fixed_hosts)
         cleanup.callback(discovery.stop)
         started = time.monotonic()
         env = dict(os.environ)
@@ -375,7 +441,7 @@ def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: 
         if not isinstance(decision, Wait):
             return decision
         if time.monotonic() >= deadline:
-            return Stop(f"waited {options.elastic_timeout:g} s (--elastic-timeout) for hosts: {decision.message}. "
+            return Stop(f"waited {options.elastic_timeout:g} s ({options.timeout_source}) for hosts: {decision.message}. "
                         "Add hosts, or lower --min-np.")
         if decision.message != said:
             said = decision.message

@@ -65,7 +65,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
     last commit when a rank fails or the hosts change. `func` then trains inside a
     ``hvd.elastic.run``-decorated function with an elastic state, as in Horovod's elastic examples, and
     the results are those of the ranks of the last epoch. The hosts the script prints must be names
-    of this machine (`unison.run` collects the results from local files).
+    of this machine (`unison.run` collects the results from local files). The elastic arguments with
+    `hosts` (``hosts="localhost:1,127.0.0.1:1", min_num_proc=1``, as in ``horovod.run``) make an
+    elastic job on those fixed hosts: a failed host leaves it (for good, or for its cooldown).
 
     Args:
         func: the function to run on every rank.
@@ -93,7 +95,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         timeout: stop the job and raise `LaunchError` after this many seconds.
         env: extra environment variables for the ranks.
         mpiexec: path of the mpiexec to use (default: the one matching mpi4py).
-        elastic_timeout: seconds an elastic job waits for `min_num_proc` slots (default 600).
+        elastic_timeout: seconds an elastic job waits for `min_num_proc` slots (default:
+            ``HOROVOD_ELASTIC_TIMEOUT``, else 600).
 
     Raises:
         InvalidArgumentError: an argument that unison.run cannot honour.

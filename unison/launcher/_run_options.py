@@ -4,19 +4,22 @@ A pure decision: `plan` takes the arguments as given and returns a frozen `RunPl
 processes, extra environment, output directory, Python executable, and for an elastic job the
 elastic driver's options) or raises an error that names the argument and says what to do.
 `unison.run` starts processes on this machine only, so host arguments are accepted when every host
-they name is this machine. ``host_discovery_script`` makes the job elastic, as in Horovod.
+they name is this machine. ``host_discovery_script`` makes the job elastic, as in Horovod, and so do
+the other elastic arguments with `hosts`/`hostfile` (an elastic job on those fixed hosts).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
-from ..elastic._membership import Limits
+from ..elastic._membership import Host, Limits
 from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_driver import ElasticOptions
+from ._elastic_driver import elastic_timeout as driver_elastic_timeout
 from ._host_exec import local_names
 
 __all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "parse_hosts", "plan", "read_hostfile"]
@@ -24,7 +27,7 @@ __all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "parse_hosts", "p
 # unison.run started 2 processes when not told otherwise before it took horovod.run's arguments.
 DEFAULT_NUM_PROC = 2
 
-# Elastic training's arguments (host_discovery_script makes the job elastic; the others need it).
+# Elastic training's arguments (any makes the job elastic: on the discovery script's hosts, or on hosts=).
 ELASTIC_ARGUMENTS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
                      "host_discovery_script", "min_np", "max_np")
 
@@ -88,6 +91,12 @@ def read_hostfile(path: str) -> list[str]:
 
 def _local_slots(hosts: str | None, hostfile: str | None) -> int | None:
     """The slots that `hosts`/`hostfile` give this machine (None when neither is given)."""
+    parsed = _local_hosts(hosts, hostfile)
+    return None if parsed is None else sum(slots for _, slots in parsed)
+
+
+def _local_hosts(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]] | None:
+    """The hosts and slots of `hosts`/`hostfile`, every one a name of this machine (None when neither is given)."""
     if hosts and hostfile:
         raise InvalidArgumentError("Pass hosts= or hostfile=, not both (as in horovod.run).")
     if hosts:
@@ -107,7 +116,7 @@ def _local_slots(hosts: str | None, hostfile: str | None) -> int | None:
             f"{', '.join(remote)}. For a job across machines use `unisonrun -np N -H {','.join(remote)}:SLOTS "
             "python train.py` (or its --hostfile); for this machine pass hosts='localhost:N'."
         )
-    return sum(slots for _, slots in parsed)
+    return parsed
 
 
 def _count(name: str, value: Any) -> int:
@@ -135,9 +144,10 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
         use_mpi: any value: True asks for MPI, which unison always uses; False and None say "no
             preference" in Horovod (its examples pass ``use_mpi=False`` without ``--communication``).
         executable: the Python that runs each rank.
-        elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); ``host_discovery_script`` makes
-            the job elastic, and the others need it.
-        elastic_timeout: seconds an elastic job waits for its fewest processes (default 600).
+        elastic: the elastic arguments by name (`ELASTIC_ARGUMENTS`); any makes the job elastic, on
+            the hosts ``host_discovery_script`` prints or else on the fixed `hosts`/`hostfile`.
+        elastic_timeout: seconds an elastic job waits for its fewest processes (default:
+            ``HOROVOD_ELASTIC_TIMEOUT``, else 600).
 
     Raises:
         InvalidArgumentError: an argument unison.run cannot honour; the message says what to do.
@@ -196,14 +206,18 @@ def _elastic_options(given: dict[str, Any], num_proc: Any, hosts: str | None, ho
                      elastic_timeout: Any) -> ElasticOptions:
     """The elastic driver's options for `unison.run`'s elastic arguments (`given`: those not None)."""
     script = given.get("host_discovery_script")
+    fixed: tuple[Host, ...] = ()
     if not script:
-        names = ", ".join(f"{name}=" for name in sorted(given)) or "elastic_timeout="
-        raise InvalidArgumentError(
-            f"unison.run got {names} but no host_discovery_script=: an elastic job needs a program that "
-            "prints the available hosts, one 'host:slots' per line (docs/elastic.md). Pass "
-            "host_discovery_script=, or a fixed num_proc=N without the elastic arguments."
-        )
-    if hosts or hostfile:
+        if not (hosts or hostfile):
+            names = ", ".join(f"{name}=" for name in sorted(given)) or "elastic_timeout="
+            raise InvalidArgumentError(
+                f"unison.run got {names} but neither host_discovery_script= nor hosts=/hostfile=: an elastic "
+                "job needs its hosts, from a program that prints the available ones, one 'host:slots' per "
+                "line (docs/elastic.md), or fixed (hosts='localhost:2,127.0.0.1:2', as in horovod.run). Pass "
+                "one of them, or a fixed num_proc=N without the elastic arguments."
+            )
+        fixed = tuple(Host(name, slots) for name, slots in _local_hosts(hosts, hostfile) or [])
+    elif hosts or hostfile:
         raise InvalidArgumentError(
             "unison.run got host_discovery_script= with hosts=/hostfile=: an elastic job's hosts are the "
             "ones the discovery script prints. Pass one or the other."
@@ -233,16 +247,20 @@ def _elastic_options(given: dict[str, Any], num_proc: Any, hosts: str | None, ho
                 f"cooldown_range is (low, high) in seconds. Got cooldown_range={cooldown!r}."
             ) from None
         cooldown = (low, high)
-    timeout = 600.0 if elastic_timeout is None else elastic_timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-            math.isfinite(timeout) and timeout > 0):
+    if elastic_timeout is not None and (isinstance(elastic_timeout, bool) or not isinstance(
+            elastic_timeout, int | float) or not (math.isfinite(elastic_timeout) and elastic_timeout > 0)):
         raise InvalidArgumentError(
             f"elastic_timeout is a positive number of seconds. Got elastic_timeout={elastic_timeout!r}."
         )
+    try:  # not given: HOROVOD_ELASTIC_TIMEOUT, else 600 s, as in horovod.run
+        timeout, source = driver_elastic_timeout(elastic_timeout, os.environ, "elastic_timeout")
+    except LaunchError as exc:
+        raise InvalidArgumentError(str(exc)) from None
     try:
         limits = Limits(min_np, max_np, reset_limit, cooldown)
     except LaunchError as exc:
         raise InvalidArgumentError(str(exc).replace("--min-np", "min_num_proc").replace("--max-np", "max_num_proc")
                                    .replace("--reset-limit", "reset_limit")
                                    .replace("--blacklist-cooldown-range A B", "cooldown_range")) from None
-    return ElasticOptions(str(script), limits, given.get("slots"), float(timeout))
+    return ElasticOptions(str(script or ""), limits, given.get("slots"), float(timeout), fixed_hosts=fixed,
+                          timeout_source=source)
