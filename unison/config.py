@@ -126,6 +126,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "Parameter-server jobs: servers write a checkpoint this often (0: on request and at the end)."),
     Setting("ps_trainer_timeout_seconds", "UNISON_PS_TRAINER_TIMEOUT_SECONDS", None, "float", 10.0,
             "Parameter-server jobs: a trainer silent this long is gone."),
+    Setting("ps_reconnect_seconds", "UNISON_PS_RECONNECT_SECONDS", None, "float", 60.0,
+            "Parameter-server jobs: how long a trainer waits for a server that stopped answering "
+            "(retrying, so a restarted server is picked up) before it raises ServerUnavailableError."),
     Setting("ps_address_file", "UNISON_PS_ADDRESS_FILE", None, "str", "",
             "Parameter-server jobs: a server listens on any port and writes its host:port here."),
     Setting("cpu_operations", "UNISON_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS", "str", "mpi",
@@ -222,6 +225,7 @@ class Settings:
     ps_checkpoint_dir: str = ""
     ps_checkpoint_seconds: float = 0.0
     ps_trainer_timeout_seconds: float = 10.0
+    ps_reconnect_seconds: float = 60.0
     ps_address_file: str = ""
     cpu_operations: str = "mpi"
     gpu_operations: str = "nccl"
