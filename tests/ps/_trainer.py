@@ -101,20 +101,23 @@ def async_outlive() -> None:
 
 
 def sync_until_lost() -> None:
-    """Synchronous steps (OUT.ready after the third) until an error stops them; write it to OUT, exit 3."""
+    """Steps (OUT.ready after the third) until an error stops them; write it and when to OUT, exit 3.
+
+    Two parameters, so with two servers every pull and push reaches both."""
     ps.init()
-    ps.declare_dense({"w": np.zeros(4, np.float32)}, ps.SGD(0.1))
+    ps.declare_dense({"w": np.zeros(4, np.float32), "v": np.zeros(4, np.float32)}, ps.SGD(0.1))
     steps = 0
     try:
         while True:
             ps.pull_dense()
-            ps.push(dense={"w": np.ones(4, np.float32)})
+            ps.push(dense={"w": np.ones(4, np.float32), "v": np.ones(4, np.float32)})
             steps += 1
             if steps == 3:
                 Path(f"{out}.ready").write_text("")
             time.sleep(0.01)
     except (ps.TrainerLostError, ps.ServerUnavailableError) as exc:
-        out.write_text(json.dumps({"error": str(exc), "type": type(exc).__name__, "steps": steps}))
+        out.write_text(json.dumps({"error": str(exc), "type": type(exc).__name__, "steps": steps,
+                                   "at": time.time()}))
         raise SystemExit(3) from None
 
 

@@ -47,7 +47,7 @@ def test_async_the_others_finish_and_the_servers_exit_naming_the_lost_trainer(tm
         result = json.loads(outs[0].read_text())
         for stats in result["servers"]:
             assert list(stats["lost_trainers"]) == ["1"], stats["lost_trainers"]
-            assert stats["trainers"]["1"]["lost"].startswith(f"trainer 1 (") and f"pid {trainers[1].pid}) sent " \
+            assert stats["trainers"]["1"]["lost"].startswith("trainer 1 (") and f"pid {trainers[1].pid}) sent " \
                 "nothing for" in stats["trainers"]["1"]["lost"], stats["trainers"]
         assert [s.wait(20) for s in servers] == [3, 3]  # they exit by themselves: the others finished
     finally:
@@ -70,7 +70,7 @@ def test_sync_the_others_get_trainer_lost_and_the_servers_exit_after_their_check
         for t in (0, 2):
             result = json.loads(outs[t].read_text())
             assert result["type"] == "TrainerLostError", result
-            assert f"trainer 1 (" in result["error"] and f"pid {trainers[1].pid}) pushed steps up to" in result[
+            assert "trainer 1 (" in result["error"] and f"pid {trainers[1].pid}) pushed steps up to" in result[
                 "error"] and "it died or is stopped" in result["error"], result
         assert [s.wait(20) for s in servers] == [3, 3]  # every other trainer was told: they exit
         steps = min(json.loads(outs[t].read_text())["steps"] for t in (0, 2))

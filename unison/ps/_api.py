@@ -80,7 +80,7 @@ def init(**overrides: Any) -> Client:
     if role_.role == "server":
         sys.exit(run_server(role_))
     connection = Client(role_.endpoints, role_.secret, trainer=role_.index, num_trainers=role_.num_trainers,
-                        mode=role_.mode)
+                        mode=role_.mode, reconnect_seconds=role_.reconnect_seconds)
     connection.connect()
     _client, _role = connection, role_
     return connection

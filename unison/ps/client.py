@@ -33,6 +33,7 @@ from ..service.security import TOKEN_KEY
 from ..service.server import CHANNEL_OPTIONS
 from . import ps_pb2 as pb
 from ._ids import table_ids
+from ._reach import Unreached, gave_up, unavailable_message
 from ._wire import DEFAULT_CHUNK_BYTES, Part, floats, frames, sum_rows
 from .errors import RequestError, ServerUnavailableError, TableFullError, TrainerLostError
 from .optim import SGD, Optimizer
@@ -44,6 +45,10 @@ __all__ = ["Client", "shard_capacity", "table_refusal"]
 
 log = logging.getLogger(__name__)
 
+# A channel that lost its server tries to connect again at least every second (gRPC's default backoff
+# grows to 2 minutes), so a server restarted within the reconnect window is found within a second.
+_RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                      ("grpc.max_reconnect_backoff_ms", 1000)]
 _REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
@@ -110,7 +115,9 @@ class Client:
         self.state = "created"
         self.step = 0  # pushes made; a synchronous pull waits until the servers applied this many steps
         self._metadata = ((TOKEN_KEY, secret),)
-        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS) for e in self.endpoints]
+        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS + _RECONNECT_OPTIONS) for e in self.endpoints]
+        self._unreached: list[Unreached | None] = [None] * len(self.endpoints)
+        self._in_flight: list[set[Any]] = [set() for _ in self.endpoints]
         self._versions = [0] * len(self.endpoints)
         self._incarnations = [0] * len(self.endpoints)  # the server process each call is meant for
         self._sequences = [0] * len(self.endpoints)  # pushes numbered per server, so a resend is not applied twice
@@ -161,29 +168,75 @@ class Client:
 
         return parse
 
+    def _reached(self, server: int, error: str = "") -> None:
+        """Note a contact with `server` that worked (no `error`) or failed (the first failure starts the wait)."""
+        with self._lock:
+            known = self._unreached[server]
+            if not error:
+                self._unreached[server] = None
+            elif known is None:
+                self._unreached[server] = Unreached(time.monotonic(), time.time(), error)
+            else:
+                self._unreached[server] = dataclasses.replace(known, error=error)
+
+    def _given_up(self, server: int) -> Unreached | None:
+        """What is known of `server` when this trainer no longer waits for it, else None."""
+        with self._lock:
+            unreached = self._unreached[server]
+        return unreached if gave_up(unreached, time.monotonic(), self.reconnect_seconds) else None
+
+    def _unavailable(self, server: int, method: str, unreached: Unreached) -> ServerUnavailableError:
+        return ServerUnavailableError(unavailable_message(
+            server=server, endpoint=self.endpoints[server], trainer=self.trainer, method=method, unreached=unreached,
+            now=time.monotonic(), reconnect_seconds=self.reconnect_seconds))
+
     def _call(self, server: int, method: str, requests: Callable[[], Iterator[Any]], reply_type: Any,
               streaming: bool = False, timeout: float | None = None) -> Any:
-        """One call to one server; a server down or restarting is waited for up to `reconnect_seconds`."""
+        """One call to one server; a server down or restarting is waited for up to `reconnect_seconds`.
+
+        The wait starts at the first failed contact (`_reached`); the heartbeat thread notes contacts
+        too, and cancels a call still waiting on a server it gave up on (one stopped, not dead).
+        """
         path = f"/{SERVICE_NAME}/{method}"
         channel = self._channels[server]
         make = channel.stream_stream if streaming else channel.stream_unary
         stub = make(path, request_serializer=self._serializer, response_deserializer=self._deserializer(reply_type))
-        deadline = time.monotonic() + self.reconnect_seconds
         while True:
+            unreached = self._given_up(server)
+            if unreached is not None:
+                raise self._unavailable(server, method, unreached)
+            call: Any = None
             try:
-                left = max(deadline - time.monotonic(), 0.1)
-                if streaming:
-                    return list(stub(requests(), metadata=self._metadata, wait_for_ready=True,
-                                     timeout=timeout if timeout is not None else left + 600))
-                return stub(requests(), metadata=self._metadata, wait_for_ready=True,
-                            timeout=timeout if timeout is not None else left + 600)
+                # not wait_for_ready: a server that is down fails the call at once, and the loop waits
+                call = stub(requests(), metadata=self._metadata, timeout=timeout) if streaming else \
+                    stub.future(requests(), metadata=self._metadata, timeout=timeout)
+                with self._lock:
+                    self._in_flight[server].add(call)
+                result = list(call) if streaming else call.result()
+                self._reached(server)
+                return result
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline and not self._closed.is_set():
+                if code == grpc.StatusCode.UNAVAILABLE and not self._closed.is_set():
+                    self._reached(server, f"{code.name}: {exc.details()}")
                     self._count(retries=1)
                     time.sleep(0.2)
                     continue
+                unreached = self._given_up(server)
+                if code == grpc.StatusCode.CANCELLED and unreached is not None:
+                    raise self._unavailable(server, method, unreached) from None
                 raise self._error(server, method, exc) from None
+            except grpc.FutureCancelledError:  # the heartbeat gave up on the server (or close() ran)
+                unreached = self._given_up(server)
+                if unreached is None:
+                    raise ServerUnavailableError(f"trainer {self.trainer}'s {method} to parameter server {server} "
+                                                 f"({self.endpoints[server]}) was cancelled: the client is closing.")\
+                        from None
+                raise self._unavailable(server, method, unreached) from None
+            finally:
+                if call is not None:
+                    with self._lock:
+                        self._in_flight[server].discard(call)
 
     def _error(self, server: int, method: str, exc: grpc.RpcError) -> Exception:
         code, details = exc.code(), exc.details()
@@ -200,10 +253,19 @@ class Client:
                                       f"{code.name}: {details}")
 
     def _on_every(self, call: Callable[[int], Any]) -> list[Any]:
-        """`call(server)` for every server, at once; the first error is raised."""
+        """`call(server)` for every server, at once; the first error is raised as soon as it happens.
+
+        A call still waiting on another server then goes on in the background (a synchronous pull
+        may wait a long time): the error comes first.
+        """
         if self.num_servers == 1:
             return [call(0)]
-        return list(self._pool.map(call, range(self.num_servers)))
+        running = [self._pool.submit(call, server) for server in range(self.num_servers)]
+        futures.wait(running, return_when=futures.FIRST_EXCEPTION)
+        for future in running:
+            if future.done() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        return [future.result() for future in running]
 
     def _info(self) -> pb.TrainerInfo:
         return pb.TrainerInfo(trainer=self.trainer, num_trainers=self.num_trainers, host=socket.gethostname(),
@@ -230,16 +292,25 @@ class Client:
         return replies
 
     def _beat(self) -> None:
+        """Tell every server this trainer is alive; note which servers answer, and stop waiting on the lost."""
         info = pb.TrainerInfo(trainer=self.trainer)
         path = f"/{SERVICE_NAME}/Heartbeat"
         stubs = [c.stream_unary(path, request_serializer=lambda m: bytes(m.SerializeToString()),
                                 response_deserializer=pb.Ack.FromString) for c in self._channels]
         while not self._closed.wait(self.heartbeat_seconds):
-            for stub in stubs:
+            for server, stub in enumerate(stubs):
                 try:
                     stub(iter([info]), metadata=self._metadata, timeout=max(self.heartbeat_seconds, 1.0))
+                    self._reached(server)
                 except grpc.RpcError as exc:
-                    log.debug("trainer %d: a heartbeat failed: %s", self.trainer, exc.code())
+                    log.debug("trainer %d: a heartbeat to server %d failed: %s", self.trainer, server, exc.code())
+                    if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        self._reached(server, f"{exc.code().name}: {exc.details()}")
+                if self._given_up(server) is not None:
+                    with self._lock:
+                        waiting = list(self._in_flight[server])
+                    for call in waiting:  # they raise ServerUnavailableError in their threads
+                        call.cancel()
 
     def finish(self) -> None:
         """Tell every server this trainer is done (servers exit once every trainer is), and close."""

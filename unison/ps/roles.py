@@ -16,6 +16,7 @@ variable                           meaning                                      
 ``UNISON_PS_CHECKPOINT_DIR``       servers keep and resume their shards here
 ``UNISON_PS_CHECKPOINT_SECONDS``   servers write a checkpoint this often (0)
 ``UNISON_PS_TRAINER_TIMEOUT_SECONDS``  a trainer silent this long is gone (10)
+``UNISON_PS_RECONNECT_SECONDS``    a trainer waits this long for a lost server (60)
 ``UNISON_PS_ADDRESS_FILE``         a server listens on any port and writes its address here
 ``UNISON_SECRET``/``_FILE``        the job secret, as for the coordinator service
 =================================  ===========================================  ===========================
@@ -41,7 +42,8 @@ __all__ = ["Role", "resolve_role"]
 _FIELDS = {"role": "ps_role", "trainer_id": "ps_trainer_id", "server_index": "ps_server_index",
            "endpoints": "ps_endpoints", "num_trainers": "ps_num_trainers", "num_servers": "ps_num_servers",
            "mode": "ps_mode", "checkpoint_dir": "ps_checkpoint_dir", "checkpoint_seconds": "ps_checkpoint_seconds",
-           "trainer_timeout_seconds": "ps_trainer_timeout_seconds", "address_file": "ps_address_file"}
+           "trainer_timeout_seconds": "ps_trainer_timeout_seconds", "address_file": "ps_address_file",
+           "reconnect_seconds": "ps_reconnect_seconds"}
 _UNSET: dict[str, Any] = {s.field: s.default for s in SETTINGS_TABLE if s.field in _FIELDS.values()}
 _VARIABLES = {s.field: (s.env, s.alias) for s in SETTINGS_TABLE if s.field in _FIELDS.values()}
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
@@ -64,6 +66,7 @@ class Role:
         checkpoint_seconds: how often servers write them (0: on request and at the end only).
         trainer_timeout_seconds: a trainer silent this long is gone.
         address_file: a server writes its ``host:port`` here once it listens ("" for none).
+        reconnect_seconds: a trainer waits this long for a server that stopped answering.
     """
 
     role: str
@@ -77,6 +80,7 @@ class Role:
     checkpoint_seconds: float = 0.0
     trainer_timeout_seconds: float = 10.0
     address_file: str = ""
+    reconnect_seconds: float = 60.0
 
 
 def _get(environ: Mapping[str, str], settings: Settings, overrides: Mapping[str, Any],
@@ -119,7 +123,7 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         environ: the environment (``os.environ``).
         **overrides: ``role``, ``trainer_id``, ``server_index``, ``endpoints`` (a list or a comma string),
             ``num_trainers``, ``mode``, ``checkpoint_dir``, ``checkpoint_seconds``,
-            ``trainer_timeout_seconds``, ``secret``.
+            ``trainer_timeout_seconds``, ``reconnect_seconds``, ``secret``.
 
     Raises:
         ConfigError: a missing or bad value; the message names the variable or argument.
@@ -128,7 +132,7 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
         >>> env = {"UNISON_PS_ROLE": "trainer", "UNISON_PS_TRAINER_ID": "1", "UNISON_SECRET": "s" * 32,
         ...        "UNISON_PS_ENDPOINTS": "10.0.0.1:6000,10.0.0.2:6000", "UNISON_PS_NUM_TRAINERS": "4"}
         >>> resolve_role(env)
-        Role(role='trainer', index=1, endpoints=('10.0.0.1:6000', '10.0.0.2:6000'), num_servers=2, num_trainers=4, mode='async', checkpoint_dir='', checkpoint_seconds=0.0, trainer_timeout_seconds=10.0, address_file='')
+        Role(role='trainer', index=1, endpoints=('10.0.0.1:6000', '10.0.0.2:6000'), num_servers=2, num_trainers=4, mode='async', checkpoint_dir='', checkpoint_seconds=0.0, trainer_timeout_seconds=10.0, address_file='', reconnect_seconds=60.0)
     """
     settings = load_settings(environ)
     where, raw_role = _get(environ, settings, overrides, "role")
@@ -190,10 +194,12 @@ def resolve_role(environ: Mapping[str, str], **overrides: Any) -> Role:
     where_cs, raw_every = _get(environ, settings, overrides, "checkpoint_seconds")
     where_to, raw_timeout = _get(environ, settings, overrides, "trainer_timeout_seconds")
     timeout = _seconds(where_to, raw_timeout) if raw_timeout is not None else 10.0
+    where_r, raw_reconnect = _get(environ, settings, overrides, "reconnect_seconds")
     return Role(role=role, index=index, endpoints=endpoints, num_servers=num_servers, num_trainers=num_trainers,
                 mode=mode, secret=secret, checkpoint_dir=checkpoint_dir or "",
                 checkpoint_seconds=_seconds(where_cs, raw_every) if raw_every is not None else 0.0,
-                trainer_timeout_seconds=timeout, address_file=address_file or "")
+                trainer_timeout_seconds=timeout, address_file=address_file or "",
+                reconnect_seconds=_seconds(where_r, raw_reconnect) if raw_reconnect is not None else 60.0)
 
 
 def _server_index(environ: Mapping[str, str], settings: Settings, overrides: Mapping[str, Any],

@@ -6,8 +6,10 @@ from unison.ps._steps import (
     AHEAD_STEPS,
     TrainerSeen,
     is_duplicate,
+    lost_trainers,
     push_refusal,
     resume_refusal,
+    server_end,
     staleness,
     step_blockers,
     step_complete,
@@ -67,3 +69,44 @@ def test_staleness() -> None:
     assert staleness(10, 7) == 3
     assert staleness(3, 3) == 0
     assert staleness(2, 5) == 0  # a server resumed from an older checkpoint
+
+
+def test_lost_trainers_and_when_a_server_ends() -> None:
+    a = TrainerSeen("a", 10, 100.0, finished=True, first_seen=50.0)
+    b = TrainerSeen("b", 11, 95.0, pushed=4, first_seen=51.0)
+    c = TrainerSeen("c", 12, 99.5, first_seen=52.0)
+    # nobody came yet: nobody is lost, the server waits
+    assert lost_trainers({}, 2, 1000.0, 5.0) == {} and server_end(sync=False, trainers={}, num_trainers=2, now=1e3,
+                                                                    timeout_seconds=5.0) == ""
+    assert server_end(sync=False, trainers={0: a, 1: a}, num_trainers=2, now=0.0, timeout_seconds=5.0) == \
+        "every trainer finished"
+    # asynchronous: the others finished and the rest are lost
+    assert lost_trainers({0: a, 1: b}, 2, 101.0, 5.0) == {
+        1: "trainer 1 (b, pid 11) sent nothing for 6.0 s; it died or is stopped"}
+    assert server_end(sync=False, trainers={0: a, 1: b}, num_trainers=2, now=101.0, timeout_seconds=5.0) == \
+        "trainer 0 finished; trainer 1 (b, pid 11) sent nothing for 6.0 s; it died or is stopped"
+    assert server_end(sync=False, trainers={0: a, 1: b, 2: c}, num_trainers=3, now=101.0, timeout_seconds=5.0) == ""
+    # a trainer that never came counts from the first trainer's hello
+    assert lost_trainers({0: c}, 2, 57.5, 5.0) == {1: "trainer 1 never connected (5.5 s after the first)"}
+    # synchronous: a lost trainer alone ends nothing while another may still be told; told, it ends
+    assert lost_trainers({0: a, 1: b}, 2, 101.0, 5.0, sync=True)[1].startswith("trainer 1 (b, pid 11) pushed steps "
+                                                                              "up to 4 and sent nothing")
+    assert server_end(sync=True, trainers={0: c, 1: b}, num_trainers=2, now=101.0, timeout_seconds=5.0) == ""
+    failure = "step 5 did not complete on parameter server 0: trainer 1 (b, pid 11) ..."
+    assert server_end(sync=True, trainers={0: c, 1: b}, num_trainers=2, now=101.0, timeout_seconds=5.0,
+                      failure=failure) == ""
+    assert server_end(sync=True, trainers={0: c, 1: b}, num_trainers=2, now=101.0, timeout_seconds=5.0,
+                      failure=failure, told={0}).startswith(
+        f"synchronous training stopped: {failure}; trainer 0 got the error; trainer 1 (b, pid 11) pushed steps up to 4")
+
+
+def test_a_trainer_gives_up_on_a_server_after_the_reconnect_window() -> None:
+    from unison.ps._reach import Unreached, gave_up, unavailable_message
+
+    down = Unreached(since=10.0, since_wall=1_700_000_000.0, error="UNAVAILABLE: connection refused")
+    assert not gave_up(None, 1e9, 60.0) and not gave_up(down, 70.0, 60.0) and gave_up(down, 70.5, 60.0)
+    text = unavailable_message(server=2, endpoint="h:7", trainer=1, method="Pull", unreached=down, now=71.0,
+                               reconnect_seconds=60.0)
+    assert text.startswith("parameter server 2 (h:7) has not answered trainer 1 since 20")
+    assert "(61.0 s, over the reconnect window of 60 s; last: UNAVAILABLE: connection refused), so its Pull failed" \
+        in text
