@@ -52,6 +52,8 @@ class Job:
     homogeneous: bool
     mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
     process_sets: dict[int, ProcessSet]
+    # ProcessSet objects bound by a repeated init(process_sets=[...]) to sets already registered
+    rebound_sets: list[ProcessSet] = dataclasses.field(default_factory=list)
     handle_counter: int = 0
     # handle id -> (engine handles, function turning their raw results into what synchronize returns)
     handles: dict[int, tuple[list[Any], Any]] = dataclasses.field(default_factory=dict)
@@ -94,6 +96,7 @@ class Job:
 _job: Job | None = None
 _init_lock = threading.RLock()
 _atexit_registered = False
+_mpi_started_here = False  # unison called MPI_Init_thread (the application set mpi4py.rc.initialize = False)
 
 
 def job() -> Job:
@@ -172,13 +175,22 @@ def _check_settings_agree(comm: Any, settings: Settings) -> None:
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
     """Start this process's part of the job: discover ranks, start the engine thread.
 
-    Repeated calls while initialized do nothing. Settings come from ``UNISON_*`` (or ``HOROVOD_*``)
-    environment variables, read once here.
+    Repeated calls while initialized start nothing; one that passes process sets binds those
+    ProcessSet objects to the sets already registered with the same ranks. Settings come from
+    ``UNISON_*`` (or ``HOROVOD_*``) environment variables, read once here. Where the application kept
+    mpi4py from starting MPI (``mpi4py.rc.initialize = False``), init() starts it, and finalizes it at
+    exit; an MPI the application started is left to the application.
 
     Args:
         comm: None for every process of the launch; a list of world ranks; or an mpi4py communicator.
         process_sets: process sets to register now (every rank must pass the same list), or
             ``"dynamic"`` to allow `add_process_set` later.
+
+    Raises:
+        InvalidArgumentError: (a ValueError) a process set repeats the ranks of the global set or of
+            an earlier one in the list. As in Horovod, the job is initialized nonetheless, with the
+            other sets; the repeated ProcessSet is left unregistered. Call init() again with the
+            list without it to bind the list's objects.
 
     Example:
         >>> import unison as hvd
@@ -192,6 +204,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         raise _failure.fork_error()
     with _init_lock:
         if _job is not None and _job.engine.state == "running":
+            if process_sets is not None and not isinstance(process_sets, str):
+                _bind_again(_job, process_sets)
             return
         the_comm: Any = None
         overrides: dict[str, Any] = {}
@@ -226,6 +240,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             launched = _launcher_size()
             with guard_mpi_start(settings.start_timeout_seconds, launched):
                 mpi = import_mpi()
+                _start_mpi(mpi, settings.mpi_threads_disable)
             the_comm = _resolve_comm(mpi, comm)
             if comm is None and launched > 1 and the_comm.Get_size() == 1:
                 raise ConfigError(
@@ -263,11 +278,18 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         registered = {0: tuple(range(size))}
         sets: dict[int, ProcessSet] = {0: global_process_set}
         bind(global_process_set, 0, list(range(size)), rank)
-        for index, ps in enumerate(process_sets or []):  # checked locally by _check_process_sets
+        duplicates: list[tuple[ProcessSet, int]] = []
+        for ps in process_sets or []:  # checked locally by _check_process_sets
             ranks = _ranks_of(ps, mpi)
-            if tuple(ranks) in registered.values():
-                raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
-            set_id = index + 1
+            known = _set_id_of(registered, ranks)
+            if known is not None:
+                # Horovod registers the other sets, then raises: the job runs, this object stays
+                # unregistered (unless it is the very object registered earlier in the list).
+                if sets.get(known) is not ps:
+                    unbind(ps)
+                duplicates.append((ps, known))
+                continue
+            set_id = len(registered)
             backend.add_process_set(set_id, ranks)
             registered[set_id] = tuple(ranks)
             bind(ps, set_id, ranks, rank)
@@ -285,6 +307,86 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             atexit.register(shutdown)
             _atexit_registered = True
         log.debug("rank %d/%d initialized with %s", rank, size, backend)
+        if duplicates:
+            raise _duplicate_error(duplicates, registered)
+
+
+def _start_mpi(mpi: Any, serialized: bool) -> None:
+    """Start MPI if the application kept mpi4py from it, and finalize it at exit if so (once)."""
+    global _mpi_started_here
+    from .backends.mpi import initialize_mpi
+
+    if initialize_mpi(mpi, serialized) and not _mpi_started_here:
+        _mpi_started_here = True
+        # Registered before `shutdown` (at the end of the first init()), so it runs after it.
+        atexit.register(_finalize_mpi, mpi)
+
+
+def _finalize_mpi(mpi: Any) -> None:
+    """At exit: finalize the MPI that `init()` started, once unison's job has ended cleanly.
+
+    A forked child must not act for its parent's rank. After a broken job (a rank failed, froze or
+    stalled) the exit agreement of `unison._failure` still needs MPI, and a finalize could wait for
+    a rank that will not come: the process then ends without it, as mpi4py's own exit would.
+    """
+    if _job is not None:
+        shutdown()
+    if _failure.is_forked_child() or _failure._state.broken_reason:
+        return
+    from .backends.mpi import finalize_mpi
+
+    finalize_mpi(mpi)
+
+
+def _set_id_of(registered: dict[int, tuple[int, ...]], ranks: Sequence[int]) -> int | None:
+    """The id of the registered set with exactly these ranks, or None."""
+    wanted = tuple(ranks)
+    for set_id, members in registered.items():
+        if tuple(members) == wanted:
+            return set_id
+    return None
+
+
+def _duplicate_error(duplicates: list[tuple[ProcessSet, int]],
+                     registered: dict[int, tuple[int, ...]]) -> InvalidArgumentError:
+    ps, known = duplicates[0]
+    where = "the global process set" if known == 0 else f"process set {known}"
+    others = "; ".join(f"{set_id}: {list(ranks)}" for set_id, ranks in sorted(registered.items()))
+    return InvalidArgumentError(
+        f"Attempted to add a duplicate process set: {ps}; its ranks {list(registered[known])} are "
+        f"{where}'s. unison is initialized with the other sets (id: ranks {others}); call "
+        "init(process_sets=[...]) again with a list without duplicates to bind its ProcessSet objects."
+    )
+
+
+def _bind_again(current: Job, process_sets: Sequence[ProcessSet]) -> None:
+    """A repeated init(process_sets=[...]): bind each object to the registered set of its ranks."""
+    _check_process_sets(process_sets, current.size)
+    registered = current.engine.process_sets
+    duplicates: list[tuple[ProcessSet, int]] = []
+    bound: dict[int, ProcessSet] = {}
+    for ps in process_sets:
+        ranks = _ranks_of(ps, current.mpi)
+        set_id = _set_id_of(registered, ranks)
+        if set_id is None:
+            listing = "; ".join(f"{i}: {list(r)}" for i, r in sorted(registered.items()))
+            raise InvalidArgumentError(
+                f"init() was called again with {ps}, whose ranks {list(ranks)} are not a registered "
+                f"process set (id: ranks {listing}). Sets are registered by the first init(); add "
+                "this one with add_process_set() (init(process_sets='dynamic')), or call shutdown() "
+                "first."
+            )
+        if set_id == 0 or set_id in bound:
+            if ps is not global_process_set and bound.get(set_id) is not ps:
+                unbind(ps)
+            duplicates.append((ps, set_id))
+            continue
+        bind(ps, set_id, list(ranks), current.rank)
+        bound[set_id] = ps
+        if current.process_sets.get(set_id) is not ps and all(p is not ps for p in current.rebound_sets):
+            current.rebound_sets.append(ps)
+    if duplicates:
+        raise _duplicate_error(duplicates, dict(registered))
 
 
 def _check_process_sets(process_sets: Sequence[ProcessSet] | None, size: int) -> None:
@@ -407,7 +509,7 @@ def shutdown() -> None:
         handoff = sys.modules.get("unison.gpu.handoff")  # only if a GPU buffer was ever submitted
         if handoff is not None:
             handoff.reset()
-        for ps in current.process_sets.values():
+        for ps in [*current.process_sets.values(), *current.rebound_sets]:
             if ps is not global_process_set:
                 unbind(ps)
         _job = None

@@ -153,9 +153,11 @@ def guard_mpi_start(timeout_seconds: float, launched: int) -> Iterator[None]:
 
     When one of them raised or exited before `init()`, the others would wait forever; after
     `timeout_seconds` a watchdog process prints why and kills this one, so the launcher ends the job.
-    Does nothing for a job of one process, once MPI is initialized, or with a bound of 0.
+    Does nothing for a job of one process, once MPI is initialized, or with a bound of 0. (mpi4py's
+    module may be imported without MPI running, under ``mpi4py.rc.initialize = False``.)
     """
-    if launched < 2 or timeout_seconds <= 0 or "mpi4py.MPI" in sys.modules:
+    imported = sys.modules.get("mpi4py.MPI")
+    if launched < 2 or timeout_seconds <= 0 or (imported is not None and imported.Is_initialized()):
         yield
         return
     rank = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))

@@ -95,3 +95,32 @@ def test_barriers_of_different_sets_pending_at_the_same_time() -> None:
         hvd.barrier(process_set=mine)
     out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.set.barriers", process_set=mine)
     assert out[0] == len(mine.ranks)
+
+
+@pytest.mark.min_ranks(2)
+def test_duplicate_sets_at_init_leave_the_job_initialized_and_init_again_binds() -> None:
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    listed = [hvd.ProcessSet([0]), hvd.ProcessSet(range(1, size)),
+              hvd.ProcessSet(range(size - 1, -1, -1)),  # every rank: the global set again
+              hvd.ProcessSet([0])]  # the first one again
+    with pytest.raises(ValueError, match=r"Attempted to add a duplicate process set: ProcessSet\(process_set_id="
+                                         r"None, ranks=\[0, 1.*the global process set's.*call init\(process_sets"):
+        hvd.init(comm=MPI.COMM_WORLD, process_sets=listed)
+    # As in Horovod: initialized, with the sets that were not duplicates.
+    assert hvd.is_initialized() and hvd.size() == size
+    assert [ps.process_set_id for ps in listed] == [1, 2, None, None]
+    first, rest = hvd.ProcessSet([0]), hvd.ProcessSet(reversed(range(1, size)))
+    hvd.init(comm=MPI.COMM_WORLD, process_sets=[first, rest])  # binds the new objects
+    assert (first.process_set_id, rest.process_set_id) == (1, 2)
+    if rest.included():
+        out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="rest.after.reinit", process_set=rest)
+        assert out[0] == size - 1
+    hvd.barrier()  # no rank shuts the job down before every rank called init() below
+    if size > 2:
+        with pytest.raises(ValueError, match=r"init\(\) was called again with ProcessSet\(.*ranks=\[0, 1\].*are "
+                                             r"not a registered process set"):
+            hvd.init(process_sets=[hvd.ProcessSet([0, 1])])
+    hvd.shutdown()
+    assert rest.process_set_id is None and first.process_set_id is None

@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AbortedError, MissingDependencyError
+from ..errors import AbortedError, ConfigError, MissingDependencyError
 from ..ops import ReduceOp
 from ._liveness import Liveness
 from .base import Abandoned, split_counts
 
-__all__ = ["MpiBackend", "abort_with_output", "import_mpi"]
+__all__ = ["MpiBackend", "abort_with_output", "finalize_mpi", "import_mpi", "initialize_mpi"]
 
 
 _SPIN_SECONDS = 100e-6
@@ -47,6 +47,38 @@ def import_mpi() -> Any:
             "`pip install mpi4py mpich` (the `mpi` extra of unison: `pip install -e '.[mpi]'` in a checkout)."
         ) from exc
     return MPI
+
+
+def initialize_mpi(mpi: Any, serialized: bool) -> bool:
+    """Start MPI where the application kept mpi4py from doing it (``mpi4py.rc.initialize = False``).
+
+    Horovod initializes MPI itself when it is not initialized yet, and some scripts and Horovod's own
+    tests rely on that. The thread level is the one unison asks mpi4py for otherwise:
+    ``MPI_THREAD_MULTIPLE``, or ``MPI_THREAD_SERIALIZED`` with ``UNISON_MPI_THREADS_DISABLE``.
+
+    Returns:
+        True when this call initialized MPI (the caller then finalizes it, `finalize_mpi`); False
+        when MPI already ran (mpi4py's default, or the application's own ``MPI.Init_thread``).
+
+    Raises:
+        ConfigError: MPI was already finalized in this process; it cannot start again.
+    """
+    if mpi.Is_initialized():
+        return False
+    if mpi.Is_finalized():
+        raise ConfigError(
+            "init() needs MPI, which was already finalized in this process (MPI.Finalize() was "
+            "called); MPI cannot be started twice. Call unison's init() before finalizing MPI, or "
+            "leave MPI's finalization to unison and mpi4py."
+        )
+    mpi.Init_thread(mpi.THREAD_SERIALIZED if serialized else mpi.THREAD_MULTIPLE)
+    return True
+
+
+def finalize_mpi(mpi: Any) -> None:
+    """``MPI_Finalize``, unless MPI is already finalized (the application or mpi4py did it)."""
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 # After the last line is written, the time MPICH's mpiexec gets to forward it before MPI_Abort tears
