@@ -99,3 +99,18 @@ def test_best_model_checkpoint_without_a_path_says_how_to_give_one() -> None:
     with pytest.raises(InvalidArgumentError, match=r"BestModelCheckpoint needs a file path to save to: pass "
                        r"filepath='best.keras' .* or set checkpoint.filepath before model.fit. Got filepath=None."):
         m.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.callbacks.BestModelCheckpoint()])
+
+
+def test_keras_collectives_keep_the_values_shape_as_horovod_does() -> None:
+    """``hvd.broadcast(0, 0)`` is 0-d, so ``model.fit(initial_epoch=hvd.broadcast(resume_from_epoch, 0))`` works."""
+    epoch = hvd.broadcast(3 if hvd.rank() == 0 else 0, 0)
+    assert tuple(epoch.shape) == () and int(epoch) == 3 and keras.backend.standardize_dtype(epoch.dtype) == "int32"
+    mean = hvd.allreduce(1.0)
+    assert tuple(mean.shape) == () and keras.backend.standardize_dtype(mean.dtype) == "float32"
+    assert float(mean) == 1.0
+    assert tuple(hvd.broadcast(tf.constant(0), 0).shape) == ()
+    assert tuple(hvd.allreduce(np.ones((2, 3), np.float64), op=hvd.Sum).shape) == (2, 3)
+    assert tuple(hvd.allgather(hvd.rank()).shape) == (hvd.size(),)  # a scalar is one row, as before
+    m = model()
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    assert m.fit(*xy(), epochs=4, initial_epoch=epoch, verbose=0).epoch == [3]

@@ -1,4 +1,4 @@
-"""``import unison.keras as hvd``: Horovod's Keras API for Keras 3, on the tensorflow or torch backend."""
+"""``import unison.keras as hvd``: Horovod's Keras API for Keras 3 (tensorflow or torch backend), or Keras 2 as tf.keras."""
 
 from .._elastic import elastic_getattr as _elastic_getattr
 from .._objects import add_process_set, remove_process_set
@@ -27,6 +27,7 @@ from .._runtime import (
     stop_timeline,
 )
 from ..adapters.array_compression import Compression
+from ..adapters.keras.flavour import keras_path_is_keras2 as _keras_path_is_keras2
 from ..adapters.keras.functions import (
     allgather,
     allreduce,
@@ -36,10 +37,19 @@ from ..adapters.keras.functions import (
 )
 from ..adapters.keras.optimizer import PartialDistributedOptimizer
 from ..adapters.keras.orders import KerasDistributedOptimizer as DistributedOptimizer
-from ..adapters.keras.saving import load_model
 from ..ops import Adasum, Average, Sum
 from ..process_sets import ProcessSet, global_process_set
-from . import callbacks
+
+# Keras 3, or Keras 2 when Keras 3 runs on TensorFlow and tf.keras is Keras 2 (TF_USE_LEGACY_KERAS=1
+# with tf-keras installed); the optimizer wrapper takes either, by the optimizer it is given.
+if _keras_path_is_keras2():
+    from ..adapters.tf_keras.optimizer import install_compile_hook as _install_compile_hook
+    from ..adapters.tf_keras.saving import load_model
+
+    _install_compile_hook()
+else:
+    from ..adapters.keras.saving import load_model  # type: ignore[assignment]
+from . import callbacks  # noqa: E402  (after the choice above, which it repeats)
 
 __all__ = [
     "Adasum",

@@ -15,16 +15,23 @@ __all__ = ["allgather", "allreduce", "broadcast", "broadcast_global_variables", 
 
 
 def _array(value: Any) -> np.ndarray:
-    return np.ascontiguousarray(keras.ops.convert_to_numpy(value))
+    """`value` as a C-ordered array of its own shape (a scalar stays 0-d, as Horovod's tensors do).
+
+    Python numbers and lists become tensors first, as Horovod's ``tf.constant(value)`` makes them:
+    a float is float32 (Keras's floatx), not NumPy's float64.
+    """
+    if isinstance(value, (bool, int, float, list, tuple)):
+        value = keras.ops.convert_to_tensor(value)
+    return np.asarray(keras.ops.convert_to_numpy(value), order="C")
 
 
 def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, op: Any = None,
               compression: Any = Compression.none) -> Any:
-    """Reduce a value across ranks and return a Keras tensor (default op Average).
+    """Reduce a value across ranks and return a Keras tensor of the value's shape (default op Average).
 
     Example:
-        >>> hvd.allreduce(np.float32(hvd.rank()))   # doctest: +SKIP
+        >>> hvd.allreduce(1.0)   # a 0-d float32 tensor, as Horovod returns   # doctest: +SKIP
     """
     array, ctx = compression.compress(_array(value))
     out = C.allreduce(array, average=average, name=name, op=op, prescale_factor=prescale_factor,
@@ -33,19 +40,23 @@ def allreduce(value: Any, name: str | None = None, average: Any = None, prescale
 
 
 def allgather(value: Any, name: str | None = None) -> Any:
-    """Concatenate every rank's value along dimension 0 and return a Keras tensor."""
-    return keras.ops.convert_to_tensor(C.allgather(_array(value), name=name))
+    """Concatenate every rank's value along dimension 0 and return a Keras tensor (a scalar counts as one row)."""
+    return keras.ops.convert_to_tensor(C.allgather(np.atleast_1d(_array(value)), name=name))
 
 
 def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
-    """Return `root_rank`'s value on every rank as a Keras tensor."""
+    """Return `root_rank`'s value on every rank as a Keras tensor of the value's shape.
+
+    Example:
+        >>> model.fit(x, y, initial_epoch=hvd.broadcast(resume_from_epoch, 0))   # doctest: +SKIP
+    """
     array = _array(value)
     return keras.ops.convert_to_tensor(np.reshape(C.broadcast(array, root_rank, name=name), array.shape))
 
 
 def reducescatter(value: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE) -> Any:
     """Reduce a value across ranks and return this rank's dim-0 slice as a Keras tensor."""
-    return keras.ops.convert_to_tensor(C.reducescatter(_array(value), name=name, op=op))
+    return keras.ops.convert_to_tensor(C.reducescatter(np.atleast_1d(_array(value)), name=name, op=op))
 
 
 def broadcast_global_variables(root_rank: int) -> None:

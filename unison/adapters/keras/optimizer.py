@@ -42,6 +42,8 @@ from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
+from .flavour import is_tf_keras_object
+from .naming import variable_keys
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed"]
 
@@ -119,8 +121,8 @@ def _names(variables: list[Any]) -> list[str]:
 def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list[Any]:
     """Reduce a step's gradients in one grouped collective on whatever backend Keras runs."""
     settings.statistics["reductions"] += 1
-    names = _names(variables)
-    local = [n in settings.local_paths for n in names]
+    local = [n in settings.local_paths for n in _names(variables)]
+    names = variable_keys(variables)  # the same on every rank, loaded model or fresh (see naming.py)
     backend = _backend()
     if backend == "tensorflow":
         from ..tensorflow.gradients import reduce_gradients
@@ -177,7 +179,7 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
 def _average_partial(settings: _Settings, variables: list[Any]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
     policy = settings.policy
-    group = gradient_group_name(_names(variables))
+    group = gradient_group_name(variable_keys(variables))
 
     def average(*arrays: Any) -> list[Any]:
         copies = [np.array(a, copy=True, order="C") for a in arrays]
@@ -321,7 +323,11 @@ class _DistributedMixin:
 
 
 def is_distributed(optimizer: Any) -> bool:
-    """True if `optimizer` was wrapped by `DistributedOptimizer`."""
+    """True if `optimizer` (Keras 3's or Keras 2's) was wrapped by `DistributedOptimizer`."""
+    if is_tf_keras_object(optimizer):
+        from ..tf_keras.optimizer import is_distributed as keras2_is_distributed
+
+        return keras2_is_distributed(optimizer)
     return isinstance(optimizer, _DistributedMixin)
 
 
@@ -332,22 +338,33 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: Any = None, process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True) -> Any:
-    """Make a Keras 3 optimizer reduce gradients across ranks before applying them; return it.
+    """Make a Keras optimizer reduce gradients across ranks before applying them; return it.
 
     The instance itself is wrapped (its class becomes a same-named subclass), so learning-rate
     schedules, custom optimizers and its saved form are unchanged. With
     ``backward_passes_per_step=N`` gradients are summed locally for N calls (averaged if
     `average_aggregated_gradients`) and reduced and applied on every N-th; the calls in between
     only advance ``optimizer.iterations``. Works with ``KERAS_BACKEND=tensorflow`` and ``torch``.
+    A Keras 2 optimizer (tf_keras, ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``) goes to
+    `unison.adapters.tf_keras.optimizer.DistributedOptimizer`, which wraps it the same way.
 
     Example:
         >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))   # doctest: +SKIP
         >>> model.compile(optimizer=opt, loss="mse")                                     # doctest: +SKIP
     """
+    if is_tf_keras_object(optimizer):
+        from ..tf_keras import optimizer as keras2
+
+        return keras2.DistributedOptimizer(
+            optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+            gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+            num_groups, groups, process_set, scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise InvalidArgumentError(
-            f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.Optimizer). "
-            f"Got {type(optimizer).__name__}."
+            f"DistributedOptimizer wraps a Keras optimizer: Keras 3's (keras.optimizers.Optimizer), or "
+            f"Keras 2's (tf.keras.optimizers.* and tf.keras.optimizers.legacy.* under "
+            f"TF_USE_LEGACY_KERAS=1 with tf-keras installed). Got {type(optimizer).__name__} "
+            f"from {type(optimizer).__module__}."
         )
     if is_distributed(optimizer):
         raise InvalidArgumentError("This optimizer is already wrapped by DistributedOptimizer.")

@@ -1,6 +1,7 @@
-"""``import unison.tensorflow.keras as hvd``: unison.keras's Keras 3 API in horovod.tensorflow.keras's signatures (TensorFlow backend)."""
+"""``import unison.tensorflow.keras as hvd``: unison.keras's API in horovod.tensorflow.keras's signatures, for the Keras that tf.keras is."""
 
 from ..._elastic import elastic_getattr as _elastic_getattr
+from ...adapters.keras.flavour import tf_keras_is_keras2 as _tf_keras_is_keras2
 from ...adapters.keras.optimizer import DistributedOptimizer
 from ...keras import (
     Adasum,
@@ -24,7 +25,6 @@ from ...keras import (
     gloo_enabled,
     init,
     is_initialized,
-    load_model,
     local_rank,
     local_size,
     mpi_built,
@@ -41,7 +41,17 @@ from ...keras import (
     statistics,
     stop_timeline,
 )
-from . import callbacks
+
+# Keras 3, or Keras 2 when tf.keras is Keras 2 (TF_USE_LEGACY_KERAS=1 with tf-keras installed); the
+# optimizer wrapper takes either, by the optimizer it is given.
+if _tf_keras_is_keras2():
+    from ...adapters.tf_keras.optimizer import install_compile_hook as _install_compile_hook
+    from ...adapters.tf_keras.saving import load_model
+
+    _install_compile_hook()
+else:
+    from ...adapters.keras.saving import load_model  # type: ignore[assignment]
+from . import callbacks  # noqa: E402  (after the choice above, which it repeats)
 
 __all__ = [
     "Adasum",

@@ -6,13 +6,23 @@ Example:
     ...              hvd.elastic.CommitStateCallback(state)]                      # doctest: +SKIP
 """
 
+from ...adapters.keras.flavour import tf_keras_is_keras2 as _tf_keras_is_keras2
 from ...elastic._state import HostsUpdatedInterrupt, run
-from ...elastic._tensorflow import (
-    CommitStateCallback,
-    TensorFlowKerasState,
-    UpdateBatchStateCallback,
-    UpdateEpochStateCallback,
-)
+from ...elastic._tensorflow import TensorFlowKerasState
+
+# The callbacks of the Keras that tf.keras is: Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS=1.
+if _tf_keras_is_keras2():
+    from ...adapters.tf_keras.elastic import (
+        CommitStateCallback,
+        UpdateBatchStateCallback,
+        UpdateEpochStateCallback,
+    )
+else:
+    from ...elastic._tensorflow import (  # type: ignore[assignment]
+        CommitStateCallback,
+        UpdateBatchStateCallback,
+        UpdateEpochStateCallback,
+    )
 
 KerasState = TensorFlowKerasState
 

@@ -1,0 +1,258 @@
+"""DistributedOptimizer for Keras 2 (tf_keras): the user's optimizer instance, reducing gradients before it applies them.
+
+The same design as the Keras 3 wrapper (`unison.adapters.keras.optimizer`): the instance's class
+becomes a same-named subclass of its own class, so `isinstance`, schedules, slots, ``opt.lr`` and
+saving keep working, and a saved model reloads with plain tf_keras. It wraps tf_keras's optimizers
+(``tf.keras.optimizers.Adam``) and its legacy ones (``tf.keras.optimizers.legacy.Adam``, which take
+``lr=``). Gradients are reduced at one point, ``apply_gradients`` (which ``minimize`` and
+``model.fit`` call), before clipping and weight decay, so clipping sees the global gradient.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from ..._gradients import (
+    Framework,
+    GradientPolicy,
+    aggregation_divisor,
+    gradient_group_name,
+    gradient_policy,
+)
+from ...compression import Exchange
+from ...compression._exchange import average_slices_
+from ...errors import InvalidArgumentError
+from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ..array_compression import Compression
+from ..keras.naming import variable_keys
+from ..tensorflow.gradients import reduce_gradients, run_on_arrays
+
+__all__ = ["DistributedOptimizer", "install_compile_hook", "is_distributed", "is_keras2_optimizer"]
+
+_JIT_WARNING = (
+    "unison: the model was compiled with jit_compile=True, but the gradient allreduce cannot run "
+    "inside an XLA-compiled step; switching this model to jit_compile=False. Pass "
+    "jit_compile=False to model.compile() to silence this warning."
+)
+_XLA_ERROR = (
+    "unison's DistributedOptimizer cannot apply gradients inside an XLA-compiled function "
+    "(tf.function(jit_compile=True) or model.compile(jit_compile=True) on an already built optimizer): "
+    "the cross-rank reduction runs in Python. Compile the step with jit_compile=False."
+)
+
+
+def is_keras2_optimizer(optimizer: Any) -> bool:
+    """True for tf_keras's optimizers, new and legacy (``tf.keras.optimizers[.legacy].*`` under Keras 2)."""
+    import tf_keras
+
+    return isinstance(optimizer, (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer))
+
+
+def _in_xla_context() -> bool:
+    from tensorflow.python.ops import control_flow_util
+
+    if tf.executing_eagerly():
+        return False
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+
+
+class _Settings:
+    """The wrapper's policy and state; a plain object so tf_keras does not track (or save) its variables."""
+
+    def __init__(self, policy: GradientPolicy) -> None:
+        self.policy = policy
+        self.local_names: set[str] = set()
+        self.accumulators: dict[Any, tf.Variable] = {}
+        self.counter: tf.Variable | None = None
+        self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
+
+
+def _names(variables: list[Any]) -> list[str]:
+    return [str(getattr(v, "name", f"var{i}")) for i, v in enumerate(variables)]
+
+
+def _build(optimizer: Any, variables: list[Any]) -> None:
+    """Make the optimizer's slots now (outside any branch): tf_keras's `build`, or a legacy optimizer's own."""
+    with tf.init_scope():
+        if hasattr(optimizer, "_create_all_weights"):
+            optimizer._create_all_weights(variables)
+        else:
+            optimizer.build(variables)
+
+
+def _average_partial(settings: _Settings, variables: list[Any]) -> None:
+    """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
+    policy = settings.policy
+    group = gradient_group_name(variable_keys(variables))
+
+    def average(*arrays: Any) -> list[Any]:
+        copies = [np.array(a, copy=True, order="C") for a in arrays]
+        average_slices_(policy.compression, copies, group, policy.process_set)
+        return copies
+
+    results = run_on_arrays(average, [v.read_value() for v in variables], op_name="UnisonPartialSync")
+    for v, r in zip(variables, results):
+        v.assign(r)
+
+
+class _DistributedMixin:
+    """Placed before the optimizer's own class in the wrapped instance's MRO."""
+
+    _unison: _Settings
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep `var`'s gradient local: not reduced (scaled by 1/size if scale_local_gradients)."""
+        self._unison.local_names.add(_names([var])[0])
+
+    def statistics(self) -> dict[str, int]:
+        """Counters: apply calls and gradient reductions (each traced or eager call of the step)."""
+        return dict(self._unison.statistics)
+
+    def _reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        settings = self._unison
+        settings.statistics["reductions"] += 1
+        local = [n in settings.local_names for n in _names(variables)]
+        # Named by place, shape and dtype: the same on every rank, loaded model or fresh (naming.py).
+        return reduce_gradients(settings.policy, grads, variable_keys(variables), local)
+
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        settings = self._unison
+        settings.statistics["apply_calls"] += 1
+        if _in_xla_context():
+            raise InvalidArgumentError(_XLA_ERROR)
+        base_apply = super().apply_gradients  # type: ignore[misc]
+        pairs = list(grads_and_vars)
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        if settings.policy.exchange is Exchange.PARTIAL:
+            result = base_apply(pairs, *args, **kwargs)
+            _average_partial(settings, variables)
+            return result
+        if settings.policy.backward_passes_per_step == 1:
+            return base_apply(list(zip(self._reduce(grads, variables), variables)), *args, **kwargs)
+        return self._aggregated_apply(base_apply, grads, variables, args, kwargs)
+
+    def _aggregated_apply(self, base_apply: Any, grads: list[Any], variables: list[Any], args: Any,
+                          kwargs: Any) -> Any:
+        settings = self._unison
+        steps = settings.policy.backward_passes_per_step
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        _build(self, variables)
+        with tf.init_scope():
+            for v in variables:
+                if v.ref() not in settings.accumulators:
+                    settings.accumulators[v.ref()] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                                                                 name="unison_accumulator")
+            if settings.counter is None:
+                settings.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="unison_counter")
+        accumulators = [settings.accumulators[v.ref()] for v in variables]
+        counter = settings.counter
+        counter.assign_add(1)
+        is_update = tf.equal(tf.math.floormod(counter.read_value(), steps), 0)
+        iterations = self.iterations  # type: ignore[attr-defined]
+
+        def update() -> tf.Tensor:
+            totals = [None if g is None else g + a.read_value() for g, a in zip(grads, accumulators)]
+            divisor = aggregation_divisor(settings.policy)
+            if divisor is not None:
+                totals = [None if t is None else t / tf.cast(divisor, t.dtype) for t in totals]
+            base_apply(list(zip(self._reduce(totals, variables), variables)), *args, **kwargs)
+            for a in accumulators:
+                a.assign(tf.zeros_like(a))
+            return tf.constant(True)
+
+        def accumulate() -> tf.Tensor:
+            for g, a in zip(grads, accumulators):
+                if g is not None:
+                    a.assign_add(g)
+            iterations.assign_add(1)
+            return tf.constant(False)
+
+        if tf.executing_eagerly():
+            (update if bool(is_update.numpy()) else accumulate)()
+        else:
+            tf.cond(is_update, update, accumulate)
+        return iterations
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """True if `optimizer` is a Keras 2 optimizer wrapped by `DistributedOptimizer`."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def install_compile_hook() -> None:
+    """Once per process: wrap tf_keras's `Model.compile` to turn XLA off for models with a wrapped optimizer.
+
+    tf_keras compiles the step with XLA only when asked (``jit_compile=True``); the reduction runs in
+    Python, so the hook switches it off with one warning, as unison's Keras 3 hook does. It is
+    installed when the Keras 2 modules are imported, because ``model.compile(optimizer=
+    hvd.DistributedOptimizer(...))`` looks up ``compile`` before it wraps the optimizer.
+    """
+    import tf_keras
+
+    model_class = tf_keras.Model
+    if getattr(model_class.compile, "_unison_hook", False):
+        return
+    original = model_class.compile
+
+    @functools.wraps(original)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        optimizer = getattr(self, "optimizer", None)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        if is_distributed(inner) and self.jit_compile:
+            warnings.warn(_JIT_WARNING, UserWarning, stacklevel=2)
+            self.jit_compile = False
+        return result
+
+    compile._unison_hook = True  # type: ignore[attr-defined]
+    model_class.compile = compile
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
+    """Make a Keras 2 (tf_keras) optimizer reduce gradients across ranks before applying them; return it.
+
+    Called through ``hvd.DistributedOptimizer`` of any unison module when the optimizer is tf_keras's.
+    ``backward_passes_per_step=N`` sums N passes locally (averaged if
+    `average_aggregated_gradients`), then reduces and applies; the calls in between only advance
+    ``optimizer.iterations``.
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(lr=0.01 * hvd.size()))   # doctest: +SKIP
+    """
+    if not is_keras2_optimizer(optimizer):
+        raise InvalidArgumentError(
+            f"This DistributedOptimizer wraps Keras 2 (tf_keras) optimizers. Got {type(optimizer).__name__}."
+        )
+    if is_distributed(optimizer):
+        raise InvalidArgumentError("This optimizer is already wrapped by DistributedOptimizer.")
+    policy = gradient_policy(Framework.KERAS, op=op, compression=compression,
+                             sparse_as_dense=sparse_as_dense,
+                             gradient_predivide_factor=gradient_predivide_factor,
+                             backward_passes_per_step=int(backward_passes_per_step),
+                             average_aggregated_gradients=average_aggregated_gradients,
+                             process_set=process_set, scale_local_gradients=scale_local_gradients)
+    cls = type(optimizer)
+    attrs: dict[str, Any] = {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        # Inside a user's tf.function, AutoGraph must not rewrite the wrapper's Python control flow.
+        "apply_gradients": tf.autograph.experimental.do_not_convert(_DistributedMixin.apply_gradients),
+    }
+    wrapped = type(cls.__name__, (_DistributedMixin, cls), attrs)
+    # object.__setattr__: tf_keras's tracking (and a legacy optimizer's hyperparameter setter) must not see it.
+    object.__setattr__(optimizer, "_unison", _Settings(policy))
+    optimizer.__class__ = wrapped
+    install_compile_hook()
+    return optimizer
