@@ -55,6 +55,35 @@ def test_timeline_file_is_valid_chrome_trace(monkeypatch, tmp_path) -> None:
         assert event["ph"] in ("B", "E", "X", "M", "i"), event
 
 
+def test_timeline_shows_an_operation_while_the_job_runs(monkeypatch, tmp_path) -> None:
+    # Watched live: the file holds an operation's events while the job still runs, with no later
+    # collective, stop_timeline() or shutdown() to push them out.
+    import time
+
+    from mpi4py import MPI
+
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "live.json"), root=0)
+    monkeypatch.setenv("HOROVOD_TIMELINE", path)
+    monkeypatch.setenv("HOROVOD_TIMELINE_MARK_CYCLES", "1")
+    # An idle engine runs no cycle for this long: only the timeline's own writer can write the file.
+    monkeypatch.setenv("UNISON_IDLE_CYCLE_SECONDS", "30")
+    hvd.init()
+    hvd.allreduce(np.ones(4), name="watched")
+    seen = ""
+    if hvd.rank() == 0:
+        deadline = time.monotonic() + 10  # a hang guard: the writer runs every 0.05 s
+        needles = ("allreduce.watched", "NEGOTIATE_ALLREDUCE", '"ALLREDUCE"', "CYCLE_START")
+        while time.monotonic() < deadline:
+            with open(path) as f:
+                seen = f.read()
+            if all(n in seen for n in needles):
+                break
+            time.sleep(0.01)
+        assert all(n in seen for n in needles), seen[-2000:]
+        assert not seen.rstrip().endswith("]")  # still open: the job runs
+    hvd.barrier()
+
+
 def test_dynamic_timeline(monkeypatch, tmp_path) -> None:
     from mpi4py import MPI
 

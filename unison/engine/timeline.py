@@ -9,11 +9,12 @@ that submitted; execution is an ``<OP>`` B/E pair with nested activity pairs (``
 integer microseconds since the timeline started.
 
 The event methods are called by the engine thread only and sit on its hot path: each formats one
-line and appends it to a list. The list is written out when it holds `FLUSH_EVENTS` events or when
-`FLUSH_SECONDS` have passed since the last write, checked in those same calls (the engine calls
-`mark_cycle` every cycle, idle ones included, so buffered events never wait much longer). While
-open, the file is a JSON array without its closing ``]``, which Chrome and Perfetto accept;
-`close` (callable from any thread) adds it, so ``json.load`` reads the result.
+line and appends it to a deque, nothing more. A writer thread moves what the deque holds to the file
+every `FLUSH_SECONDS` (0.05 s), so an operation shows in the file within about 0.05 s of running (plus
+the write), inside the 0.1 s in which Horovod's timeline shows it, and a user can watch a live run;
+the engine thread never waits on the file. While open, the file is a JSON array without its closing
+``]``, which Chrome and Perfetto accept; `close` (callable from any thread) stops the writer, writes
+what is left and adds the ``]``, so ``json.load`` reads the result.
 
 Example:
     >>> tl = Timeline("/tmp/timeline.json")  # doctest: +SKIP
@@ -27,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -38,17 +40,12 @@ from typing import IO
 
 from ..errors import ConfigError
 
-__all__ = ["FLUSH_EVENTS", "FLUSH_SECONDS", "Timeline", "TimelineStatistics"]
+__all__ = ["FLUSH_SECONDS", "Timeline", "TimelineStatistics"]
 
 logger = logging.getLogger(__name__)
 
-FLUSH_EVENTS = 512
-"""Buffered events that trigger a write to the file."""
-
-FLUSH_SECONDS = 0.5
-"""Time since the last write after which the next event call writes the buffer out."""
-
-_FLUSH_MICROS = int(FLUSH_SECONDS * 1_000_000)
+FLUSH_SECONDS = 0.05
+"""How often the writer thread moves recorded events to the file."""
 
 # Where each tensor is in its life, so that B/E events stay balanced even when the engine calls
 # negotiate_start twice (a cache miss on a later cycle) or ends a tensor inside an activity.
@@ -67,16 +64,29 @@ class TimelineStatistics:
     flushes: int
 
 
+class _Discarding(collections.deque):  # type: ignore[type-arg]
+    """What a closed timeline records into: nothing is kept, each event counts as dropped."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        super().__init__()
+        self._timeline = timeline
+
+    def append(self, line: str) -> None:
+        self._timeline._events_dropped += 1
+
+
 class Timeline:
     """Write a Horovod-compatible Chrome-trace timeline of the collectives rank 0 coordinates.
 
-    Only the engine thread may call the event methods (`negotiate_start` ... `mark_cycle`, `flush`);
-    `close`, `statistics` and `repr` may be called from any thread.
+    Only the engine thread may call the event methods (`negotiate_start` ... `mark_cycle`);
+    `flush`, `close`, `statistics` and `repr` may be called from any thread. A writer thread, started
+    here and stopped by `close`, writes the recorded events out every `flush_seconds`.
 
     Args:
         path: the file to write; it is created or truncated now.
         mark_cycles: emit a ``CYCLE_START`` instant event from every `mark_cycle` call.
         clock: seconds from an arbitrary origin, monotonic (injectable for tests).
+        flush_seconds: the writer thread's period.
 
     Raises:
         ConfigError: the file cannot be opened for writing (missing directory, a directory, no
@@ -88,6 +98,7 @@ class Timeline:
         path: str,
         mark_cycles: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        flush_seconds: float = FLUSH_SECONDS,
     ) -> None:
         self._path = path
         self._mark_cycles = mark_cycles
@@ -105,12 +116,13 @@ class Timeline:
         self._origin = clock()
         start_micros = int(time.time() * 1_000_000)
         self._last_ts = 0
-        self._flushed_ts = 0
         # name -> [pid, state]; a list so the hot path mutates the state without a second lookup.
         self._tensors: dict[str, list[int]] = {}
         # Escaped JSON fragments for op and activity names, built once per distinct name.
         self._fragments: dict[str, str] = {}
-        self._buffer: list[str] = []
+        # Lines recorded and not yet written: the engine thread appends, whoever writes pops from the
+        # left under `_lock` (a deque's append and popleft are atomic: the hot path takes no lock).
+        self._pending: collections.deque[str] = collections.deque()
         self._events_written = 0
         self._events_dropped = 0
         self._flushes = 0
@@ -132,6 +144,11 @@ class Timeline:
             ) from exc
         self._bytes_written = len(header)
         self._file: IO[str] | None = file
+        self._flush_seconds = flush_seconds
+        self._closing = threading.Event()
+        self._writer = threading.Thread(target=self._write_periodically, name="unison-timeline",
+                                        daemon=True)
+        self._writer.start()
 
     @property
     def path(self) -> str:
@@ -146,7 +163,7 @@ class Timeline:
     def __repr__(self) -> str:
         return (
             f"<Timeline {self._state} path={self._path!r} tensors={len(self._tensors)} "
-            f"events_written={self._events_written} buffered={len(self._buffer)}>"
+            f"events_written={self._events_written} buffered={len(self._pending)}>"
         )
 
     # ----------------------------------------------------------------------------------- events
@@ -168,7 +185,7 @@ class Timeline:
         """Mark that `rank` submitted tensor `name` (a zero-length X event named after the rank)."""
         pid = self._entry(name)[0]
         ts = self._now()
-        self._emit(f',\n{{"ph":"X","name":"{rank:d}","ts":{ts},"pid":{pid},"tid":0,"dur":0}}', ts)
+        self._pending.append(f',\n{{"ph":"X","name":"{rank:d}","ts":{ts},"pid":{pid},"tid":0,"dur":0}}')
 
     def negotiate_end(self, name: str) -> None:
         """Close the negotiation span of tensor `name` (ignored if none is open)."""
@@ -229,40 +246,37 @@ class Timeline:
         ts = self._now()
         args = self._fragments.get(dtype) or self._fragment(dtype)
         shape_text = "[" + ", ".join([str(dim) for dim in shape]) + "]"
-        self._emit(
+        self._pending.append(
             f',\n{{"ph":"E","ts":{ts},"pid":{pid},"tid":0,'
-            f'"args":{{"dtype":{args},"shape":"{shape_text}"}}}}',
-            ts,
+            f'"args":{{"dtype":{args},"shape":"{shape_text}"}}}}'
         )
 
     def mark_cycle(self) -> None:
-        """Mark the start of a cycle (when `mark_cycles` is set) and write the buffer if it is old.
-
-        The engine calls this every cycle, idle cycles included, which bounds how long an event
-        waits in the buffer even when no collective is running.
-        """
-        ts = self._now()
+        """Mark the start of a cycle with a ``CYCLE_START`` instant event (when `mark_cycles` is set)."""
         if self._mark_cycles:
-            self._emit(
-                f',\n{{"ph":"i","name":"CYCLE_START","ts":{ts},"pid":0,"tid":0,"s":"g"}}', ts
-            )
-        elif self._buffer and ts - self._flushed_ts >= _FLUSH_MICROS:
-            self._write(None, ts)
+            ts = self._now()
+            self._pending.append(f',\n{{"ph":"i","name":"CYCLE_START","ts":{ts},"pid":0,"tid":0,"s":"g"}}')
 
     def flush(self) -> None:
-        """Write every buffered event to the file now."""
-        self._write(None, self._now())
+        """Write every recorded event to the file now (the writer thread does it every `flush_seconds`)."""
+        with self._lock:
+            self._write_locked(self._take_pending())
 
     def close(self) -> None:
-        """Write the buffered events and the closing ``]``, and close the file; idempotent.
+        """Stop the writer, write the recorded events and the closing ``]``, and close the file; idempotent.
 
         Safe to call from any thread. Events recorded after (or racing with) `close` are dropped.
         """
+        self._closing.set()
+        if self._writer is not threading.current_thread():
+            self._writer.join()
         with self._lock:
             if self._file is None:
+                self._write_locked(self._take_pending())  # counted as dropped
                 return
-            buffer, self._buffer = self._buffer, []
-            self._write_locked(buffer, self._last_ts)
+            self._write_locked(self._take_pending())
+            # The engine may record a few more events before it lets this timeline go: count them.
+            self._pending = _Discarding(self)
             file, self._file = self._file, None
             try:
                 if self._state == "open":
@@ -278,7 +292,7 @@ class Timeline:
         """Return counters: events written, buffered and dropped, tensors seen, bytes, flushes."""
         return TimelineStatistics(
             events_written=self._events_written,
-            events_buffered=len(self._buffer),
+            events_buffered=len(self._pending),
             events_dropped=self._events_dropped,
             tensors_seen=len(self._tensors),
             bytes_written=self._bytes_written,
@@ -305,7 +319,7 @@ class Timeline:
         pid = len(self._tensors) + 1
         entry = [pid, _IDLE]
         self._tensors[name] = entry
-        self._buffer.append(
+        self._pending.append(
             f',\n{{"name":"process_name","ph":"M","pid":{pid},"args":{{"name":{json.dumps(name)}}}}}'
             f',\n{{"name":"process_sort_index","ph":"M","pid":{pid},"args":{{"sort_index":{pid}}}}}'
         )
@@ -319,26 +333,27 @@ class Timeline:
     def _begin(self, pid: int, event_name: str) -> None:
         ts = self._now()
         fragment = self._fragments.get(event_name) or self._fragment(event_name)
-        self._emit(f',\n{{"ph":"B","name":{fragment},"ts":{ts},"pid":{pid},"tid":0}}', ts)
+        self._pending.append(f',\n{{"ph":"B","name":{fragment},"ts":{ts},"pid":{pid},"tid":0}}')
 
     def _finish(self, pid: int) -> None:
         ts = self._now()
-        self._emit(f',\n{{"ph":"E","ts":{ts},"pid":{pid},"tid":0}}', ts)
+        self._pending.append(f',\n{{"ph":"E","ts":{ts},"pid":{pid},"tid":0}}')
 
-    def _emit(self, line: str, ts: int) -> None:
-        buffer = self._buffer
-        buffer.append(line)
-        if len(buffer) >= FLUSH_EVENTS or ts - self._flushed_ts >= _FLUSH_MICROS:
-            self._write(None, ts)
+    def _write_periodically(self) -> None:
+        """The writer thread: every `flush_seconds` until `close`, write what was recorded."""
+        while not self._closing.wait(self._flush_seconds):
+            if self._pending:
+                with self._lock:
+                    self._write_locked(self._take_pending())
 
-    def _write(self, lines: list[str] | None, ts: int) -> None:
-        with self._lock:
-            if lines is None:
-                lines, self._buffer = self._buffer, []
-            self._write_locked(lines, ts)
+    def _take_pending(self) -> list[str]:
+        """Pop every recorded line, oldest first (the caller holds `_lock`: one taker at a time)."""
+        pending = self._pending
+        return [pending.popleft() for _ in range(len(pending))]
 
-    def _write_locked(self, lines: list[str], ts: int) -> None:
-        self._flushed_ts = ts
+    def _write_locked(self, lines: list[str]) -> None:
+        if not lines:
+            return
         if self._file is None or self._state != "open":
             self._events_dropped += len(lines)
             return
