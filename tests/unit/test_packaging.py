@@ -28,3 +28,35 @@ def test_the_wheel_is_typed_and_carries_the_service_stubs(tmp_path: Path) -> Non
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"unison/py.typed", "unison/service/coordinator_pb2.pyi", "unison/service/coordinator.proto",
             "unison/service/coordinator_pb2.py", "unison/torch/__init__.py"} <= names
+
+
+def test_every_example_import_comes_from_an_extra_that_is_not_dev() -> None:
+    # A user installs the extras the README names (mpi, torch, tensorflow, grpc, examples), not the
+    # development tools: every module an example imports must come from one of those.
+    import ast
+    import re
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    requirements = project["dependencies"] + [r for name in ("mpi", "torch", "tensorflow", "grpc", "examples")
+                                              for r in extras.get(name, [])]
+    distributions = {re.split(r"[<>=\[ ;]", r, maxsplit=1)[0].lower() for r in requirements}
+    # import name -> the distributions that provide it
+    provided_by = {"numpy": {"numpy"}, "torch": {"torch"}, "tensorflow": {"tensorflow", "tensorflow-cpu"},
+                   "keras": {"keras"}, "sklearn": {"scikit-learn"}, "mpi4py": {"mpi4py"},
+                   "grpc": {"grpcio"}}
+    local = {path.stem for path in (ROOT / "examples").glob("*.py")} | {"unison"}
+    missing = []
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level
+                     else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in local or top == "__future__":
+                    continue
+                if not provided_by.get(top, set()) & distributions:
+                    missing.append(f"{script.name}: {top}")
+    assert missing == [], "examples import modules no user-facing extra installs"
