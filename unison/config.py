@@ -95,6 +95,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("launcher_relay", "UNISON_LAUNCHER_RELAY", None, "str", "",
             "Set by unisonrun for ranks on other hosts than its own: KEY@HOST:PORT of its marker relay, "
             "which carries those ranks' started/failed/finished records to the launcher."),
+    Setting("launcher_keep_going", "UNISON_LAUNCHER_KEEP_GOING", None, "bool", False,
+            "Set by unisonrun --pservers for its trainers' keepers: a rank killed by a signal is reported to "
+            "mpiexec as exit status 128+N, so mpiexec leaves the other ranks running."),
     Setting("elastic_epoch", "UNISON_ELASTIC_EPOCH", None, "int", 0,
             "Set by unisonrun's elastic driver for every launch: the membership epoch."),
     Setting("elastic_driver", "UNISON_ELASTIC_DRIVER", None, "str", "",
@@ -211,6 +214,7 @@ class Settings:
     start_timeout_seconds: float = 60.0
     launcher_dir: str = ""
     launcher_relay: str = ""
+    launcher_keep_going: bool = False
     elastic_epoch: int = 0
     elastic_driver: str = ""
     elastic_store: str = ""

@@ -77,13 +77,18 @@ def _how(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _ended(rank: int, code: int, pid: int, markers: Markers, host: str) -> str | None:
-    """Why `rank`, which ended with `code`, failed; None if its end was no failure."""
+def _ended(rank: int, code: int, pid: int, markers: Markers, host: str, role: str = "") -> str | None:
+    """Why `rank`, which ended with `code`, failed; None if its end was no failure.
+
+    `role` names ranks that never call ``unison.init()`` (parameter-server trainers) by what they are.
+    """
     if rank in markers.finished:
         return None
     if rank in markers.failed:
         return markers.failed[rank]
     where = f"rank {rank} ({markers.started.get(rank, (host, pid))[0]}, pid {pid})"
+    if role and rank not in markers.started:
+        return f"{role} {rank} ({host}, pid {pid}) {_how(code)}." if code != 0 else None
     if rank in markers.started:
         return f"{where} ended without shutting unison down ({_how(code)}) while the job was running."
     if code != 0:
@@ -92,12 +97,14 @@ def _ended(rank: int, code: int, pid: int, markers: Markers, host: str) -> str |
 
 
 def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int, str],
-          host: str) -> dict[int, str]:
+          host: str, *, role: str = "", independent: bool = False) -> dict[int, str]:
     """Decide which ranks to name as failed, from what was seen since the last look; returns new entries.
 
     `markers` are all the marker files so far; `deaths` are groups of ranks of this `host` seen dead by
     `DeathWatch` since the last look, first death first (several in one group: order unknown); `known`
-    holds the failures already named, first first.
+    holds the failures already named, first first. `role` names ranks that never call
+    ``unison.init()`` (``"parameter-server trainer"``); `independent` says a failure stops no other
+    rank (nothing is its consequence), so every one is named.
 
     Example:
         >>> seen = Markers(started={0: ("h", 10), 1: ("h", 11)}, ended={0: (10, -9), 1: (11, -9)},
@@ -108,7 +115,7 @@ def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int,
     new: dict[int, str] = {}
 
     def first() -> bool:
-        return not known and not new
+        return independent or (not known and not new)
 
     events = [(written, kind, rank) for (kind, rank), written in markers.written_ns.items()
               if kind in ("failed", "ended") and rank not in known]
@@ -119,7 +126,7 @@ def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int,
             new[rank] = markers.failed[rank]
         elif first():
             pid, code = markers.ended[rank]
-            why = _ended(rank, code, pid, markers, host)
+            why = _ended(rank, code, pid, markers, host, role)
             if why is not None:
                 new[rank] = why
     for group in deaths:

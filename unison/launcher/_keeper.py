@@ -49,6 +49,10 @@ _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
 HOSTS_VARIABLE = "UNISON_LAUNCHER_HOSTS"  # the launch's hosts, host:slots,... in rank order
 _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
 RELAY_VARIABLE = "UNISON_LAUNCHER_RELAY"  # KEY@HOST:PORT of the launcher's marker relay
+# "1": a rank killed by a signal is reported to mpiexec as exit status 128+N, not as that signal, since
+# MPICH's mpiexec stops every other rank after a death by signal even with -disable-auto-cleanup
+# (parameter-server trainers go on without the one lost).
+KEEP_GOING_VARIABLE = "UNISON_LAUNCHER_KEEP_GOING"
 RELAY_TIMEOUT_SECONDS = 2.0
 # Runs the keeper where this Python and this file exist on the rank's host, else the program itself.
 _REMOTE = ('p="$1"; k="$2"; shift 2; if [ -x "$p" ] && [ -f "$k" ]; then exec "$p" -I -S "$k" "$@"; fi; '
@@ -196,6 +200,8 @@ def main(program: list[str]) -> int:
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     _record(directory, rank, pid, code)
+    if code < 0 and os.environ.get(KEEP_GOING_VARIABLE) == "1":
+        return 128 - code
     if code < 0:
         # Exit the way the rank did, so mpiexec reports the same signal; no core file of our own.
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
@@ -49,6 +49,7 @@ class JobOutcome:
     timeout: float | None = None
     announced: bool = False  # the timeout line was printed when it fired
     killed: list[int] = dataclasses.field(default_factory=list)  # pids killed after the job
+    told: set[int] = dataclasses.field(default_factory=set)  # failures already printed while the job ran
 
     def summary(self) -> str:
         """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
@@ -59,7 +60,7 @@ class JobOutcome:
         lines = []
         if self.timed_out and not self.announced:
             lines.append(timeout_line(self.timeout, stopped=True))
-        lines += [f"unisonrun: {why}" for why in self.failures.values()]
+        lines += [f"unisonrun: {why}" for rank, why in self.failures.items() if rank not in self.told]
         if self.interrupted:
             lines.append("unisonrun: interrupted; stopped every rank.")
         if not lines and self.returncode != 0 and not self.timed_out:
@@ -85,13 +86,19 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               timeout: float | None = None, stdout: int | None = None,
               tails: tuple[int, str] | None = None, announce: bool = False,
-              keepers: bool = False) -> JobOutcome:
+              keepers: bool = False, keep_going: bool = False, role: str = "",
+              check: Callable[[], Mapping[int, str]] | None = None) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
     SIGINT and SIGTERM received meanwhile are forwarded to mpiexec; ranks still alive
     `INTERRUPT_GRACE_SECONDS` later are killed. With `announce`, the timeout line is printed the
     moment the timeout fires, before mpiexec's own messages about the ranks it stops. `keepers` says
     the local ranks run under `_keeper`, whose ``ended-R`` markers say exactly which rank ended first.
+
+    With `keep_going` (parameter-server trainers, whose mpiexec does not stop the others) a failed
+    rank is named at once but does not stop the job, which ends when mpiexec does; `role` names ranks
+    that never call ``unison.init()``. `check`, called at every poll, returns failures found outside the
+    ranks' markers (rank -> why), named like the others and before them.
     """
     host = socket.gethostname()
     proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=stdout)
@@ -128,7 +135,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
         due = [group for seen, group in pending if final or now - seen >= wait]
         del pending[:len(due)]
         if not stopping:
-            failures.update(blame(markers, due, failures, host))
+            failures.update(blame(markers, due, failures, host, role=role, independent=keep_going))
         for rank, (rank_host, pid) in sorted(started.items()):
             if rank not in watched and rank_host == host:
                 watched.add(rank)
@@ -139,9 +146,15 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
             rc = proc.poll()
             if tailer is not None:
                 tailer.pump()
+            if check is not None and not stopping:
+                failures.update({rank: why for rank, why in check().items() if rank not in failures})
             look()
+            if keep_going:  # the job goes on: say now who failed, once
+                for rank in [r for r in failures if r not in outcome.told]:
+                    outcome.told.add(rank)
+                    print(f"unisonrun: {failures[rank]}", file=sys.stderr, flush=True)
             now = time.monotonic()
-            if failures and stop_at is None:
+            if failures and stop_at is None and not keep_going:
                 stop_at = now + GRACE_SECONDS
             if interrupted and not forwarded:
                 forwarded = stopping = True
