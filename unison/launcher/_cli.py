@@ -8,7 +8,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .._failure import LAUNCHER_DIR_VARIABLE
@@ -20,7 +20,7 @@ from ._elastic_driver import run_elastic
 from ._environment import env_pairs, hide_values
 from ._host_exec import address_seen_from
 from ._jobs import register, show_status
-from ._keeper import HOSTS_VARIABLE
+from ._keeper import HOSTS_VARIABLE, KEEP_GOING_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._program import check_program
@@ -134,8 +134,13 @@ def launcher_hosts(np: int, hosts: str = "", hostfile: str = "") -> str:
 def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "", tag_output: bool = False,
            output_dir: str = "", env_pairs: Sequence[tuple[str, str]] = (), mpi_args: str = "",
            mpiexec: str = "", timeout: float | None = None, extra_env: dict[str, str] | None = None,
-           quiet_stdout: bool = False, launcher_exec: str = "", iface: str = "") -> int:
-    """Start `program` on `np` ranks, supervise it, print who failed, and return the exit status."""
+           quiet_stdout: bool = False, launcher_exec: str = "", iface: str = "", keep_going: bool = False,
+           role: str = "", check: Callable[[], Mapping[int, str]] | None = None) -> int:
+    """Start `program` on `np` ranks, supervise it, print who failed, and return the exit status.
+
+    `keep_going`, `role` and `check` are `supervise`'s; with `keep_going` MPICH's mpiexec is told
+    not to stop the other ranks when one fails (``-disable-auto-cleanup``).
+    """
     if np < 1:
         raise LaunchError(f"-np must be at least 1. Got -np {np}.")
     if not program:
@@ -150,6 +155,8 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         Path(output_dir).mkdir(parents=True, exist_ok=True)
     extra = shlex.split(mpi_args)
     remote = not _local_only(hosts, hostfile, launcher_exec, extra)
+    if keep_going and found.vendor == "mpich":
+        extra = ["-disable-auto-cleanup", *extra]
     names = [name for name, _ in env_pairs]
     with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         directory = str(job.path)
@@ -158,6 +165,9 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         env.update(env_pairs)  # values travel in mpiexec's environment, never on its command line
         env[LAUNCHER_DIR_VARIABLE] = directory
         env[HOSTS_VARIABLE] = launcher_hosts(np, hosts, hostfile)
+        if keep_going:  # keepers report a rank's death by signal as an exit status: mpiexec keeps the others
+            env[KEEP_GOING_VARIABLE] = "1"
+            names.append(KEEP_GOING_VARIABLE)
         if remote:  # ranks and keepers on other hosts send their markers to the relay
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(_host_names(hosts, hostfile))))
             env[RELAY_VARIABLE] = relay.variable
@@ -176,7 +186,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         try:
             outcome = supervise(cmd, job.path, env, timeout=timeout,
                                 stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails,
-                                announce=True, keepers=True)
+                                announce=True, keepers=True, keep_going=keep_going, role=role, check=check)
         finally:
             if record is not None:
                 record.unlink(missing_ok=True)
@@ -230,12 +240,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._pservers import parameter_servers
 
             with parameter_servers(args.pservers, args.np, command, hosts=args.hosts, hostfile=args.hostfile,
-                                   launcher_exec=args.launcher_exec) as trainer_env:
+                                   launcher_exec=args.launcher_exec) as servers:
+                # a trainer that fails does not stop the others: the servers' rules decide (docs/ps.md)
                 return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile,
                               tag_output=args.tag_output, output_dir=args.output_filename,
                               env_pairs=_variables(args), mpi_args=args.mpi_args,
                               mpiexec=args.mpiexec, timeout=args.timeout, launcher_exec=args.launcher_exec,
-                              iface=args.iface, extra_env=trainer_env)
+                              iface=args.iface, extra_env=servers.env, keep_going=True,
+                              role="parameter-server trainer", check=servers.check)
         return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile, tag_output=args.tag_output,
                       output_dir=args.output_filename, env_pairs=_variables(args),
                       mpi_args=args.mpi_args, mpiexec=args.mpiexec, timeout=args.timeout,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -29,6 +30,12 @@ _client: Client | None = None
 _role: Role | None = None
 
 
+def _write_atomically(path: str, text: str) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def run_server(role: Role) -> int:
     """Serve one shard until its work is over, write the last checkpoint and stop; return the exit status.
 
@@ -45,11 +52,11 @@ def run_server(role: Role) -> int:
                              trainer_timeout_seconds=role.trainer_timeout_seconds)
     address = server.start()
     if role.address_file:
-        tmp = Path(role.address_file + ".tmp")
-        tmp.write_text(address)
-        tmp.replace(role.address_file)
+        _write_atomically(role.address_file, address)
     try:
         server.wait_finished()
+        if role.address_file:  # the launcher reads who was lost here (unisonrun names and stops them)
+            _write_atomically(role.address_file + ".end", json.dumps(server.end_record()))
     finally:
         server.stop()
     if server.every_trainer_finished:

@@ -17,12 +17,14 @@ variable                           meaning                                      
 ``UNISON_PS_CHECKPOINT_SECONDS``   servers write a checkpoint this often (0)
 ``UNISON_PS_TRAINER_TIMEOUT_SECONDS``  a trainer silent this long is gone (10)
 ``UNISON_PS_RECONNECT_SECONDS``    a trainer waits this long for a lost server (60)
-``UNISON_PS_ADDRESS_FILE``         a server listens on any port and writes its address here
+``UNISON_PS_ADDRESS_FILE``         a server writes its address here (and at its end, why, to ``.end``)
 ``UNISON_SECRET``/``_FILE``        the job secret, as for the coordinator service
 =================================  ===========================================  ===========================
 
 A server whose own entry in ``UNISON_PS_ENDPOINTS`` has port 0 listens on every interface on a free
 port and writes it to ``UNISON_PS_ADDRESS_FILE`` (how ``unisonrun`` starts servers on several hosts).
+When its work is over it writes the trainers it counted lost, with their hosts and pids, as JSON to
+the same path with ``.end`` added (how ``unisonrun`` finds a lost trainer that still runs).
 """
 
 from __future__ import annotations

@@ -244,6 +244,15 @@ class ParameterServer:
     def every_trainer_finished(self) -> bool:
         return self.end_reason == "every trainer finished"
 
+    def end_record(self) -> dict[str, Any]:
+        """Why the work ended and which trainers were lost, with their host and pid (for the launcher)."""
+        with self._lock:
+            lost = lost_trainers(self._trainers, self.num_trainers, time.monotonic(), self.trainer_timeout_seconds,
+                                 self.mode == "sync")
+            return {"server": self.index, "reason": self.end_reason,
+                    "lost": {str(t): {"host": self._trainers[t].host, "pid": self._trainers[t].pid, "why": why}
+                             for t, why in sorted(lost.items()) if t in self._trainers}}
+
     def _watch(self) -> None:
         """Note trainers that are lost (and found again), and end the server's work by `server_end`'s rule."""
         while not self._stopping.is_set() and not self._finished.is_set():

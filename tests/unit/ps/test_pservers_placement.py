@@ -35,3 +35,26 @@ def test_servers_listen_on_every_interface_when_trainers_may_run_elsewhere() -> 
 def test_at_least_one_server() -> None:
     with pytest.raises(LaunchError, match=r"--pservers must be at least 1. Got --pservers 0."):
         place_servers(0, ["h0"], "h0")
+
+
+def test_what_the_launcher_does_when_a_server_ends() -> None:
+    from unison.launcher._pservers import RESTARTS, how_ended, server_exit
+
+    assert [server_exit(code, restarts=0, checkpoint_dir="/ck") for code in (0, 3)] == ["ended", "ended"]
+    assert [server_exit(code, restarts=0, checkpoint_dir="/ck") for code in (-9, 1, 137)] == ["restart"] * 3
+    assert server_exit(-9, restarts=0, checkpoint_dir="") == "lost"
+    assert server_exit(-9, restarts=RESTARTS - 1, checkpoint_dir="/ck") == "restart"
+    assert server_exit(-9, restarts=RESTARTS, checkpoint_dir="/ck") == "lost"
+    assert (how_ended(-9), how_ended(2)) == ("killed by signal 9 (SIGKILL)", "exited with status 2")
+
+
+def test_a_trainer_is_named_by_its_role_and_every_failure_when_they_are_independent() -> None:
+    from unison.launcher._blame import Markers, blame
+
+    seen = Markers(ended={0: (10, 3), 1: (11, -9), 2: (12, 0)},
+                   written_ns={("ended", 1): 1, ("ended", 0): 2, ("ended", 2): 3})
+    role = "parameter-server trainer"
+    assert blame(seen, [], {}, "h", role=role, independent=True) == {
+        1: "parameter-server trainer 1 (h, pid 11) killed by signal 9 (SIGKILL).",
+        0: "parameter-server trainer 0 (h, pid 10) exited with status 3."}
+    assert blame(seen, [], {}, "h") == {1: "rank 1 (h, pid 11) killed by signal 9 (SIGKILL) before unison.init()."}
