@@ -2,7 +2,7 @@
 
 The public NumPy API (`unison._collectives`) and the framework adapters (torch, TensorFlow, Keras)
 call these; users never do. A collective becomes one `Request` per buffer, named
-``<kind>.<name>`` (or ``<kind>.noname.<n>``), handed to the engine as one atomic group, and a handle
+``<kind>.<name>`` (or ``<kind>.noname.<n>``, ``<kind>.noname.set<id>.<n>`` in process set <id>), handed to the engine as one atomic group, and a handle
 id that `poll`/`synchronize` resolve through the job's handle table.
 """
 
@@ -133,7 +133,12 @@ def next_handle(current: Job) -> int:
 
 
 def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
-    """``<kind>.<name>``, or ``<kind>.noname.<n>`` where n counts this rank's unnamed calls in the set.
+    """``<kind>.<name>``, or ``<kind>.noname.<n>`` where n counts this rank's unnamed calls in the set
+    (``<kind>.noname.set<id>.<n>`` in a process set other than the global one).
+
+    The set's id is in the name so that unnamed calls of different sets never share a name: the
+    even ranks' first unnamed allreduce in their set and the odd ranks' first one in the global set
+    are different collectives, which one name would have paired (and refused as a mismatch).
 
     Horovod numbers unnamed ops with its handle counter, which every call advances; then a rank that
     made one extra *named* call (a zero-filled missing gradient, uneven data before join) can never
@@ -149,7 +154,8 @@ def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
     if name is not None:
         return f"{kind}.{name}"
     current.check_unnamed_thread(kind)
-    return f"{kind}.noname.{current.next_name_index(('noname', set_id))}"
+    index = current.next_name_index(("noname", set_id))
+    return f"{kind}.noname.{index}" if set_id == 0 else f"{kind}.noname.set{set_id}.{index}"
 
 
 def register_handle(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:

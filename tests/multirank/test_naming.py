@@ -108,6 +108,26 @@ def test_a_rank_that_skipped_an_unnamed_call_is_told_at_once() -> None:
     assert time.monotonic() - started < 30  # at once, not at the stall shutdown (600 s)
 
 
+@pytest.mark.min_ranks(3)
+def test_a_rank_that_skipped_an_unnamed_call_in_a_process_set_is_told_at_once() -> None:
+    # Unnamed calls of a set other than the global one carry the set's id in their names
+    # (allreduce.noname.set1.<n>); they are still checked for being out of step, within the set.
+    hvd.shutdown()
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    hvd.allreduce(np.ones(1), op=hvd.Sum)  # global unnamed call #1: not counted in the set
+    if pair.included():
+        assert hvd.allreduce(np.ones(2), op=hvd.Sum, process_set=pair).tolist() == [2.0, 2.0]
+        if hvd.rank() == 0:
+            with pytest.raises(InvalidArgumentError, match="invalid root rank"):
+                hvd.broadcast(np.ones(2), root_rank=2, process_set=pair)  # set call #2, local failure
+        with pytest.raises(MismatchError, match=re.escape(
+                "Unnamed collectives are out of step in process set 1: rank 0 is at unnamed allreduce #3, "
+                "rank 1 at #2.")):
+            hvd.allreduce(np.ones(2), op=hvd.Sum, process_set=pair)
+    hvd.barrier()
+
+
 @pytest.mark.min_ranks(2)
 def test_allreduce_and_broadcast_under_one_name_is_a_mismatch() -> None:
     rank, size = hvd.rank(), hvd.size()

@@ -74,7 +74,7 @@ def test_dynamic_sets_need_opt_in() -> None:
 
 
 @pytest.mark.min_ranks(2)
-def test_barriers_of_different_sets_pending_at_the_same_time() -> None:
+def test_unnamed_calls_of_different_sets_pending_at_the_same_time() -> None:
     import time
 
     from mpi4py import MPI
@@ -82,15 +82,21 @@ def test_barriers_of_different_sets_pending_at_the_same_time() -> None:
     size = MPI.COMM_WORLD.Get_size()
     evens, odds = hvd.ProcessSet(range(0, size, 2)), hvd.ProcessSet(range(1, size, 2))
     hvd.init(process_sets=[evens, odds])
+    mine = evens if hvd.rank() % 2 == 0 else odds
     if hvd.rank() % 2:
-        # The odd ranks wait in the global barrier while the even ranks pass their own set's.
+        # The odd ranks wait in the global barrier and allreduce while the even ranks pass their
+        # own set's: the first unnamed call of each set is not the first of the global set.
         hvd.barrier()
         hvd.barrier(process_set=odds)
+        total = hvd.allreduce(np.ones(1), op=hvd.Sum)
+        in_set = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=odds)
     else:
         time.sleep(0.3)
         hvd.barrier(process_set=evens)
+        in_set = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=evens)
         hvd.barrier()
-    mine = evens if hvd.rank() % 2 == 0 else odds
+        total = hvd.allreduce(np.ones(1), op=hvd.Sum)
+    assert (total[0], in_set[0]) == (size, len(mine.ranks))
     for _ in range(3):  # and each set's barrier, both at once
         hvd.barrier(process_set=mine)
     out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.set.barriers", process_set=mine)

@@ -2,8 +2,8 @@
 
 Pure functions over plain data, called by the `Coordinator`. Names are ``<kind>.<user name>`` (for
 example ``allreduce.grad``, ``grouped_allreduce.layer_1of3``), and unnamed collectives are
-``<kind>.noname.<n>``, where n counts one rank's unnamed calls in one process set (see
-`unison._collectives`). Two facts make the checks exact rather than heuristic:
+``<kind>.noname.<n>`` in the global set and ``<kind>.noname.set<id>.<n>`` in set <id>, where n
+counts one rank's unnamed calls in that process set (see `unison._submit`). Two facts make the checks exact rather than heuristic:
 
 - Horovod keys a collective by its user name alone, so an allreduce on one rank and a broadcast on
   another under the same name is a mismatch, reported once every member has asked for one of them.
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = ["kind_conflict", "split_name", "unnamed_drift", "unnamed_index"]
 
-_UNNAMED = re.compile(r"noname\.(\d+)(?:_\d+of\d+)?")
+_UNNAMED = re.compile(r"noname\.(?:set\d+\.)?(\d+)(?:_\d+of\d+)?")
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -34,11 +34,12 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def unnamed_index(rest: str) -> int | None:
-    """The call number n of an unnamed collective's user part ``noname.<n>``, else None.
+    """The call number n of an unnamed collective's user part ``noname.<n>`` (or
+    ``noname.set<id>.<n>``), else None.
 
     Example:
-        >>> unnamed_index("noname.12_2of3"), unnamed_index("grad")
-        (12, None)
+        >>> unnamed_index("noname.12_2of3"), unnamed_index("noname.set2.7"), unnamed_index("grad")
+        (12, 7, None)
     """
     match = _UNNAMED.fullmatch(rest)
     return int(match.group(1)) if match else None

@@ -26,6 +26,9 @@ def test_split_name_and_unnamed_index() -> None:
     assert split_name("grouped_allreduce.noname.7_2of3") == ("grouped_allreduce", "noname.7_2of3")
     assert unnamed_index("noname.7_2of3") == 7
     assert unnamed_index("noname.7") == 7
+    assert unnamed_index("noname.set2.7") == 7  # an unnamed call in process set 2
+    assert unnamed_index("noname.set2.7_1of2") == 7
+    assert unnamed_index("noname.set2") is None  # a set's barrier: no call number
     assert unnamed_index("noname") is None
     assert unnamed_index("my.noname.7") is None
 

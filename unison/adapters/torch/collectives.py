@@ -2,9 +2,9 @@
 
 Each call turns its tensors into NumPy views (`buffers.to_buffer`) and submits them to the engine
 through `unison._submit.submit`, which names the op as Horovod does (``<op>.<name>``, or
-``<op>.noname.<handle>`` without a name; grouped members ``_<i>of<N>``). Out-of-place allreduce and
-broadcast write straight into a torch tensor allocated here; gathered results are wrapped with
-``torch.from_numpy``. The autograd-aware forms are in `autograd`.
+``<op>.noname.<n>`` without a name, ``<op>.noname.set<id>.<n>`` in process set <id>; grouped
+members ``_<i>of<N>``). Out-of-place allreduce and broadcast write straight into a torch tensor
+allocated here; gathered results are wrapped with ``torch.from_numpy``. The autograd-aware forms are in `autograd`.
 """
 
 from __future__ import annotations
