@@ -329,9 +329,11 @@ def _finalize_mpi(mpi: Any) -> None:
     stalled) the exit agreement of `unison._failure` still needs MPI, and a finalize could wait for
     a rank that will not come: the process then ends without it, as mpi4py's own exit would.
     """
-    if _job is not None:
+    if _failure.is_forked_child():
+        return
+    if _job is not None:  # not yet shut down (an init() that raised after registering this)
         shutdown()
-    if _failure.is_forked_child() or _failure._state.broken_reason:
+    if _failure._state.broken_reason:
         return
     from .backends.mpi import finalize_mpi
 
