@@ -6,6 +6,7 @@ Run: ``python benchmarks/elastic.py [--quick] [--out FILE]`` (writes ``benchmark
   11.5 M-parameter MLP with SGD momentum, a commit every step; rank 1 SIGKILLs itself; the time from
   the kill to the first step completed after the relaunch, split into its phases (the old launch
   ending, the new processes starting and importing, ``init()``, restoring the commit, the step).
+  ``recovery_raise``: the same, rank 1 raising an exception instead.
 * commit: ``state.commit()`` of that model and optimizer into the shared-memory store, against a
   memory copy of the same tensors (``clone``), in one process; medians.
 * steady state: 2 ranks, median step time without elastic (plain unisonrun, no state) and under the
@@ -117,6 +118,8 @@ def worker(mode: str, out: Path, steps: int) -> None:
         while state.step < steps:
             if state.step == kill_at and hvd.rank() == 1 and epoch == 0:
                 (out / "killed").write_text(str(time.time()))
+                if os.environ.get("BENCH_FAIL") == "raise":
+                    raise RuntimeError("the benchmark's failure")
                 os.kill(os.getpid(), signal.SIGKILL)
             step()
             state.step += 1
@@ -157,11 +160,12 @@ def _logs(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
     return logs
 
 
-def recovery(place: Place, steps: int) -> dict[str, float]:
+def recovery(place: Place, steps: int, how: str = "kill") -> dict[str, float]:
+    """Recovery after rank 1 fails `how` (``kill``: SIGKILL; ``raise``: an uncaught exception)."""
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         _discovery(out, list(place.hosts))
-        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1"})
+        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1", "BENCH_FAIL": how})
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0 or not (out / "killed").exists():
             raise RuntimeError(f"the recovery run failed (exit status {proc.returncode}):\n{err}")
@@ -283,7 +287,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(HERE / "results" / "elastic.json"))
-    parser.add_argument("--only", default="recovery,commit,steady,scale_up")
+    parser.add_argument("--only", default="recovery,recovery_raise,commit,steady,scale_up")
     parser.add_argument("--emulated", action="store_true", help="also run recovery, steady and scale-up "
                         "across 2 emulated hosts (root)")
     parser.add_argument("--worker", default="")
@@ -298,6 +302,7 @@ def main() -> None:
     repeats = 1 if args.quick else 3
     runs: dict[str, Callable[[Place], Any]] = {
         "recovery": lambda place: recovery(place, steps),
+        "recovery_raise": lambda place: recovery(place, steps, "raise"),
         "commit": lambda place: commit_cost(3 if args.quick else 10),
         "steady": lambda place: steady(place, 2 * steps, repeats),
         "scale_up": lambda place: scale_up(place, steps)}

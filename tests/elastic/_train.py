@@ -11,7 +11,9 @@ Environment: ``ELASTIC_OUT`` (directory for results and progress), ``ELASTIC_SAM
 before the allreduce of the step after that commit, once per job), ``ELASTIC_RAISE=COMMIT:RANK``,
 ``ELASTIC_KILL_DURING=COMMIT:RANK`` (in the first launch, every rank starts a 32 MiB allreduce after
 that commit and that rank SIGKILLs itself ``ELASTIC_KILL_DELAY`` seconds into it; each rank writes
-``padding-<rank>-started`` before it and ``padding-<rank>-finished`` if it ever returns).
+``padding-<rank>-started`` before it and ``padding-<rank>-finished`` if it ever returns). ``ELASTIC_FINALLY_SECONDS=S``: every rank's
+``finally:`` block around the training sleeps S seconds, then writes ``finally-<launch>-<rank>``.
+Every rank writes ``segments-<launch>-<rank>``: the MPICH shared-memory segments it maps.
 
 ``ELASTIC_HOROVOD_STYLE=1`` trains as Horovod's own elastic scripts do: the state also keeps a
 ``commits`` counter of the script's own (counting down: 1000 minus the committed steps), a ``batch``
@@ -105,6 +107,13 @@ def _allreduce_while_killed(commits: int, out: Path) -> None:
     (out / f"padding-{rank}-finished").write_text(str(time.time()))
 
 
+def record_segments(out: Path, launch: str) -> None:
+    """Write which MPICH shared-memory segments this rank maps (``segments-<launch>-<rank>``)."""
+    with open("/proc/self/maps") as f:
+        mapped = sorted({line.split()[-1] for line in f if "/dev/shm/mpich_shm_" in line})
+    (out / f"segments-{launch}-{hvd.rank()}").write_text("\n".join(mapped))
+
+
 def main() -> None:
     hvd.init()
     out = Path(os.environ["ELASTIC_OUT"])
@@ -120,6 +129,7 @@ def main() -> None:
     resets: list[int] = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
     launch = os.environ.get("UNISON_ELASTIC_EPOCH", "0")
+    record_segments(out, launch)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -163,7 +173,12 @@ def main() -> None:
             s.set_epoch(state.epoch)
             state.commit()
 
-    train(state)
+    try:
+        train(state)
+    finally:
+        if os.environ.get("ELASTIC_FINALLY_SECONDS"):  # a slow finally: block on every rank
+            time.sleep(float(os.environ["ELASTIC_FINALLY_SECONDS"]))
+            (out / f"finally-{launch}-{hvd.rank()}").write_text("ran")
     weight, momentum = digest(state.model, state.optimizer)
     result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(launch),
               "commits": state.statistics()["commits"], "history": state.history, "weight": weight,

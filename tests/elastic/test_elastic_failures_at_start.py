@@ -1,11 +1,12 @@
-"""Elastic jobs whose program fails every time it starts end with a clear error instead of relaunching forever.
+"""Elastic jobs whose program fails every time end with a clear error instead of relaunching forever.
 
-Three names of this machine stand for three hosts (tests/elastic/_harness.py).
+Names of this machine stand for hosts (tests/elastic/_harness.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,13 @@ def test_a_single_rank_that_raises_is_named_and_its_host_blacklisted(tmp_path: P
     done = _run(tmp_path, 1, "raise")
     assert done.returncode == 1
     assert "ValueError: rank 0 cannot start" in done.stderr
-    # Each launch names its one rank and blacklists its host, until the third failure in a row
-    # without a commit stops the job.
+    # Each launch names its one rank (by the elastic host it ran as) and blacklists its host, until
+    # the third failure alike on a third host stops the job: the program, not the hosts.
+    assert re.findall(r"^unisonrun: rank 0 \((\S+), pid \d+\) failed", done.stderr, re.MULTILINE) == list(HOSTS)
     assert done.stderr.count("unisonrun: rank 0 (") == 3, done.stderr
     assert f"epoch 0 failed (exit status 1); blacklisting {HOSTS[0]} for good (rank 0 failed)" in done.stderr
-    assert "3 launches in a row failed before their first commit; stopping" in done.stderr
+    assert ("3 launches in a row failed with the same error (ValueError at program.py:5 in <module>) on 3 "
+            "different hosts") in done.stderr
     assert "epoch 3" not in done.stderr
 
 
@@ -63,3 +66,49 @@ def test_failures_that_name_no_rank_stop_after_three_launches(tmp_path: Path) ->
         "3 launches in a row failed before their first commit; stopping instead of launching again. The "
         "ranks' output above says why: a program that fails every time it starts needs fixing, not "
         "relaunching."), done.stderr
+
+
+# Commits, then raises the same error at the same line in every launch (the step in the message differs).
+DETERMINISTIC = """\
+import unison.torch as hvd
+hvd.init()
+state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    while True:
+        state.step += 1
+        state.commit()
+        if state.step >= 2:
+            raise ValueError(f"step {state.step} cannot be done")
+
+
+train(state)
+"""
+
+
+def test_the_same_error_on_every_host_is_called_the_programs_and_failed_hosts_back_off(tmp_path: Path) -> None:
+    # Two hosts of one slot, one rank: the error burns localhost, then 127.0.0.1, then localhost again
+    # once its cooldown (0.3 * 2 s plus jitter) is over, for twice as long; the third failure alike
+    # stops the job. Each failure names the elastic host the rank ran as, not this machine's name.
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    (tmp_path / "program.py").write_text(DETERMINISTIC)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNISON_", "PMI_", "OMPI_"))}
+    done = subprocess.run([PYTHON, "-m", "unison.launcher", "-np", "1", "--max-np", "1",
+                           "--blacklist-cooldown-range", "0.3", "30", "--host-discovery-script",
+                           f"cat {tmp_path / 'hosts'}", "--discovery-interval", "0.1", PYTHON,
+                           str(tmp_path / "program.py")], capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == 1, done.stderr
+    named = [line for line in done.stderr.splitlines() if line.startswith("unisonrun: rank 0 (")]
+    assert [line.split(",")[0] for line in named] == [
+        "unisonrun: rank 0 (localhost", "unisonrun: rank 0 (127.0.0.1", "unisonrun: rank 0 (localhost"], done.stderr
+    assert "failed: ValueError: step 2 cannot be done at program.py:12 in train" in named[0], named
+    cooldowns = [float(m) for m in re.findall(r"for ([\d.]+) s \(failure (?:1|2) of this host;", done.stderr)]
+    failures = re.findall(r"\(failure (\d) of this host;", done.stderr)
+    assert failures == ["1", "1", "2"], done.stderr
+    assert 0.6 <= cooldowns[0] <= 0.9 and 0.6 <= cooldowns[1] <= 0.9 and 1.2 <= cooldowns[2] <= 1.5, cooldowns  # 0.1 s steps
+    assert done.stderr.rstrip().endswith(
+        "unisonrun: elastic: 3 launches in a row failed with the same error (ValueError at program.py:12 in "
+        "train) on 2 different hosts (127.0.0.1, localhost): that is the program, not the hosts. Fix the error "
+        "(its traceback is above); relaunching would only blacklist more hosts. Stopping."), done.stderr

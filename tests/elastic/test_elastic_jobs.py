@@ -7,6 +7,7 @@ against a replay of its own commit history, and that every sample index was proc
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,12 +21,20 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.mark.parametrize("failure", ["ELASTIC_KILL", "ELASTIC_RAISE"])
 def test_a_failed_rank_leaves_the_survivors_going_on_from_the_last_commit(tmp_path: Path, failure: str) -> None:
-    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2"], env={failure: "2:1"})
+    # Every rank's finally: block takes 3 s; the failed launch is stopped as soon as the failure is
+    # known, so the next one starts without waiting for the survivor's (it never finishes). The rank
+    # that raises runs its own before its exception is uncaught, which is when the failure is known.
+    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2"], env={failure: "2:1", "ELASTIC_FINALLY_SECONDS": "3"})
     check_committed(job, samples=24, epochs=2, size=2)
     assert (tmp_path / f"{failure.lower()}-done").exists()
     assert "epoch 0 failed (exit status" in job.stderr and f"blacklisting {HOSTS[1]}" in job.stderr
     assert f"epoch 1: 2 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1" in job.stderr
     assert job.results[0]["resets"] == [2]  # the reset callbacks ran once, at size 2
+    assert not (tmp_path / "finally-0-0").exists()  # the failed launch's survivor was stopped at once
+    assert sorted(p.name for p in tmp_path.glob("finally-1-*")) == ["finally-1-0", "finally-1-1"]
+    # MPICH's shared memory of both launches is gone, the failed one's too (its ranks never finalized).
+    segments = [line for p in tmp_path.glob("segments-*") for line in p.read_text().split()]
+    assert segments and not [path for path in segments if os.path.exists(path)], segments
 
 
 def test_hosts_added_then_removed_by_discovery(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""unisonrun under faults: killed launcher, killed rank, timeout, secrets on command lines, bad programs."""
+"""unisonrun under faults: killed launcher, killed rank, timeout, secrets on command lines, bad programs;
+MPICH's shared memory left by a stopped job."""
 
 from __future__ import annotations
 
@@ -29,6 +30,31 @@ while not os.path.exists(f"{out}/go"):
     time.sleep(0.05)
 unison.shutdown()
 """
+
+
+# Each rank records the MPICH shared-memory segments it maps and its pid; with "kill", rank 1 then
+# SIGKILLs itself; every rank waits.
+RECORDS_SEGMENTS = """
+import os, sys, time, unison, numpy as np
+unison.init()
+out = sys.argv[1]
+unison.allreduce(np.ones(4))
+with open("/proc/self/maps") as f:
+    mapped = sorted({line.split()[-1] for line in f if "/dev/shm/mpich_shm_" in line})
+open(f"{out}/segments-{unison.rank()}", "w").write("\\n".join(mapped))
+open(f"{out}/pid-{unison.rank()}", "w").write(str(os.getpid()))
+if sys.argv[2] == "kill" and unison.rank() == 1:
+    time.sleep(0.3)
+    os.kill(os.getpid(), 9)
+time.sleep(60)
+"""
+
+
+def _segments(directory: Path) -> list[str]:
+    """The segments the ranks recorded (there must be some: MPICH's ranks of one host share memory)."""
+    recorded = [line for p in sorted(directory.glob("segments-*")) for line in p.read_text().split()]
+    assert recorded, "no rank recorded a /dev/shm/mpich_shm_* segment"
+    return recorded
 
 
 def _command_lines() -> dict[int, bytes]:
@@ -203,3 +229,37 @@ def test_a_script_mpiexec_cannot_start_is_refused_before_anything_starts(tmp_pat
     assert done.stderr.startswith("unisonrun: "), done.stderr
     assert f"unisonrun -np 2 python {program}" in done.stderr and "chmod +x" in done.stderr, done.stderr
     assert "execvp" not in done.stderr and not started.exists()
+
+
+def test_a_job_stopped_abruptly_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    program = tmp_path / "program.py"
+    program.write_text(RECORDS_SEGMENTS)
+    done = run_job(unisonrun("-np", "2", PYTHON, str(program), str(tmp_path), "kill"))
+    assert done.returncode != 0 and "rank 1 (" in done.output, done.output
+    left = [path for path in _segments(tmp_path) if os.path.exists(path)]
+    assert not left, f"MPICH's segments outlived the job: {left}"
+
+
+def test_killing_unisonrun_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    program = tmp_path / "program.py"
+    program.write_text(RECORDS_SEGMENTS)
+    proc = subprocess.Popen(unisonrun("-np", "2", PYTHON, str(program), str(tmp_path), "wait"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_for(lambda: len(list(tmp_path.glob("pid-*"))) == 2, 60, "both ranks starting", proc)
+        ranks = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + BOUND_SECONDS
+        while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not [pid for pid in ranks if alive(pid)]
+        recorded = _segments(tmp_path)
+        while any(os.path.exists(path) for path in recorded) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the reaper removes them after its kill
+        left = [path for path in recorded if os.path.exists(path)]
+        assert not left, f"MPICH's segments outlived the job: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()

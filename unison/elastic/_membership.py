@@ -12,14 +12,43 @@ import dataclasses
 import enum
 import math
 import random
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from .. import errors
 from ..errors import LaunchError
 
-__all__ = ["FAILURES_WITHOUT_COMMIT", "Ending", "Epoch", "Host", "Limits", "Membership", "Stop", "Wait",
-           "blame_hosts", "cooldown_seconds", "parse_discovery"]
+__all__ = ["FAILURES_ALIKE", "FAILURES_WITHOUT_COMMIT", "Ending", "Epoch", "Host", "Limits", "Membership", "Stop",
+           "Wait", "blame_hosts", "cooldown_seconds", "error_of", "parse_discovery"]
 
 FAILURES_WITHOUT_COMMIT = 3  # failed launches in a row with no commit, after which the job stops
+FAILURES_ALIKE = 3  # failed launches in a row with the same error on more than one host: the program's
+# A failure reason as the ranks write it (unison._summary.describe): its exception type and its
+# innermost user frame, the last " at FILE:LINE in NAME" (the message before it may hold " at " too).
+_REASON = re.compile(r"^rank \d+ \([^)]*\) failed: (?P<type>[A-Za-z_][\w.]*)(?::.*)? at "
+                     r"(?P<where>[^ ]+:\d+ in [^ ]+)(?: <- .*)?$", re.DOTALL)
+# unison's own errors that a rank raises because of another rank or the job (a peer lost, an abort, a
+# stall): the same one on every host says nothing about the program.
+_CONSEQUENCES = frozenset(name for name, value in vars(errors).items()
+                          if isinstance(value, type) and issubclass(value, errors.HorovodInternalError))
+
+
+def error_of(reason: str) -> str | None:
+    """The exception type and line of a rank's failure reason, e.g. ``ValueError at train.py:88 in step``.
+
+    None for failures that name no exception of the program: a rank killed or exiting, unison's own
+    errors that are the consequence of another rank's failure, a reason cut short.
+
+    Example:
+        >>> error_of("rank 1 (h1, pid 7) failed: ValueError: bad at step 3 at train.py:88 in step <- train.py:9 in main")
+        'ValueError at train.py:88 in step'
+        >>> error_of("rank 1 (h1, pid 7) ended without shutting unison down (killed by signal 9 (SIGKILL)).") is None
+        True
+    """
+    match = _REASON.match(reason.strip())
+    if match is None or match["type"].rpartition(".")[2] in _CONSEQUENCES:
+        return None
+    return f"{match['type']} at {match['where']}"
 
 
 def cooldown_seconds(low: float, high: float, count: int, draw: float) -> float:
@@ -206,6 +235,7 @@ class Membership:
         self.resets = 0
         self.epochs = 0
         self.failed_without_commit = 0  # failed epochs in a row that made no commit
+        self.alike: list[tuple[str, tuple[str, ...]]] = []  # the last failed epochs in a row with one error: (error, hosts)
         self.current: Epoch | None = None
 
     def __repr__(self) -> str:
@@ -253,6 +283,10 @@ class Membership:
         listed = ", ".join(f"{h.name}:{h.slots}" for h in discovered) or "none"
         blocked = sorted(name for name in self.blacklist if self.blacklist[name] > now)
         if discovered and not self.usable(discovered, now) and self.limits.cooldown_range is None:
+            program = self._programs_error(2)
+            if program:
+                return Stop(f"every host the discovery script offers is blacklisted after failing ({listed}); "
+                            f"{self.limits.min_np} ranks needed. {program}")
             return Stop(f"every host the discovery script offers is blacklisted after failing ({listed}); "
                         f"{self.limits.min_np} ranks needed. Fix the hosts, or pass "
                         "--blacklist-cooldown-range A B so that failed hosts are tried again.")
@@ -260,6 +294,16 @@ class Membership:
                     f"{available} ranks available, {self.limits.min_np} needed (--min-np "
                     f"{self.limits.min_np}); discovered: {listed}"
                     + (f"; blacklisted: {', '.join(blocked)}" if blocked else ""))
+
+    def _programs_error(self, launches: int) -> str:
+        """Why the failures look like the program's, when the last `launches` or more failed launches in
+        a row had the same error on more than one host; else ''."""
+        hosts = {host for _, failed in self.alike for host in failed}
+        if len(self.alike) < launches or len(hosts) < 2:
+            return ""
+        return (f"{len(self.alike)} launches in a row failed with the same error ({self.alike[-1][0]}) on "
+                f"{len(hosts)} different hosts ({', '.join(sorted(hosts))}): that is the program, not the "
+                "hosts. Fix the error (its traceback is above); relaunching would only blacklist more hosts.")
 
     def started(self, epoch: Epoch) -> None:
         """Record that `epoch` was launched."""
@@ -272,7 +316,7 @@ class Membership:
         return self.current is not None and self.desired(discovered, now) != self.current.hosts
 
     def ended(self, ending: Ending, failed_hosts: Sequence[str] | Mapping[str, str] = (),
-              now: float = 0.0, committed: bool = True) -> Stop | None:
+              now: float = 0.0, committed: bool = True, error: str | None = None) -> Stop | None:
         """Record how the running epoch ended; a `Stop` when the job must not be reset again.
 
         The failed hosts (`blame_hosts`; a mapping keeps why) are blacklisted, for good or, with a
@@ -281,7 +325,9 @@ class Membership:
         counts against --reset-limit. `committed` says whether the epoch made any commit: after
         `FAILURES_WITHOUT_COMMIT` failed epochs in a row that made none, the job stops, whatever the
         reset limit (a program that fails before its first commit would otherwise be relaunched for
-        as long as hosts are left, or forever when the failure names no host).
+        as long as hosts are left, or forever when the failure names no host). `error` is the failed
+        epoch's first failure as `error_of` reads it: after `FAILURES_ALIKE` failed epochs in a row with
+        the same error on more than one host the job stops, saying it is the program, not the hosts.
 
         Example:
             >>> m = Membership(Limits(min_np=1, max_np=1))
@@ -294,6 +340,12 @@ class Membership:
             return None
         failed_early = ending is Ending.FAILED and not committed
         self.failed_without_commit = self.failed_without_commit + 1 if failed_early else 0
+        if ending is Ending.FAILED and error is not None:
+            if self.alike and self.alike[-1][0] != error:
+                self.alike = []
+            self.alike.append((error, tuple(failed_hosts)))
+        elif ending is Ending.FAILED:
+            self.alike = []
         for name in failed_hosts:
             count = self.blacklistings[name] = self.blacklistings.get(name, 0) + 1
             cooldown = (cooldown_seconds(*self.limits.cooldown_range, count, self.rng.random())
@@ -301,6 +353,9 @@ class Membership:
             self.blacklist[name] = now + cooldown
             self.reasons[name] = failed_hosts[name] if isinstance(failed_hosts, Mapping) else "failed"
         self.resets += 1
+        program = self._programs_error(FAILURES_ALIKE)
+        if program:
+            return Stop(f"{program} Stopping.")
         if self.failed_without_commit >= FAILURES_WITHOUT_COMMIT:
             return Stop(f"{self.failed_without_commit} launches in a row failed before their first commit; "
                         "stopping instead of launching again. The ranks' output above says why: a program "

@@ -41,6 +41,7 @@ from ..elastic._membership import (
     Stop,
     Wait,
     blame_hosts,
+    error_of,
     parse_discovery,
 )
 from ..errors import InvalidArgumentError, LaunchError
@@ -54,7 +55,7 @@ from ._reaper import JobDirectory
 from ._relay import RELAY_VARIABLE, MarkerRelay
 from ._supervise import JobOutcome, exit_status, report, supervise
 
-__all__ = ["ElasticOptions", "add_arguments", "options_from", "run_elastic"]
+__all__ = ["ElasticOptions", "add_arguments", "as_elastic_host", "options_from", "run_elastic"]
 
 
 
@@ -267,8 +268,10 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
                             hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
                             launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
                             output_dir=output_dir)
+        # No grace after a failure: the state is in the commits, and the next launch starts as soon
+        # as this one is gone (the ranks' orderly stop took about 3 s after an exception).
         return supervise(cmd, job.path, epoch_env, timeout=timeout, tails=tails, announce=True,
-                         keepers=True)
+                         keepers=True, grace_seconds=0.0)
 
 
 def _say(message: str) -> None:
@@ -315,6 +318,21 @@ def _remove_remote_stores(hosts: Sequence[str], store: str, reach: Reach, env: d
         if not answer.ok:
             _say(f"could not remove the job's store {store} on {answer.host}: "
                  + answer.describe(shlex.join(reach.command(answer.host, command))))
+
+
+def as_elastic_host(epoch: Epoch, rank: int, why: str) -> str:
+    """`why` (a failed rank's reason) naming `rank` by the elastic host it ran as, not the machine's name.
+
+    Example:
+        >>> as_elastic_host(Epoch(3, (Host("127.0.0.1", 1), Host("localhost", 1))), 1,
+        ...                 "rank 1 (vm, pid 42) failed: ValueError: bad")
+        'rank 1 (localhost, pid 42) failed: ValueError: bad'
+    """
+    prefix = f"rank {rank} ("
+    if not why.startswith(prefix) or not 0 <= rank < epoch.np:
+        return why
+    machine, sep, rest = why[len(prefix):].partition(", pid ")
+    return f"{prefix}{epoch.host_of(rank)}{sep}{rest}" if sep and ")" not in machine else why
 
 
 def _blacklisting(membership: Membership, blamed: dict[str, str], now: float) -> str:
@@ -409,6 +427,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                 ending = Ending.HOSTS_UPDATED
                 _say(f"epoch {decision.number} committed and stopped for a change of hosts")
             else:
+                outcome.failures = {rank: as_elastic_host(decision, rank, why) for rank, why in outcome.failures.items()}
                 report(outcome)
                 ending = Ending.FAILED
                 by_rank = blame_hosts(decision, outcome.failures, {})
@@ -418,11 +437,13 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
                     stores.pop(name, None)
             with lock:
                 now = time.monotonic()
-                stop = membership.ended(ending, blamed, now, committed=endpoint.statistics()["answered"] > asked)
+                first = next(iter(outcome.failures.values()), "")
+                stop = membership.ended(ending, blamed, now, committed=endpoint.statistics()["answered"] > asked,
+                                        error=error_of(first) if ending is Ending.FAILED else None)
             failures += ending is Ending.FAILED
             status.publish(failures=failures)
             if ending is Ending.FAILED:
-                _say(f"epoch {decision.number} failed (exit status {outcome.returncode})"
+                _say(f"epoch {decision.number} failed (exit status {exit_status(outcome)})"
                      + _blacklisting(membership, blamed, now))
             if stop is not None:
                 _say(stop.message)

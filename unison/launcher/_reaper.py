@@ -7,8 +7,9 @@ starts a reaper: a small process in a session of its own that holds the read end
 end only the launcher holds. When the launcher dies, however it dies, the kernel closes that end and
 the reaper reads EOF: it kills every process whose environment carries this directory as
 ``UNISON_LAUNCHER_DIR`` (mpiexec, its local proxy, the ranks and their keepers, anything they started),
-then removes the directory and the paths it was told of (the job's record for ``unisonrun
---status``). The elastic driver's shared-memory store is such a directory too (under ``/dev/shm``,
+then removes the MPICH shared-memory segments they had mapped (``/dev/shm/mpich_shm_*``, read from
+their ``/proc/PID/maps`` before the kill: ranks killed abruptly never unlink them), the directory and
+the paths it was told of (the job's record for ``unisonrun --status``). The elastic driver's shared-memory store is such a directory too (under ``/dev/shm``,
 marked in the ranks' environment by ``UNISON_ELASTIC_STORE``): its reaper kills every rank of every
 epoch that could still write there, then removes it. When the job ends normally, the launcher removes the directory itself and tells the
 reaper, which exits without touching anything. Ranks on other hosts end when their mpiexec proxy
@@ -33,6 +34,7 @@ __all__ = ["JobDirectory", "job_processes"]
 
 _LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (stdlib only here)
 _KILL_ROUNDS = 20  # a process may start another while the reaper kills: look again until none is left
+SEGMENT_PREFIX = "/dev/shm/mpich_shm_"  # MPICH's shared memory between the ranks of a host
 
 
 def job_processes(directory: str, variable: str = _LAUNCHER_DIR_VARIABLE) -> list[int]:
@@ -53,11 +55,41 @@ def job_processes(directory: str, variable: str = _LAUNCHER_DIR_VARIABLE) -> lis
     return found
 
 
+def mapped_segments(pid: int) -> set[str]:
+    """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) process `pid` has mapped, still linked."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                if SEGMENT_PREFIX in line and not line.rstrip().endswith("(deleted)"):
+                    path = line.split(maxsplit=5)[-1].strip()
+                    if path.startswith(SEGMENT_PREFIX):
+                        found.add(path)
+    except OSError:  # gone, or another user's
+        pass
+    return found
+
+
+def remove_segments(paths: set[str]) -> list[str]:
+    """Unlink the segments in `paths` that still exist (their processes are gone); the ones removed."""
+    removed = []
+    for path in sorted(paths):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
 def _reap(directory: str, removals: list[str], variable: str) -> None:
+    segments: set[str] = set()
     for _ in range(_KILL_ROUNDS):
         pids = job_processes(directory, variable)
         if not pids:
             break
+        for pid in pids:  # what the ranks mapped, read before they die: MPICH cannot unlink it then
+            segments |= mapped_segments(pid)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -65,6 +97,7 @@ def _reap(directory: str, removals: list[str], variable: str) -> None:
                 pass
         time.sleep(0.05)
     shutil.rmtree(directory, ignore_errors=True)
+    remove_segments(segments)
     for path in removals:
         try:
             os.unlink(path)

@@ -29,6 +29,7 @@ from pathlib import Path
 from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ._blame import blame, read_markers
 from ._deaths import DeathWatch, alive
+from ._segments import Segments
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 
@@ -86,7 +87,7 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               timeout: float | None = None, stdout: int | None = None,
               tails: tuple[int, str] | None = None, announce: bool = False,
-              keepers: bool = False, keep_going: bool = False, role: str = "",
+              keepers: bool = False, grace_seconds: float | None = None, keep_going: bool = False, role: str = "",
               check: Callable[[], Mapping[int, str]] | None = None) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
@@ -94,6 +95,10 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     `INTERRUPT_GRACE_SECONDS` later are killed. With `announce`, the timeout line is printed the
     moment the timeout fires, before mpiexec's own messages about the ranks it stops. `keepers` says
     the local ranks run under `_keeper`, whose ``ended-R`` markers say exactly which rank ended first.
+    After a failure the job gets `grace_seconds` (default `GRACE_SECONDS`) to end by itself before
+    everything is killed; an elastic launch passes 0: its state is in the commits, and the next
+    launch starts as soon as this one is gone. MPICH's shared-memory segments that the local ranks
+    mapped and did not unlink (an abrupt stop) are removed once the job ended (`Segments`).
 
     With `keep_going` (parameter-server trainers, whose mpiexec does not stop the others) a failed
     rank is named at once but does not stop the job, which ends when mpiexec does; `role` names ranks
@@ -125,6 +130,11 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     watched: set[int] = set()
     pending: list[tuple[float, list[int]]] = []  # deaths waiting for their keepers' markers
     wait = KEEPER_WAIT_SECONDS if keepers else 0.0
+    grace = GRACE_SECONDS if grace_seconds is None else grace_seconds
+    segments = Segments()
+
+    def local_pids() -> list[int]:
+        return [pid for rank_host, pid in started.values() if rank_host == host]
 
     def look(final: bool = False) -> None:
         # Deaths first, then markers: a marker written before a death is then seen with it.
@@ -140,6 +150,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
             if rank not in watched and rank_host == host:
                 watched.add(rank)
                 watch.watch(rank, pid)
+        segments.sample(local_pids(), now)
 
     try:
         while True:
@@ -155,7 +166,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
                     print(f"unisonrun: {failures[rank]}", file=sys.stderr, flush=True)
             now = time.monotonic()
             if failures and stop_at is None and not keep_going:
-                stop_at = now + GRACE_SECONDS
+                stop_at = now + grace
             if interrupted and not forwarded:
                 forwarded = stopping = True
                 outcome.interrupted = True
@@ -175,6 +186,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
                 break
             if stop_at is not None and now >= stop_at:
                 stopping = True
+                segments.sample(local_pids(), now, force=True)
                 _kill_group(proc, signal.SIGKILL)
                 _kill_ranks(started, host, outcome)
                 proc.wait()
@@ -192,7 +204,9 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     # poll missed. Then strays: ranks still alive (they run in sessions of their own).
     look(final=True)
     watch.close()
+    segments.sample([pid for pid in local_pids() if alive(pid)], time.monotonic(), force=True)
     _kill_ranks(started, host, outcome)
+    segments.remove()
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
     return outcome
 

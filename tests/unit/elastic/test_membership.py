@@ -17,6 +17,7 @@ from unison.elastic._membership import (
     Wait,
     blame_hosts,
     cooldown_seconds,
+    error_of,
     parse_discovery,
 )
 from unison.errors import LaunchError
@@ -177,3 +178,51 @@ def test_launches_failing_before_their_first_commit_stop_the_job_after_three_in_
     stop = m.ended(Ending.FAILED, failed_hosts=("a",), now=8, committed=False)
     assert isinstance(stop, Stop) and stop.message.startswith("3 launches in a row failed before their first commit")
     assert m.failed_without_commit == 3
+
+
+def test_the_same_error_on_different_hosts_is_the_programs_not_the_hosts() -> None:
+    hosts = (Host("a", 1), Host("b", 1), Host("c", 1), Host("d", 1))
+    m = Membership(Limits(min_np=1, max_np=1))
+    error = "ValueError at train.py:88 in step"
+    for name, expected_stop in (("a", False), ("b", False), ("c", True)):
+        m.started(m.plan(hosts, now=0))  # type: ignore[arg-type]
+        stop = m.ended(Ending.FAILED, {name: "rank 0 failed"}, committed=True, error=error)
+        assert (stop is not None) == expected_stop
+    assert stop is not None and stop.message == (
+        "3 launches in a row failed with the same error (ValueError at train.py:88 in step) on 3 different hosts "
+        "(a, b, c): that is the program, not the hosts. Fix the error (its traceback is above); relaunching "
+        "would only blacklist more hosts. Stopping.")
+
+
+def test_other_errors_in_between_or_one_host_do_not_count_as_the_programs() -> None:
+    m = Membership(Limits(min_np=1, max_np=1, cooldown_range=(0.0, 0.0)))
+    m.started(m.plan((A,), now=0))  # type: ignore[arg-type]
+    for error in ("E at x.py:1 in f", "E at x.py:1 in f", None, "E at x.py:1 in f", "F at x.py:2 in g"):
+        assert m.ended(Ending.FAILED, {"a": "rank 0 failed"} if error else {}, error=error) is None
+    assert len(m.alike) == 1
+    for _ in range(3):  # the same error, but always on host a: it may be the host
+        assert m.ended(Ending.FAILED, {"a": "rank 0 failed"}, error="F at x.py:2 in g") is None
+
+
+def test_every_host_burnt_by_one_error_says_it_is_the_program() -> None:
+    m = Membership(Limits(min_np=1, max_np=1))
+    for name in ("a", "b"):
+        m.started(m.plan((A, B), now=0))  # type: ignore[arg-type]
+        m.ended(Ending.FAILED, {name: "rank 0 failed"}, error="KeyError at data.py:7 in load")
+    stop = m.plan((A, B), now=1)
+    assert isinstance(stop, Stop) and stop.message.startswith(
+        "every host the discovery script offers is blacklisted after failing (a:2, b:2); 1 ranks needed. 2 "
+        "launches in a row failed with the same error (KeyError at data.py:7 in load) on 2 different hosts (a, b): "
+        "that is the program, not the hosts.")
+
+
+@pytest.mark.parametrize(("reason", "error"), [
+    ("rank 2 (h, pid 1) failed: KeyError: 'x' at data.py:7 in load <- train.py:3 in main", "KeyError at data.py:7 in load"),
+    ("rank 0 (h, pid 1) failed: torch.OutOfMemoryError: CUDA out of memory at m.py:5 in f", "torch.OutOfMemoryError at m.py:5 in f"),
+    ("rank 0 (h, pid 1) failed: RuntimeError at m.py:5 in f", "RuntimeError at m.py:5 in f"),
+    ("rank 0 (h, pid 1) failed: AbortedError: rank 1 stopped answering at m.py:5 in f", None),
+    ("rank 0 (h, pid 1) failed: ValueError: bad", None),
+    ("the job stalled (found by rank 0, h, pid 1): rank 1 has not submitted", None),
+])
+def test_error_of_reads_the_exception_and_its_line(reason: str, error: str | None) -> None:
+    assert error_of(reason) == error
