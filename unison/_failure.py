@@ -52,7 +52,8 @@ from ._summary import describe
 from .errors import AbortedError, HorovodInternalError, ShutdownError, StallError
 
 __all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
-           "fork_error", "install", "is_forked_child", "job_broken", "mark_finished", "uninstall"]
+           "fork_error", "install", "is_forked_child", "job_broken", "mark_failed_start", "mark_finished",
+           "uninstall"]
 
 log = logging.getLogger("unison")
 
@@ -148,6 +149,18 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _state.fork_hook_registered = True
     _write_marker(f"started-{rank}", f"{_state.host} {os.getpid()}\n")
+
+
+def mark_failed_start(rank: int, reason: str, launcher_dir: str = "", launcher_relay: str = "") -> None:
+    """Leave ``failed-R`` with `reason` for the launcher: this rank's own set-up failed in ``init()``.
+
+    Called before the rank tells the others (who then fail too, as its consequence), so that the
+    launcher names this rank, not the first of them to exit.
+    """
+    _state.rank = rank
+    _state.launcher_dir = _launcher_dir(launcher_dir)
+    _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
+    _write_marker(f"failed-{rank}", reason + "\n")
 
 
 def uninstall() -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -410,7 +411,10 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
         return None
     from .engine.timeline import Timeline
 
-    return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+    try:
+        return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
+    except ConfigError as exc:  # the others only learn that rank 0 could not start: say it is rank 0
+        raise ConfigError(f"{exc} Rank 0 (on host {socket.gethostname()}) writes the timeline.") from None
 
 
 def _open_tune_log(settings: Settings, rank: int) -> Any:
@@ -433,6 +437,10 @@ def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | Non
     text = ""
     if problem is not None:
         text = f"{type(problem).__name__}: {problem}"
+        # Before the others hear of it (and exit, as its consequence): the launcher names this rank.
+        rank = comm.Get_rank()
+        _failure.mark_failed_start(rank, f"rank {rank} ({socket.gethostname()}, pid {os.getpid()}) could not "
+                                   f"start: {text}", settings.launcher_dir, settings.launcher_relay)
     try:
         check_start(comm, mpi, text, settings.start_timeout_seconds)
     except StartupError as exc:

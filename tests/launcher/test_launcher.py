@@ -65,6 +65,21 @@ def test_a_bad_setting_stops_the_launch_before_any_rank_starts(tmp_path: Path) -
     assert done.returncode == 0 and started.read_text() == "xx", done.output
 
 
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_timeline_rank_0_cannot_open_names_rank_0_and_the_path(tmp_path: Path, attempt: int) -> None:
+    # Rank 0's own set-up fails; rank 1 then fails too (it learns rank 0 could not start) and usually
+    # exits first: the launcher must still name rank 0, the cause, and only rank 0.
+    path = tmp_path / "missing" / "timeline.json"
+    done = run_job(unisonrun("-np", "2", PYTHON, "-c", PRINT_RANK), env={"HOROVOD_TIMELINE": str(path)})
+    assert done.returncode != 0, done.output
+    named = [line for line in done.output.splitlines() if line.startswith("unisonrun:")]
+    assert len(named) == 1 and named[0].startswith("unisonrun: rank 0 ("), done.output
+    assert (f"could not start: ConfigError: The timeline file '{path}' cannot be opened for writing: No such file "
+            "or directory. Give the path of a file in an existing, writable directory (UNISON_TIMELINE / "
+            "HOROVOD_TIMELINE). Rank 0 (on host ") in named[0], named
+    assert f"init() failed: rank 0 could not start: ConfigError: The timeline file '{path}'" in done.output
+
+
 def test_timeout_stops_the_job() -> None:
     done = run_job(unisonrun("-np", "2", "--timeout", "2", PYTHON, "-c", "import time; time.sleep(60)"))
     assert done.returncode == 124, done.output
