@@ -13,10 +13,16 @@ venv: $(STAMP)
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
 
+# Keras 2 for the tf_keras tests and example (tf.keras under TF_USE_LEGACY_KERAS=1): the tf-keras
+# release of the installed tensorflow-cpu's minor version, without its dependency on the `tensorflow`
+# package (a second, full TensorFlow over tensorflow-cpu's files).
+TF_KERAS_PIN = tf-keras==$$($(VPY) -c 'import importlib.metadata as m; print(".".join(m.version("tensorflow-cpu").split(".")[:2]) + ".*")')
+
 # Reinstalls whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -e '.[mpi,grpc,dev,tensorflow]' '$(TORCH_PIN)'
+	$(VPY) -m pip install --no-deps "$(TF_KERAS_PIN)"
 	touch $@
 
 demo: venv

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -47,6 +48,18 @@ def test_pytorch_mnist_with_compression(scheme: str, tmp_path: Path) -> None:
 
 def test_keras_mnist_fit_with_callbacks() -> None:
     assert accuracy(run2("examples/keras_mnist.py"), r"accuracy on all 1797 digits: (\d\.\d+)") > 0.9
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tf_keras") is None, reason="needs tf-keras (the Makefile installs it)")
+def test_tensorflow2_keras2_mnist_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Keras 2 code as it is (tf.keras as tf_keras): fit with the callbacks, then Horovod's resume recipe."""
+    first = run2("examples/tensorflow2_keras2_mnist.py", "--epochs", "2", "--checkpoint-dir", str(tmp_path))
+    assert "tf.keras is tf_keras; the optimizer is tf_keras.src.optimizers.legacy.adam.Adam" in first, first
+    assert "resumed from epoch 0" in first and "finished gradual learning rate warmup" in first, first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1.h5", "checkpoint-2.h5"]
+    second = run2("examples/tensorflow2_keras2_mnist.py", "--epochs", "3", "--checkpoint-dir", str(tmp_path))
+    assert "resumed from epoch 2" in second and "Epoch 3/3" in second and "Epoch 1/3" not in second, second
+    assert accuracy(second, r"accuracy on all 1797 digits: (\d\.\d+)") > 0.85
 
 
 def test_tensorflow2_mnist_gradient_tape() -> None:

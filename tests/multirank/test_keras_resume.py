@@ -24,7 +24,7 @@ from unison.adapters.keras.optimizer import is_distributed  # noqa: E402
 
 K = tf.keras
 KERAS2 = K.Model.__module__.startswith("tf_keras")  # TF_USE_LEGACY_KERAS=1 with tf-keras
-GLOBAL_BATCH = 8
+GLOBAL_BATCH = 12  # divisible by 2, 3 and 4
 STALL = {"UNISON_STALL_CHECK_TIME_SECONDS": "2", "UNISON_STALL_SHUTDOWN_TIME_SECONDS": "20"}
 
 pytestmark = pytest.mark.timeout(120)
@@ -115,6 +115,13 @@ def checkpoint(tmp_path, kind: str, suffix: str) -> tuple[str, list[np.ndarray],
     return path, numpy(model.get_weights()), optimizer_values(model)
 
 
+def restores_optimizer(kind: str, suffix: str) -> bool:
+    """Whether the file keeps the optimizer's state: tf_keras (Keras 2) restores none from a SavedModel
+    directory, and a legacy optimizer's only from .h5 (a process that loads those starts the
+    optimizer afresh, with or without unison)."""
+    return not KERAS2 or (suffix == ".h5" or (suffix == ".keras" and kind != "legacy"))
+
+
 CASES = [("adam", ".keras"), ("adam", ".h5")]
 if KERAS2:
     CASES += [("legacy", ".keras"), ("legacy", ".h5"), ("adam", "")]  # "": a SavedModel directory
@@ -137,7 +144,11 @@ def test_rank_0_loads_the_others_start_fresh_and_training_goes_on_as_one_process
     assert_same_everywhere(weights)
     assert_same_everywhere(slots)
     if hvd.rank() == 0:  # one process that goes on from the checkpoint over the whole batch
-        reference = one_process_model(kind, saved_weights, saved_slots)
+        if restores_optimizer(kind, suffix):
+            reference = one_process_model(kind, saved_weights, saved_slots)
+        else:
+            K.backend.clear_session()
+            reference = K.models.load_model(path)
         reference.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
         for a, b in zip(numpy(reference.get_weights()), weights):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
@@ -164,11 +175,12 @@ def test_fresh_models_without_an_input_shape_are_synced_after_the_first_batch(tm
 
 
 def test_fit_starts_at_a_broadcast_epoch() -> None:
-    """``initial_epoch=hvd.broadcast(resume_from_epoch, 0)``, as Horovod's Keras examples resume."""
+    """``initial_epoch=hvd.broadcast(resume_from_epoch, 0)``, as Horovod's Keras examples resume (they
+    feed a dataset or a generator: tf_keras's fit cannot repeat NumPy arrays a tensor's number of times)."""
     resume_from_epoch = hvd.broadcast(2 if hvd.rank() == 0 else 0, 0)
     assert resume_from_epoch.shape == () and int(resume_from_epoch) == 2
     x, y = data(steps=1)
+    dataset = tf.data.Dataset.from_tensor_slices((shard(x), shard(y))).batch(GLOBAL_BATCH // hvd.size())
     model = fresh_model("adam", seed=1)
-    history = model.fit(shard(x), shard(y), batch_size=GLOBAL_BATCH // hvd.size(), epochs=3,
-                        initial_epoch=resume_from_epoch, verbose=0)
+    history = model.fit(dataset, epochs=3, initial_epoch=resume_from_epoch, verbose=0)
     assert history.epoch == [2]

@@ -100,6 +100,8 @@ class BroadcastGlobalVariablesLogic:
         return f"{type(self).__name__}(root_rank={self.root_rank}, broadcasts={self.broadcasts})"
 
     def _model_variables(self) -> list[Any]:
+        if not getattr(self.model, "built", True):
+            return []  # a model without an input shape before its first batch (Keras 2 would raise)
         local = {id(v) for v in self.local_variables}
         return [v for v in self.model.variables if id(v) not in local]
 

@@ -111,8 +111,15 @@ class _DistributedMixin:
         self._unison.local_names.add(_names([var])[0])
 
     def statistics(self) -> dict[str, int]:
-        """Counters: apply calls and gradient reductions (each traced or eager call of the step)."""
-        return dict(self._unison.statistics)
+        """Counters: apply calls, gradient reductions (each traced or eager call of the step), and,
+        with a stateful compression scheme, this rank's bytes before (``dense_bytes``) and after
+        (``payload_bytes``) compression, which the scheme counts as they are sent."""
+        out = dict(self._unison.statistics)
+        counted = getattr(self._unison.policy.compression, "statistics", None)
+        if callable(counted):
+            own = counted()
+            out["dense_bytes"], out["payload_bytes"] = own["dense_bytes"], own["payload_bytes"]
+        return out
 
     def _reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
         settings = self._unison
