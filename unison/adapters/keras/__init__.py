@@ -1,1 +1,1 @@
-"""The Keras 3 adapter: DistributedOptimizer and callbacks for any Keras backend; public names live in unison.keras."""
+"""The Keras adapter: DistributedOptimizer and callbacks for Keras 3 on any backend, the logic the Keras 2 adapter (`unison.adapters.tf_keras`) shares, and which Keras a module serves; public names live in unison.keras."""

@@ -1,5 +1,7 @@
 """DistributedOptimizer for Keras 3: the user's optimizer instance, reducing gradients across ranks before it applies them.
 
+(A Keras 2 optimizer given to `DistributedOptimizer` goes to `unison.adapters.tf_keras.optimizer`.)
+
 The wrapper never rebuilds the optimizer from its config (Horovod's `from_config` broke learning-rate
 schedules and custom optimizers). It swaps the instance's class for a subclass of its own class with
 the same name and module, so `isinstance`, schedules, slots and saving keep working, and a saved model

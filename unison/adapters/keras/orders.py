@@ -52,8 +52,8 @@ def TensorFlowDistributedOptimizer(optimizer: Any, name: str | None = None, use_
                                    scale_local_gradients: bool = True) -> Any:
     """`DistributedOptimizer` in horovod.tensorflow's order; ``unison.tensorflow.DistributedOptimizer`` is this.
 
-    It wraps Keras 3 optimizers (TensorFlow 2 has no other kind); `use_locking` belonged to TF1's
-    optimizers and is accepted without effect.
+    It wraps Keras optimizers: Keras 3's, or Keras 2's (tf_keras, ``tf.keras`` under
+    ``TF_USE_LEGACY_KERAS=1``); `use_locking` belonged to TF1's optimizers and is accepted without effect.
 
     Example:
         >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))   # doctest: +SKIP
