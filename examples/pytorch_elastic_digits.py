@@ -4,14 +4,18 @@ Run (three names of this machine stand for three hosts; any discovery script pri
 lines will do):
 
     printf 'localhost:1\\n127.0.0.1:1\\n%s:1\\n' "$(hostname)" > hosts.txt
-    unisonrun -np 2 --min-np 1 --max-np 3 --host-discovery-script "cat hosts.txt" \\
+    unisonrun -np 2 --min-np 1 --max-np 2 --host-discovery-script "cat hosts.txt" \\
         python examples/pytorch_elastic_digits.py --kill-at 20
 
-``--kill-at N`` makes rank 1 of the first launch SIGKILL itself before its N-th step, once: the driver
-blacklists its host, relaunches on the hosts left (here a third one takes its place), and training goes
-on from the last commit. Each sample is trained on exactly once per epoch across the reset (the
-``ElasticSampler``), and rank 0 prints the accuracy on all 1797 digits after each epoch. Add or remove
-lines in ``hosts.txt`` while it runs to watch the job grow and shrink at its next commit.
+The first launch runs 2 ranks, on ``localhost`` and ``127.0.0.1`` (``--max-np 2``: the third host
+waits). ``--kill-at N`` makes rank 1 of the first launch SIGKILL itself after N steps, once: here in
+the middle of epoch 0 (29 steps of 32 digits per rank). mpiexec reports the killed process, unisonrun
+names it (``rank 1 (127.0.0.1, pid P) ended without shutting unison down (killed by signal 9
+(SIGKILL))``), blacklists ``127.0.0.1`` and relaunches on ``localhost`` and the third host, which takes
+its place; training goes on from the last commit (a commit every step, ``--commit-every``). Each digit
+is trained on exactly once per epoch across the reset (the ``ElasticSampler``), and rank 0 prints the
+accuracy on all 1797 digits after each of the 5 epochs (``--epochs``). Add or remove lines in
+``hosts.txt`` while it runs to watch the job grow (up to ``--max-np``) and shrink at its next commit.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="digits per rank per step (default 32)")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate per rank (scaled by the size)")
     parser.add_argument("--commit-every", type=int, default=1, help="commit every N steps (default 1)")
-    parser.add_argument("--kill-at", type=int, default=-1, help="rank 1 of the first launch dies before this step")
+    parser.add_argument("--kill-at", type=int, default=-1, help="rank 1 of the first launch dies after this many steps")
     args = parser.parse_args()
 
     hvd.init()
