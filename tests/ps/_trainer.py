@@ -16,17 +16,19 @@ scenario, out = sys.argv[1], Path(sys.argv[2])
 
 
 def sync_torch() -> None:
-    """Half of each global batch, the model of tests/ps/test_ps_jobs.py's reference."""
+    """Half of each global batch, the model of tests/ps/test_ps_jobs.py's reference (TABLE_OPTIMIZER=adagrad:
+    Adagrad(0.05) on the table instead of SGD(0.5); STEPS: how many global batches, 6)."""
     import torch
 
     import unison.ps.torch as pst
     from tests.ps.reference import batches, make_model
 
     client = ps.init()
+    table_optimizer = ps.Adagrad(0.05) if os.environ.get("TABLE_OPTIMIZER") == "adagrad" else ps.SGD(0.5)
     model = make_model(lambda: pst.DistributedEmbedding("emb", 64, 8, mode="mean", initializer=ps.Initializer(
-        "uniform", 0.5, seed=3), optimizer=ps.SGD(0.5)))
+        "uniform", 0.5, seed=3), optimizer=table_optimizer))
     opt = pst.ServerOptimizer(model, ps.Adam(0.01))
-    for ids, target in batches():
+    for ids, target in batches(int(os.environ.get("STEPS", "6"))):
         half = slice(client.trainer * len(ids) // 2, (client.trainer + 1) * len(ids) // 2)
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(torch.from_numpy(ids[half])), torch.from_numpy(target[half]))
