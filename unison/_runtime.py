@@ -121,6 +121,33 @@ def _launcher_size() -> int:
     return 1
 
 
+def _torch_job_of_one() -> ConfigError | None:
+    """The error for a process that torch's launcher counts as one of several while unison's job has
+    only it: each would train alone on all the data and exit 0, so it is refused.
+
+    torchrun (and Ray Train, PyTorchJob, Lightning, Accelerate) start processes with torch's env://
+    variables and no MPI; `init()` without a launcher of its own then makes a job of one process.
+
+    Example:
+        >>> _torch_job_of_one() is None  # no torch launcher here
+        True
+    """
+    env = process_environment()
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    if world <= 1:
+        return None
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "a launcher of torch's env:// variables"
+    return ConfigError(
+        f"This process was started by {launcher} as rank {env.get('RANK', '?')} of WORLD_SIZE={world}, but "
+        "unison's job has only this process: each process would train alone on all the data. Start unison "
+        f"jobs with unisonrun or mpiexec instead (unisonrun -np {world} python <script>), or, in a torch job, "
+        "use torch.distributed with its own backends."
+    )
+
+
 def _resolve_comm(mpi: Any, comm: Any) -> Any:
     world = mpi.COMM_WORLD
     if comm is None:
@@ -243,6 +270,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 mpi = import_mpi()
                 _start_mpi(mpi, settings.mpi_threads_disable)
             the_comm = _resolve_comm(mpi, comm)
+            if comm is None and the_comm.Get_size() == 1 and (alone := _torch_job_of_one()) is not None:
+                raise alone
             if comm is None and launched > 1 and the_comm.Get_size() == 1:
                 raise ConfigError(
                     f"The launcher started {launched} processes, but MPI sees each as a job of size 1: "
@@ -269,6 +298,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                 from .backends.mpi import import_mpi
 
                 import_mpi()  # raises MissingDependencyError naming the extra
+            if comm is None and (alone := _torch_job_of_one()) is not None:
+                raise alone
             _check_process_sets(process_sets, 1)
             timeline = _open_timeline(settings, 0)
             tune_log = _open_tune_log(settings, 0)

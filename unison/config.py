@@ -396,7 +396,9 @@ def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
     env = os.environ if environ is None else environ
     keys = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
             "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
-            "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+            "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
+            # torch's env:// variables (torchrun, and the tools that start torch jobs the same way)
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
     return {k: env[k] for k in keys if k in env}
 
 
