@@ -13,9 +13,15 @@ SECRET = {"UNISON_SECRET": "s" * 32}
 def test_unison_variables_give_a_trainer() -> None:
     role = resolve_role({**SECRET, "UNISON_PS_ROLE": "trainer", "UNISON_PS_TRAINER_ID": "1",
                          "UNISON_PS_ENDPOINTS": "h:1,h:2", "UNISON_PS_NUM_TRAINERS": "2", "UNISON_PS_MODE": "sync",
-                         "UNISON_PS_TRAINER_TIMEOUT_SECONDS": "3.5"})
+                         "UNISON_PS_TRAINER_TIMEOUT_SECONDS": "3.5", "UNISON_PS_RECONNECT_SECONDS": "4.5"})
     assert (role.role, role.index, role.endpoints, role.num_servers, role.num_trainers, role.mode,
-            role.trainer_timeout_seconds) == ("trainer", 1, ("h:1", "h:2"), 2, 2, "sync", 3.5)
+            role.trainer_timeout_seconds, role.reconnect_seconds) == ("trainer", 1, ("h:1", "h:2"), 2, 2, "sync",
+                                                                      3.5, 4.5)
+    assert resolve_role({**SECRET, "UNISON_PS_ROLE": "trainer", "UNISON_PS_TRAINER_ID": "0",
+                         "UNISON_PS_ENDPOINTS": "h:1", "UNISON_PS_NUM_TRAINERS": "1"}).reconnect_seconds == 60.0
+    with pytest.raises(ConfigError, match="UNISON_PS_RECONNECT_SECONDS"):
+        resolve_role({**SECRET, "UNISON_PS_ROLE": "trainer", "UNISON_PS_TRAINER_ID": "0", "UNISON_PS_ENDPOINTS": "h:1",
+                      "UNISON_PS_NUM_TRAINERS": "1", "UNISON_PS_RECONNECT_SECONDS": "-1"})
 
 
 def test_paddle_names_are_aliases_and_pod_ip_finds_the_server_index() -> None:
