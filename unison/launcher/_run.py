@@ -78,7 +78,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         max_num_proc: most processes of an elastic job (default: every slot discovered); alias `max_np`.
         slots: slots of a host the discovery script prints without ``:slots``.
         reset_limit: stop (LaunchError) when an elastic job would be reset more than this many times.
-        cooldown_range: (low, high) seconds a host whose rank failed stays out (default: for good).
+        cooldown_range: (low, high): a host whose rank failed stays out low * 2**n seconds plus up to low
+            of jitter after its n-th failure, at most high (Horovod's backoff; default: for good).
         host_discovery_script: a program printing the available hosts, ``host:slots`` per line;
             polled every second; makes the job elastic.
         hosts: ``"localhost:N"``; every host named must be this machine (use `unisonrun -H` for others).
