@@ -119,21 +119,22 @@ def _write_marker(name: str, text: str) -> None:
 
 
 def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None,
-            launcher_relay: str = "") -> None:
+            launcher_relay: str = "", host: str = "") -> None:
     """Chain the exception hooks and attach the abort plumbing to a freshly started engine.
 
     `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts. `comm` is the
     job's communicator (mpi4py), where the exit agreement of a broken job runs; without it,
     ``COMM_WORLD`` when the job spans it, else a broken job's exit skips MPI finalization.
     `launcher_relay` is ``UNISON_LAUNCHER_RELAY``: where the markers go when `launcher_dir` is not on
-    this host.
+    this host. `host` is the name this rank's host goes by in messages (default: the machine's name;
+    in an elastic launch, the elastic host it runs as).
     """
     _state.engine = _state.last_engine = engine
     _state.rank, _state.size, _state.mpi = rank, size, mpi
     if comm is None and mpi is not None and mpi.COMM_WORLD.Get_size() == size:
         comm = mpi.COMM_WORLD
     _state.comm = comm
-    _state.host = socket.gethostname()
+    _state.host = host or socket.gethostname()
     _state.aborted_reason = ""
     _state.trailer_printed = False
     _state.launcher_dir = _launcher_dir(launcher_dir)

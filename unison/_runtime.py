@@ -148,6 +148,16 @@ def _torch_job_of_one() -> ConfigError | None:
     )
 
 
+def _host_name(settings: Settings, rank: int) -> str:
+    """The name this rank's host goes by in messages: in an elastic launch the elastic host it runs as
+    (the driver names hosts, and several may share one machine), else the machine's name."""
+    if settings.elastic_driver and settings.elastic_hosts:
+        from .elastic._environment import from_settings
+
+        return from_settings(settings).host_of(rank)
+    return socket.gethostname()
+
+
 def _resolve_comm(mpi: Any, comm: Any) -> Any:
     world = mpi.COMM_WORLD
     if comm is None:
@@ -333,7 +343,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             watch_engine(backend, engine)
         engine.start()
         _failure.install(engine, rank, size, mpi, settings.launcher_dir, comm=the_comm,
-                         launcher_relay=settings.launcher_relay)
+                         launcher_relay=settings.launcher_relay, host=_host_name(settings, rank))
         _job = Job(engine, settings, rank, size, *topology, mpi=mpi, process_sets=sets)
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -445,7 +455,7 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
     try:
         return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
     except ConfigError as exc:  # the others only learn that rank 0 could not start: say it is rank 0
-        raise ConfigError(f"{exc} Rank 0 (on host {socket.gethostname()}) writes the timeline.") from None
+        raise ConfigError(f"{exc} Rank 0 (on host {_host_name(settings, 0)}) writes the timeline.") from None
 
 
 def _open_tune_log(settings: Settings, rank: int) -> Any:
@@ -470,7 +480,7 @@ def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | Non
         text = f"{type(problem).__name__}: {problem}"
         # Before the others hear of it (and exit, as its consequence): the launcher names this rank.
         rank = comm.Get_rank()
-        _failure.mark_failed_start(rank, f"rank {rank} ({socket.gethostname()}, pid {os.getpid()}) could not "
+        _failure.mark_failed_start(rank, f"rank {rank} ({_host_name(settings, rank)}, pid {os.getpid()}) could not "
                                    f"start: {text}", settings.launcher_dir, settings.launcher_relay)
     try:
         check_start(comm, mpi, text, settings.start_timeout_seconds)
@@ -506,7 +516,7 @@ def _configure_logging(settings: Settings, rank: int, size: int) -> None:
         return
     handler = ours[0] if ours else _RankHandler()
     when = "" if settings.log_hide_time else "%(asctime)s "
-    prefix = f"[unison rank {rank}/{size} {socket.gethostname()}]"
+    prefix = f"[unison rank {rank}/{size} {_host_name(settings, rank)}]"
     handler.setFormatter(logging.Formatter(f"{when}{prefix} %(levelname)s %(message)s"))
     if not ours:
         logger.addHandler(handler)

@@ -112,3 +112,35 @@ def test_the_same_error_on_every_host_is_called_the_programs_and_failed_hosts_ba
         "unisonrun: elastic: 3 launches in a row failed with the same error (ValueError at program.py:12 in "
         "train) on 2 different hosts (127.0.0.1, localhost): that is the program, not the hosts. Fix the error "
         "(its traceback is above); relaunching would only blacklist more hosts. Stopping."), done.stderr
+
+
+RANK_ONE_RAISES = """\
+import logging
+import numpy as np
+import unison
+unison.init()
+logging.getLogger("unison").warning("started")
+unison.allreduce(np.ones(2), name="started")
+if unison.rank() == 1:
+    raise ValueError("rank 1 cannot go on")
+unison.allreduce(np.ones(2), name="x")
+"""
+
+
+def test_the_ranks_own_lines_name_the_elastic_host_they_run_as(tmp_path: Path) -> None:
+    """Two elastic hosts that are both this machine: every line naming the failed rank (the ranks' log
+    lines and unisonrun's) says 127.0.0.1, the host it ran as, never the machine's name."""
+    import socket
+
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    (tmp_path / "program.py").write_text(RANK_ONE_RAISES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UNISON_", "PMI_", "OMPI_"))}
+    done = subprocess.run([PYTHON, "-m", "unison.launcher", "-np", "2", "--min-np", "1", "--max-np", "2",
+                           "--host-discovery-script", f"cat {tmp_path / 'hosts'}", "--discovery-interval", "0.2",
+                           PYTHON, str(tmp_path / "program.py")], capture_output=True, text=True, timeout=100, env=env)
+    assert done.returncode == 0, done.stderr  # the second launch, on localhost alone, finishes
+    named = re.findall(r"rank 1 \((\S+), pid \d+\) failed", done.stderr)
+    assert named and set(named) == {"127.0.0.1"}, done.stderr  # unisonrun's line, and the ranks' if they got to it
+    assert "[unison rank 1/2 127.0.0.1] WARNING started" in done.stderr, done.stderr
+    assert "[unison rank 0/2 localhost] WARNING started" in done.stderr, done.stderr
+    assert f"({socket.gethostname()}, pid" not in done.stderr
