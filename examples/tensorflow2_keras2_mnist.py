@@ -8,9 +8,9 @@ per epoch, and a second run resumes from the last one as Horovod's ``keras_image
 does (rank 0 loads it, the others build the model afresh, the broadcast callback syncs them).
 
 Run: ``mpiexec -n 2 python examples/tensorflow2_keras2_mnist.py --epochs 4 --checkpoint-dir ckpt``,
-then again with ``--epochs 6`` to go on from epoch 4 (``pip install tf-keras==2.21.0 --no-deps``
-next to tensorflow-cpu 2.21; with the virtual environment active, or by path:
-``.venv/bin/mpiexec -n 2 .venv/bin/python examples/tensorflow2_keras2_mnist.py``).
+then again with ``--epochs 6`` to go on from epoch 4 (first ``pip install "tf-keras==2.21.*"
+--no-deps``: the tf-keras release of your TensorFlow's minor version; with the virtual environment
+active, or by path: ``.venv/bin/mpiexec -n 2 .venv/bin/python examples/tensorflow2_keras2_mnist.py``).
 """
 
 from __future__ import annotations

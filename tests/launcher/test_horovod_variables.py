@@ -67,6 +67,13 @@ def test_unison_run_gives_them_too() -> None:
         _expected("localhost", rank, 2, (rank, 2), (0, 1)) for rank in (0, 1)]
 
 
+def test_unison_run_names_the_hosts_it_was_given() -> None:
+    # As horovod.run(hosts=...): rank 0 on localhost's one slot, rank 1 on 127.0.0.1 (both this machine).
+    found = run(_run_work.horovod_variables, num_proc=2, hosts="localhost:1,127.0.0.1:2", timeout=90)
+    assert [{k: v for k, v in values.items() if k in NAMES} for values in found] == [
+        _expected("localhost", 0, 2, (0, 1), (0, 2)), _expected("127.0.0.1", 1, 2, (0, 1), (1, 2))]
+
+
 def test_without_a_host_list_mpiexecs_host_name_and_local_rank() -> None:
     env = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_HOSTNAME": "n7"}
     assert horovod_variables(env) == _expected("n7", 1, 4, (1, 2), (0, 1))

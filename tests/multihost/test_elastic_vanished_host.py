@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.timeout(150),
 
 @pytest.mark.parametrize(("cooldown", "duration"), [
     ([], "for good"),
-    (["--blacklist-cooldown-range", "600", "600"], r"for 600\.0 s \(--blacklist-cooldown-range\)"),
+    (["--blacklist-cooldown-range", "600", "600"],
+     r"for 600\.0 s \(failure 1 of this host; --blacklist-cooldown-range backs off\)"),
 ])
 def test_a_listed_but_vanished_host_is_blacklisted_not_relaunched_onto(
         tmp_path: Path, cooldown: list[str], duration: str) -> None:

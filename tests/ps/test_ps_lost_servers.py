@@ -53,7 +53,7 @@ def test_every_trainer_names_the_lost_server_within_the_reconnect_window(tmp_pat
             found = re.match(pattern, result["error"])
             assert found, result["error"]
             since = time.mktime(time.strptime(found.group(1), "%Y-%m-%d %H:%M:%S"))
-            assert killed_at - 1.0 <= since <= killed_at + 2.5, (since, killed_at)  # noticed within a heartbeat
+            assert killed_at - 1.0 <= since <= killed_at + 5.0, (since, killed_at)  # noticed within a heartbeat or so
             assert RECONNECT <= float(found.group(2)) and result["at"] - killed_at <= RECONNECT + 5, result
     finally:
         if fault == signal.SIGSTOP:

@@ -84,7 +84,7 @@ def test_torch_distributed_embedding_refuses_float_ids_before_sending(servers) -
         before = _served(client)
         for ids, detail in ((torch.tensor([[1.7, 2.0]]), r"dtype float32, for example 1\.7000000476837158"),
                             (torch.tensor([[1.0, float("nan")]], dtype=torch.float64), r"dtype float64, for example nan"),
-                            (torch.tensor([[1.5]], dtype=torch.bfloat16), r"dtype float32, for example 1\.5"),
+                            (torch.tensor([[1.5]], dtype=torch.bfloat16), r"dtype torch\.bfloat16, for example 1\.5"),
                             (torch.tensor([[True]]), r"dtype bool, for example True")):
             with pytest.raises(RequestError, match=r"ids of table 'ads' must be integers \(any int64 value\); nothing "
                                r"was sent\. Got " + detail):

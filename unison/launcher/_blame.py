@@ -67,14 +67,19 @@ def read_markers(directory: Path) -> Markers:
     return markers
 
 
-def _how(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by signal {-code} ({name})"
-    return f"exited with status {code}"
+def how_ended(code: int) -> str:
+    """How a process with exit code `code` (``-N``: killed by signal N) ended, in words.
+
+    Example:
+        >>> how_ended(1), how_ended(-9), how_ended(-200)
+        ('exited with status 1', 'killed by signal 9 (SIGKILL)', 'killed by signal 200')
+    """
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _ended(rank: int, code: int, pid: int, markers: Markers, host: str, role: str = "") -> str | None:
@@ -88,11 +93,11 @@ def _ended(rank: int, code: int, pid: int, markers: Markers, host: str, role: st
         return markers.failed[rank]
     where = f"rank {rank} ({markers.started.get(rank, (host, pid))[0]}, pid {pid})"
     if role and rank not in markers.started:
-        return f"{role} {rank} ({host}, pid {pid}) {_how(code)}." if code != 0 else None
+        return f"{role} {rank} ({host}, pid {pid}) {how_ended(code)}." if code != 0 else None
     if rank in markers.started:
-        return f"{where} ended without shutting unison down ({_how(code)}) while the job was running."
+        return f"{where} ended without shutting unison down ({how_ended(code)}) while the job was running."
     if code != 0:
-        return f"{where} {_how(code)} before unison.init()."
+        return f"{where} {how_ended(code)} before unison.init()."
     return None  # a program that never started unison and exited 0
 
 

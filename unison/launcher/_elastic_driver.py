@@ -159,7 +159,9 @@ def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = N
         except InvalidArgumentError as exc:
             raise LaunchError(str(exc)) from None
         if not fixed:
-            raise LaunchError(f"{'-H' if args.hosts else '--hostfile'} names no host.")
+            where = f"-H {args.hosts!r}" if args.hosts else f"--hostfile {args.hostfile} (empty)"
+            raise LaunchError(f"{where} names no host: an elastic job on fixed hosts needs at least one "
+                              "'host:slots' (-H a:2,b:2, or one per line in the hostfile).")
     min_np = args.min_np if args.min_np is not None else args.np
     if min_np is None:
         raise LaunchError("An elastic job needs -np N or --min-np N.")

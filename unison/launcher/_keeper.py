@@ -200,7 +200,7 @@ def main(program: list[str]) -> int:
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     _record(directory, rank, pid, code)
-    if code < 0 and os.environ.get(KEEP_GOING_VARIABLE) == "1":
+    if code < 0 and os.environ.get(KEEP_GOING_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
         return 128 - code
     if code < 0:
         # Exit the way the rank did, so mpiexec reports the same signal; no core file of our own.

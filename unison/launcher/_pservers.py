@@ -41,6 +41,7 @@ from typing import Any
 
 from ..config import load_settings
 from ..errors import ConfigError, LaunchError
+from ._blame import how_ended
 from ._deaths import alive
 from ._host_exec import Reach, local_names
 
@@ -141,16 +142,6 @@ def server_exit(code: int, *, restarts: int, checkpoint_dir: str, limit: int = R
     if code in ENDED_STATUSES:
         return "ended"
     return "restart" if checkpoint_dir and restarts < limit else "lost"
-
-
-def how_ended(code: int) -> str:
-    """``exited with status 1``, ``killed by signal 9 (SIGKILL)``."""
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        return f"killed by signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"killed by signal {-code}"
 
 
 class _Server:

@@ -144,7 +144,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         run_env.update(decided.env)
         run_env.update(env or {})
         run_env[LAUNCHER_DIR_VARIABLE] = directory
-        run_env[HOSTS_VARIABLE] = f"localhost:{np}"  # as horovod.run's default hosts
+        run_env[HOSTS_VARIABLE] = decided.hosts or f"localhost:{np}"  # horovod.run's default hosts: localhost
         python = decided.executable or sys.executable
         if decided.elastic is not None:
             return _run_elastic(decided.elastic, [python, "-m", "unison.launcher._bootstrap", directory], job,

@@ -42,6 +42,8 @@ class RunPlan:
         output_dir: the directory for each rank's output files ("" for the caller's streams).
         executable: the Python that runs each rank ("" for this one).
         elastic: the elastic driver's options, for an elastic job (None: a fixed `num_proc`).
+        hosts: the ranks' hosts as ``host:slots,...`` in rank order, from `hosts`/`hostfile` ("" when
+            neither was given: every rank on ``localhost``, as horovod.run's default).
     """
 
     num_proc: int
@@ -49,6 +51,7 @@ class RunPlan:
     output_dir: str = ""
     executable: str = ""
     elastic: ElasticOptions | None = None
+    hosts: str = ""
 
 
 
@@ -89,10 +92,20 @@ def read_hostfile(path: str) -> list[str]:
         raise InvalidArgumentError(f"hostfile={path!r} could not be read: {exc}.") from exc
 
 
-def _local_slots(hosts: str | None, hostfile: str | None) -> int | None:
-    """The slots that `hosts`/`hostfile` give this machine (None when neither is given)."""
-    parsed = _local_hosts(hosts, hostfile)
-    return None if parsed is None else sum(slots for _, slots in parsed)
+def _filled(parsed: list[tuple[str, int]], count: int) -> str:
+    """The first `count` slots of `parsed`, in order, as ``host:slots,...`` (where each rank runs).
+
+    Example:
+        >>> _filled([("localhost", 2), ("127.0.0.1", 2)], 3)
+        'localhost:2,127.0.0.1:1'
+    """
+    taken = []
+    for host, slots in parsed:
+        if count <= 0:
+            break
+        taken.append(f"{host}:{min(slots, count)}")
+        count -= slots
+    return ",".join(taken)
 
 
 def _local_hosts(hosts: str | None, hostfile: str | None) -> list[tuple[str, int]] | None:
@@ -176,7 +189,8 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
                                    elastic_timeout)
         return RunPlan(num_proc=options.limits.min_np, env=env, output_dir=output_filename or "",
                        executable=executable or "", elastic=options)
-    slots = _local_slots(hosts, hostfile)
+    parsed = _local_hosts(hosts, hostfile)
+    slots = None if parsed is None else sum(n for _, n in parsed)
     if num_proc is not None:
         count = _count("num_proc", num_proc)
     elif np is not None:
@@ -188,7 +202,8 @@ def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, host
             f"num_proc={count} is more than the {slots} slots that hosts/hostfile give. Give more slots "
             "(hosts='localhost:N') or fewer processes."
         )
-    return RunPlan(num_proc=count, env=env, output_dir=output_filename or "", executable=executable or "")
+    return RunPlan(num_proc=count, env=env, output_dir=output_filename or "", executable=executable or "",
+                   hosts="" if parsed is None else _filled(parsed, count))
 
 
 def _alias(given: dict[str, Any], name: str, alias: str) -> Any:

@@ -39,20 +39,24 @@ def _refuse(table: str, dtype: Any, example: Any, fix: str, why: str = "") -> Re
                         f"{dtype}, for example {example!r}{why}. {fix}")
 
 
-def table_ids(table: str, ids: Any) -> np.ndarray:
+def table_ids(table: str, ids: Any, dtype_name: str | None = None) -> np.ndarray:
     """`ids` as an int64 array of the same shape, or `RequestError` naming `table`, the dtype and a value.
 
     Args:
         table: the table's name, for the message.
         ids: an array, a tensor converted to NumPy, a list or a scalar.
+        dtype_name: the dtype to name in a refusal when `ids` was converted on the way here (a torch
+            bfloat16 tensor reaches NumPy as float32); default: the array's own.
     """
     try:
         array = np.asarray(ids)
     except (ValueError, TypeError, OverflowError) as exc:
         raise RequestError(f"ids of table {table!r} must be an array of integers (any int64 value); "
-                           f"{type(ids).__name__} could not be read as one: {exc}.") from None
+                           f"{type(ids).__name__} could not be read as one ({exc}); nothing was sent. Pass a "
+                           "NumPy array, a tensor or a list of integers.") from None
     if array.size == 0:
         return array.astype(np.int64)
+    shown = array.dtype if dtype_name is None else dtype_name
     kind = array.dtype.kind
     if kind == "i":
         return array.astype(np.int64, copy=False)
@@ -61,7 +65,7 @@ def table_ids(table: str, ids: Any) -> np.ndarray:
             return array.astype(np.int64)
         over = np.flatnonzero(array.reshape(-1) > _INT64_MAX)
         if len(over):
-            raise _refuse(table, array.dtype, int(array.reshape(-1)[over[0]]), _FIX_UINT64,
+            raise _refuse(table, shown, int(array.reshape(-1)[over[0]]), _FIX_UINT64,
                           f" (over 2**63 - 1, so it does not fit in int64; {len(over)} of {array.size} ids are)")
         return array.astype(np.int64)
     if kind == "O":
@@ -79,4 +83,4 @@ def table_ids(table: str, ids: Any) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             odd = np.flatnonzero(~np.isfinite(flat) | (flat != np.floor(flat)))
         example = flat[odd[0]] if len(odd) else example
-    raise _refuse(table, array.dtype, example.item(), _FIX_FLOAT if kind == "f" else _FIX_OTHER)
+    raise _refuse(table, shown, example.item(), _FIX_FLOAT if kind == "f" else _FIX_OTHER)

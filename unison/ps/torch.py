@@ -77,9 +77,10 @@ class DistributedEmbedding(nn.Module):
     def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None,
                 per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
         given = input.detach().cpu()
-        if given.dtype == torch.bfloat16:  # NumPy has no bfloat16: refused below as float32
-            given = given.float()
-        ids = table_ids(self.name, given.numpy())  # before anything is sent
+        shown = None
+        if given.dtype == torch.bfloat16:  # NumPy has no bfloat16: read as float32, refused as bfloat16
+            given, shown = given.float(), str(input.dtype)
+        ids = table_ids(self.name, given.numpy(), shown)  # before anything is sent
         self._declare()
         unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
         rows = self.client.pull(sparse={self.name: unique})[1][self.name]

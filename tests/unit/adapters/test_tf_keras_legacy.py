@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[3]
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tf_keras") is None or importlib.util.find_spec("tensorflow") is None,
-    reason="needs tensorflow and tf-keras (the Makefile installs tf-keras==2.21.0)")
+    reason="needs tensorflow and tf-keras (the Makefile installs the tf-keras of the installed TensorFlow's minor version)")
 
 
 def _environment(**extra: str) -> dict[str, str]:
