@@ -149,7 +149,8 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
     if not _state.fork_hook_registered:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _state.fork_hook_registered = True
-    _write_marker(f"started-{rank}", f"{_state.host} {os.getpid()}\n")
+    # the machine's own name, whatever name messages use: the launcher finds its local ranks by it
+    _write_marker(f"started-{rank}", f"{socket.gethostname()} {os.getpid()}\n")
 
 
 def mark_failed_start(rank: int, reason: str, launcher_dir: str = "", launcher_relay: str = "") -> None:
