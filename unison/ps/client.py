@@ -185,6 +185,18 @@ class Client:
             unreached = self._unreached[server]
         return unreached if gave_up(unreached, time.monotonic(), self.reconnect_seconds) else None
 
+    def _lost(self, server: int) -> tuple[int, Unreached] | None:
+        """A server this trainer gave up on (`server` first), with what is known of it; else None.
+
+        Every step reaches every server, so once one is given up on no call of this trainer can be of
+        use: a call to another server (a synchronous pull waiting for the step) ends naming the lost one.
+        """
+        for candidate in [server, *(s for s in range(self.num_servers) if s != server)]:
+            unreached = self._given_up(candidate)
+            if unreached is not None:
+                return candidate, unreached
+        return None
+
     def _unavailable(self, server: int, method: str, unreached: Unreached) -> ServerUnavailableError:
         return ServerUnavailableError(unavailable_message(
             server=server, endpoint=self.endpoints[server], trainer=self.trainer, method=method, unreached=unreached,
@@ -202,9 +214,9 @@ class Client:
         make = channel.stream_stream if streaming else channel.stream_unary
         stub = make(path, request_serializer=self._serializer, response_deserializer=self._deserializer(reply_type))
         while True:
-            unreached = self._given_up(server)
-            if unreached is not None:
-                raise self._unavailable(server, method, unreached)
+            lost = self._lost(server)
+            if lost is not None:
+                raise self._unavailable(lost[0], method, lost[1])
             call: Any = None
             try:
                 # not wait_for_ready: a server that is down fails the call at once, and the loop waits
@@ -222,17 +234,17 @@ class Client:
                     self._count(retries=1)
                     time.sleep(0.2)
                     continue
-                unreached = self._given_up(server)
-                if code == grpc.StatusCode.CANCELLED and unreached is not None:
-                    raise self._unavailable(server, method, unreached) from None
+                lost = self._lost(server)
+                if code == grpc.StatusCode.CANCELLED and lost is not None:
+                    raise self._unavailable(lost[0], method, lost[1]) from None
                 raise self._error(server, method, exc) from None
-            except grpc.FutureCancelledError:  # the heartbeat gave up on the server (or close() ran)
-                unreached = self._given_up(server)
-                if unreached is None:
+            except grpc.FutureCancelledError:  # the heartbeat gave up on a server (or close() ran)
+                lost = self._lost(server)
+                if lost is None:
                     raise ServerUnavailableError(f"trainer {self.trainer}'s {method} to parameter server {server} "
                                                  f"({self.endpoints[server]}) was cancelled: the client is closing.")\
                         from None
-                raise self._unavailable(server, method, unreached) from None
+                raise self._unavailable(lost[0], method, lost[1]) from None
             finally:
                 if call is not None:
                     with self._lock:
@@ -307,9 +319,9 @@ class Client:
                     if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         self._reached(server, f"{exc.code().name}: {exc.details()}")
                 if self._given_up(server) is not None:
-                    with self._lock:
-                        waiting = list(self._in_flight[server])
-                    for call in waiting:  # they raise ServerUnavailableError in their threads
+                    with self._lock:  # every call: a step cannot end without this server
+                        waiting = [call for calls in self._in_flight for call in calls]
+                    for call in waiting:  # they raise ServerUnavailableError naming it, in their threads
                         call.cancel()
 
     def finish(self) -> None:

@@ -544,6 +544,7 @@ class ParameterServer:
                 raise _bad(f"table {t.name!r}: initializer must be one of {INITIALIZERS}. Got {t.initializer!r}.")
         sizes = {d.key: int(d.size) for d in header.dense}
         pieces = [p for frame in requests for p in frame.pieces]
+        created = False  # a block or table made, or a block's values completed: worth a checkpoint
         with self._changed:
             self._seen(trainer)
             for key, size in sizes.items():
@@ -552,6 +553,7 @@ class ParameterServer:
                     values = np.zeros((1, size), np.float32)
                     self._dense[key] = _Dense(values, optimizer.new_slots(values.shape), np.zeros(1, np.int64),
                                               optimizer)
+                    created = True
                 else:
                     _agree(f"dense block {key!r}", {"size": block.size, "optimizer": block.optimizer},
                            {"size": size, "optimizer": optimizer}, trainer)
@@ -561,6 +563,7 @@ class ParameterServer:
                 if table is None:
                     self._tables[t.name] = TableShard(t.name, t.dim, t.capacity, initializer, optimizer,
                                                       declared_capacity=t.declared)
+                    created = True
                 else:
                     _agree(f"table {t.name!r}", {"dim": table.dim, "capacity": table.declared_capacity,
                                                  "initializer": table.initializer, "optimizer": table.optimizer},
@@ -578,9 +581,15 @@ class ParameterServer:
                                "elements.")
                 block.values[0, piece.offset:piece.offset + len(data)] = data
                 block.filled += len(data)
+                created = created or block.ready
             self._counts["declares"] += 1
             self._changed.notify_all()
-            return pb.Ack(version=self.version)
+            version = self.version
+        if created and self.checkpoint_dir:
+            # before the ack: a server restarted from its checkpoint knows every declaration it acknowledged
+            # (the periodic checkpoint waits for a step, and a server lost before one forgot them)
+            self.checkpoint()
+        return pb.Ack(version=version)
 
     def _wait(self, ready: Callable[[], bool], what: Callable[[], str], context: grpc.ServicerContext,
               blockers: Callable[[], list[str]] = list) -> None:
