@@ -28,11 +28,11 @@ $(STAMP): pyproject.toml | $(VPY)
 demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/pytorch_mnist.py
 
-# The unit and example tests in two workers (a file stays in one worker); the tests of faults, launches,
-# elastic jobs and parameter servers one at a time, since several check how soon something happens.
+# Most tests in two workers (a file stays in one worker); the fault and control-plane tests one at a
+# time, since they check how soon a failure is noticed and a second busy worker delays that.
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples -q -n 2 --dist loadfile
-	$(VPY) -m pytest tests/service tests/launcher tests/faults tests/multihost tests/elastic tests/ps -q
+	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps -q -n 2 --dist loadfile
+	$(VPY) -m pytest tests/service tests/faults -q
 	$(VPY) tests/run_multirank.py -n 1
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
