@@ -342,7 +342,8 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
     if isinstance(error, StallError) and _state.rank == 0:
         # rank 0 found the stall; the launcher reports this line, which names the stuck ranks.
         details = "; ".join(line.strip() for line in str(error).splitlines()[1:])
-        _write_marker("failed-0", f"the job stalled (found by rank 0, {_state.host}, pid {os.getpid()}): "
+        what = "deadlocked" if str(error).startswith("Deadlock:") else "stalled"
+        _write_marker("failed-0", f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
                                   f"{details}\n")
     job_broken(str(error))
 

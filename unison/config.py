@@ -8,6 +8,7 @@ checked against it by a test).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -55,6 +56,9 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("stall_shutdown_seconds", "UNISON_STALL_SHUTDOWN_TIME_SECONDS",
             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "float", 600.0,
             "Stop the job with an error on every rank after a stall this long; 0 never stops."),
+    Setting("deadlock_seconds", "UNISON_DEADLOCK_SECONDS", None, "float", 2.0,
+            "Stop the job at once when every rank a pending collective waits for is itself blocked "
+            "waiting in unison, after this long in that state; 0 turns the check off."),
     Setting("timeline", "UNISON_TIMELINE", "HOROVOD_TIMELINE", "str", "",
             "Path of a Chrome-trace timeline written by rank 0; DYNAMIC enables start_timeline()."),
     Setting("timeline_mark_cycles", "UNISON_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
@@ -84,8 +88,8 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "whose heartbeats rank 0 leaves unanswered this long fails its collectives (rank 0 stopped)."),
     Setting("peer_timeout_seconds", "UNISON_PEER_TIMEOUT_SECONDS", None, "float", 10.0,
             "mpi controller: a control exchange still waiting after this long sends a liveness probe "
-            "to every rank; ranks that do not answer it within as long again (frozen, dead, "
-            "unreachable) are named and the job is aborted. 0 waits forever."),
+            "to every rank; ranks that do not answer it within 3 s (or this long, if shorter: frozen, "
+            "dead, unreachable) are named and the job is aborted. 0 waits forever."),
     Setting("start_timeout_seconds", "UNISON_START_TIMEOUT_SECONDS", None, "float", 60.0,
             "How long init() waits for every rank to arrive and to finish its local set-up; the ranks "
             "that did not are named and init() raises on the others. 0 waits forever."),
@@ -200,6 +204,7 @@ class Settings:
     stall_check_disable: bool = False
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 600.0
+    deadlock_seconds: float = 2.0
     timeline: str = ""
     timeline_mark_cycles: bool = False
     log_level: str = "warning"
@@ -363,6 +368,11 @@ def load_settings(
         raise ConfigError(
             "UNISON_STALL_SHUTDOWN_TIME_SECONDS must be 0 or at least UNISON_STALL_CHECK_TIME_SECONDS. "
             f"Got {settings.stall_shutdown_seconds} < {settings.stall_check_seconds}."
+        )
+    if not (settings.deadlock_seconds >= 0 and math.isfinite(settings.deadlock_seconds)):
+        raise ConfigError(
+            "UNISON_DEADLOCK_SECONDS must be 0 (no deadlock check) or a positive number of seconds. "
+            f"Got {settings.deadlock_seconds}."
         )
     for name in ("autotune_steps_per_sample", "autotune_max_samples"):
         if getattr(settings, name) < 1:

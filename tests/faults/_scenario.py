@@ -7,7 +7,8 @@ outside any collective). Every rank writes PIDDIR/finally-R from its `finally:` 
 Modes: raise, sigkill, exit0, sleeping (above); stuck (the failing rank sleeps in its own code, so
 the others stall); stuck_in_c (the same, but it ignores SIGINT and, once its engine has stopped,
 holds the GIL in a C call, so neither an interrupt nor a timer thread can end it); frozen (the
-failing rank stops itself with SIGSTOP). With FAULT_GIVE_UP_SECONDS=S, the other ranks' engines stop
+failing rank stops itself with SIGSTOP); metric (the failing rank alone calls an unnamed allreduce
+and waits in it, while the others wait in the next named one: a deadlock). With FAULT_GIVE_UP_SECONDS=S, the other ranks' engines stop
 waiting for their peers S seconds after step 3 (`MpiBackend.fail_waits`), as a detector of a lost
 peer would.
 """
@@ -55,6 +56,8 @@ try:
                 ctypes.PyDLL(None).sleep(120)  # PyDLL keeps the GIL during the call
             if mode == "frozen":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if mode == "metric":
+                hvd.allreduce(np.ones(1))  # a metric on this rank only
         if step == 3 and rank != failing:
             if mode == "sleeping":
                 time.sleep(120)  # outside any collective: only the abort's interrupt can stop this

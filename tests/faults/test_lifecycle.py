@@ -67,6 +67,28 @@ def test_a_rank_that_cannot_be_interrupted_after_a_stall_is_ended_with_mpi_abort
     assert_no_strays(tmp_path, 2)
 
 
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_collective_called_on_one_rank_only_is_reported_as_a_deadlock_at_once(tmp_path: Path,
+                                                                                launcher: str) -> None:
+    # Rank 1 alone calls an unnamed allreduce and waits in it; rank 0 waits in the next step's named
+    # one. Both main threads are blocked in unison, so neither can ever submit what the other waits
+    # for: the job stops after UNISON_DEADLOCK_SECONDS (2 s), not after the 600 s stall shutdown.
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "metric", "1"), env={})
+    assert done.returncode != 0, done.output
+    assert "StallError: Deadlock: every rank that the pending collectives wait for is itself blocked" \
+        in done.output, done.output
+    assert "rank 0 waits for allreduce.grad.3; has not submitted allreduce.noname.1 (unnamed allreduce #1)" \
+        in done.output, done.output
+    assert "rank 1 waits for allreduce.noname.1 (unnamed allreduce #1); has not submitted allreduce.grad.3" \
+        in done.output
+    if launcher == "unisonrun":
+        assert "unisonrun: the job deadlocked (found by rank 0" in done.output, done.output
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
+    assert "MPI_Abort" not in done.output
+    assert done.seconds < STARTUP_SECONDS + 2 + 1 + 2, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
 # -- 2. a bounded exit whatever the state of MPI ----------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import pytest
 import unison as hvd
 
 pytestmark = pytest.mark.skipif(os.environ.get("UNISON_TEST_LARGE") != "1",
-                                reason="needs ~9 GiB of memory and a minute; set UNISON_TEST_LARGE=1")
+                                reason="needs ~9 GiB of memory and a minute; set UNISON_TEST_LARGE=1 (make test-large)")
 GiB = 1024**3
 
 

@@ -3,7 +3,10 @@
 A nonblocking collective that one rank never joins gives the others no hint of who is missing. So each
 rank keeps a small responder thread on a communicator of its own that answers probes; a rank whose
 control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS` probes every peer, and the peers that do not
-answer within the same time again are the ones lost. A live rank answers even while its engine is
+answer within `probe_window` (that time, at most `PROBE_WINDOW_SECONDS`) are the ones lost. The answer
+comes from the responder thread, which polls every 50 ms and needs only the GIL for a moment: 3 s
+covers a loaded machine many times over, where the full timeout again (10 s by default) only delayed
+the end of a job with a frozen rank. A live rank answers even while its engine is
 busy in a long data-plane call (mpi4py releases the GIL in MPI calls), so a slow peer is never taken
 for a lost one; a frozen process (SIGSTOP, a debugger), a dead one that MPI did not notice, or an
 unreachable host does not answer.
@@ -21,11 +24,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Liveness"]
+__all__ = ["PROBE_WINDOW_SECONDS", "Liveness", "probe_window"]
 
 _PING_TAG = 7301
 _PONG_TAG = 7302
 _POLL_SECONDS = 0.05
+PROBE_WINDOW_SECONDS = 3.0
+
+
+def probe_window(timeout_seconds: float) -> float:
+    """How long a probe sent after `timeout_seconds` of waiting waits for the answers.
+
+    Example:
+        >>> probe_window(10.0), probe_window(2.0)
+        (3.0, 2.0)
+    """
+    return min(timeout_seconds, PROBE_WINDOW_SECONDS)
 
 
 class Liveness:
@@ -109,7 +123,7 @@ class Liveness:
                 if not since or since == checked or time.monotonic() - since < timeout_seconds:
                     continue
                 checked = since  # one probe per stuck call: a slow but live peer is not probed again
-                lost = self.probe(timeout_seconds)
+                lost = self.probe(probe_window(timeout_seconds))
                 if lost and busy_since() == since:
                     on_lost(lost, time.monotonic() - since)
                     return

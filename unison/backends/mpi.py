@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import AbortedError, ConfigError, MissingDependencyError
 from ..ops import ReduceOp
-from ._liveness import Liveness
+from ._liveness import Liveness, probe_window
 from .base import Abandoned, split_counts
 
 __all__ = ["MpiBackend", "abort_with_output", "finalize_mpi", "import_mpi", "initialize_mpi"]
@@ -205,7 +205,7 @@ class MpiBackend:
         message = (
             f"unison: {who} stopped answering: rank {self.rank} has been in a data-plane collective "
             f"with {who} for {waited_seconds:.0f} s and {who} did not answer a liveness probe within "
-            f"{self._peer_timeout:g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
+            f"{probe_window(self._peer_timeout):g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
             "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
         try:  # straight to stderr, like the other last words of a rank (unison._failure)
@@ -216,14 +216,14 @@ class MpiBackend:
     def _check_peers(self, waited_seconds: float) -> None:
         """A control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS`: abort if some peer is lost."""
         assert self._liveness is not None
-        lost = self._liveness.probe(self._peer_timeout)
+        lost = self._liveness.probe(probe_window(self._peer_timeout))
         if not lost:
             return  # every peer is alive, merely slow (e.g. busy in a long data-plane call)
         who = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
         raise AbortedError(
             f"{who} stopped answering: rank {self.rank} waited {waited_seconds:.0f} s for {who} in a "
             f"control exchange and {who} did not answer a liveness probe within "
-            f"{self._peer_timeout:g} s more. The process is frozen (stopped by a signal, a debugger), "
+            f"{probe_window(self._peer_timeout):g} s more. The process is frozen (stopped by a signal, a debugger), "
             "dead without MPI noticing, or its host is unreachable. Stopping the job "
             "(UNISON_PEER_TIMEOUT_SECONDS sets the wait)."
         )

@@ -27,9 +27,16 @@ from ..protocol.messages import Request, Response
 from ..protocol.negotiation import reducescatter_rows
 from .adasum import adasum_
 
-__all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle"]
+__all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle", "main_thread_waits"]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
+_MAIN_THREAD = threading.main_thread().ident
+_main_waits = [0]  # waits of the main thread in progress (Handle.wait): written by it alone
+
+
+def main_thread_waits() -> bool:
+    """True while the main thread is blocked in `Handle.wait` (the engine's deadlock flag reads it)."""
+    return _main_waits[0] > 0
 
 
 class Handle:
@@ -61,8 +68,15 @@ class Handle:
         """Block until done; return False on timeout."""
         if self._done:
             return True
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            return False
+        main = threading.get_ident() == _MAIN_THREAD
+        if main:
+            _main_waits[0] += 1
+        try:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                return False
+        finally:
+            if main:
+                _main_waits[0] -= 1
         self._lock.release()
         return True
 

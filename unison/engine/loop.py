@@ -45,6 +45,7 @@ from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
 from ..protocol.cycle import (
     Votes,
     bits,
+    blocked_ranks,
     cached_waits,
     encode_status_row,
     needs_slow_path,
@@ -65,7 +66,7 @@ from ..protocol.messages import (
 )
 from ..protocol.negotiation import Coordinator, CoordinatorStatistics
 from ..protocol.stall import StallInspector, StallStatistics
-from .executor import Entry, Executor, ExecutorStatistics
+from .executor import Entry, Executor, ExecutorStatistics, main_thread_waits
 
 __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 
@@ -164,7 +165,8 @@ class Engine:
         self.coordinator = Coordinator(self.size, self.process_sets) if self.rank == 0 else None
         self.stall = None
         if self.rank == 0 and not settings.stall_check_disable:
-            self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds)
+            self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds,
+                                        deadlock_seconds=settings.deadlock_seconds)
         self.policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
                                    group_only=settings.disable_group_fusion)
         # The knobs the autotuner may change while the job runs; every rank applies a change at the
@@ -525,6 +527,8 @@ class Engine:
             self._shutdown_sent = self._shutdown_sent or send_shutdown
             send_abort = self._abort_reason if not self._abort_sent else ""
             self._abort_sent = self._abort_sent or bool(send_abort)
+            # Read with the queue taken: what the main thread queued before waiting goes out now.
+            blocked = main_thread_waits() and not self._held
         self._invalid = 0
         for group in new_groups:
             self._admit(group)
@@ -551,7 +555,7 @@ class Engine:
         # A parameter change of the autotuner is news too: it travels with this cycle's responses.
         news = bool(self._news) or self._tune_due is not None
         row = encode_status_row(joined=self._joined, news=news, payload_bytes=len(payload),
-                                hits=hits, invalid=self._invalid, words=words)
+                                hits=hits, invalid=self._invalid, words=words, blocked=blocked)
         matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
 
         # 2. Fast path: slots every rank voted for run without asking the coordinator.
@@ -561,7 +565,7 @@ class Engine:
             self._stats["cache_hits_executed"] += len(cached)
         if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
             self._last_stall_check = now
-            self._check_stall(now, votes)
+            self._check_stall(now, votes, blocked_ranks(matrix))
 
         # 3. Slow path, only when some rank has requests the cache could not answer.
         fresh: list[Response] = []
@@ -800,7 +804,7 @@ class Engine:
 
     # -- rank 0 only: stall inspection and timeline --------------------------------------------------
 
-    def _check_stall(self, now: float, votes: Votes) -> None:
+    def _check_stall(self, now: float, votes: Votes, blocked: frozenset[int]) -> None:
         assert self.stall is not None and self.coordinator is not None
         pending = {
             name: (submitted, expected)
@@ -812,7 +816,7 @@ class Engine:
         )
         for slot, (submitted, expected) in waits.items():
             pending[self.cache.peek(slot).names[0]] = (submitted, expected)
-        report = self.stall.observe(now, pending)
+        report = self.stall.observe(now, pending, blocked)
         if report is None:
             return
         if report.shutdown:

@@ -5,8 +5,10 @@ the whole matrix (one row per rank):
 
     [flags, payload bytes, hit word 0 .. hit word W-1, invalid word 0 .. invalid word W-1]
 
-``flags`` holds `FLAG_JOINED` (the rank has joined: it votes for every cache slot) and `FLAG_NEWS`
-(rank 0 has a stall report or the autotuner's next parameters to announce); ``payload bytes`` is the length of the rank's uncached
+``flags`` holds `FLAG_JOINED` (the rank has joined: it votes for every cache slot), `FLAG_NEWS`
+(rank 0 has a stall report or the autotuner's next parameters to announce) and `FLAG_BLOCKED` (the
+rank's main thread waits in unison and everything the rank submitted has been sent: it cannot submit
+more until a wait ends; the stall inspector's deadlock check reads it); ``payload bytes`` is the length of the rank's uncached
 request list; the hit words are the cache slots the rank's pending work is waiting in, and the
 invalid words the slots it found stale, each a little-endian bit mask over W 64-bit words.
 
@@ -21,10 +23,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
+    "FLAG_BLOCKED",
     "FLAG_JOINED",
     "FLAG_NEWS",
     "Votes",
     "bits",
+    "blocked_ranks",
     "cached_waits",
     "encode_status_row",
     "needs_slow_path",
@@ -34,6 +38,7 @@ __all__ = [
 
 FLAG_JOINED = 1
 FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown, autotune parameters): force the slow path
+FLAG_BLOCKED = 4  # the rank's main thread waits in unison with nothing left to send
 _HEADER = 2  # flags, payload length
 _WORD = (1 << 64) - 1
 
@@ -72,14 +77,15 @@ def _join_words(words: Sequence[int]) -> int:
 
 
 def encode_status_row(*, joined: bool, news: bool, payload_bytes: int, hits: int, invalid: int,
-                      words: int) -> list[int]:
+                      words: int, blocked: bool = False) -> list[int]:
     """This rank's status row (see the module docstring).
 
     Example:
         >>> encode_status_row(joined=False, news=False, payload_bytes=80, hits=0b101, invalid=0, words=1)
         [0, 80, 5, 0]
     """
-    row = [(FLAG_JOINED if joined else 0) | (FLAG_NEWS if news else 0), payload_bytes]
+    flags = (FLAG_JOINED if joined else 0) | (FLAG_NEWS if news else 0) | (FLAG_BLOCKED if blocked else 0)
+    row = [flags, payload_bytes]
     if words:
         row += _split_words(hits, words) + _split_words(invalid, words)
     return row
@@ -127,6 +133,16 @@ def read_votes(matrix: Sequence[Sequence[int]], words: int) -> Votes:
         if rank not in joined:
             real |= vote
     return Votes(votes, joined, common & real, invalid)
+
+
+def blocked_ranks(matrix: Sequence[Sequence[int]]) -> frozenset[int]:
+    """The ranks whose row carries `FLAG_BLOCKED` (for the stall inspector's deadlock check).
+
+    Example:
+        >>> sorted(blocked_ranks([[4, 0], [0, 0], [5, 0]]))
+        [0, 2]
+    """
+    return frozenset(r for r, row in enumerate(matrix) if int(row[0]) & FLAG_BLOCKED)
 
 
 def needs_slow_path(matrix: Sequence[Sequence[int]]) -> bool:

@@ -14,6 +14,13 @@ When reports are due:
   ``check_seconds`` any more, the stall is over and the next one starts again at ``check_seconds``.
 * A shutdown report (``shutdown=True``) is returned at every observation where some tensor has been
   pending ``shutdown_seconds`` (when that is not 0), regardless of the backoff.
+* A deadlock report (``shutdown=True``, ``deadlock=True``) is returned as soon as every rank missing
+  from a pending tensor is itself blocked (its main thread waits in unison with nothing left to send,
+  `unison.protocol.cycle.FLAG_BLOCKED`), with the same tensors pending and the same ranks blocked,
+  for ``deadlock_seconds``. Then no pending tensor can ever complete: each waits for a rank that
+  waits in turn, and a blocked rank submits nothing until its wait ends. Waiting for the stall
+  shutdown would only add minutes; the window covers a wait that ends in the very cycle it was seen,
+  and a program whose other threads submit while the main thread waits (0 turns the check off).
 
 Example:
     >>> inspector = StallInspector(check_seconds=60, shutdown_seconds=600)
@@ -31,11 +38,13 @@ import math
 from collections.abc import Iterable, Mapping
 
 from ..errors import ConfigError
+from .names import split_name, unnamed_index
 
 __all__ = ["StallInspector", "StallReport", "StallStatistics"]
 
 _SHUTDOWN_VARIABLE = "UNISON_STALL_SHUTDOWN_TIME_SECONDS"
 _CHECK_VARIABLE = "UNISON_STALL_CHECK_TIME_SECONDS"
+_DEADLOCK_VARIABLE = "UNISON_DEADLOCK_SECONDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +55,17 @@ class StallReport:
         waiting: one entry per tensor pending at least ``check_seconds``, longest first (ties by
             name): (tensor name, ranks that submitted it, ranks missing, seconds pending), the rank
             tuples sorted.
-        shutdown: some tensor has been pending at least ``shutdown_seconds``; the job must stop.
+        shutdown: some tensor has been pending at least ``shutdown_seconds``, or the ranks are
+            deadlocked; the job must stop.
         text: the human-readable report, one line per missing rank.
+        deadlock: every rank the pending tensors wait for is blocked in unison (``waiting`` then
+            lists every pending tensor, however long it has waited).
     """
 
     waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...]
     shutdown: bool
     text: str
+    deadlock: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +88,8 @@ class StallInspector:
         shutdown_seconds: stop the job once a tensor has been pending this long; 0 never stops,
             otherwise at least `check_seconds`.
         max_names_per_rank: tensor names listed per missing rank before ``... and N more``.
+        deadlock_seconds: stop the job once the ranks have been deadlocked this long (see the module
+            docstring); 0 turns the check off.
 
     Raises:
         ConfigError: a value is out of range; the message gives the values.
@@ -85,6 +100,7 @@ class StallInspector:
         check_seconds: float = 60.0,
         shutdown_seconds: float = 600.0,
         max_names_per_rank: int = 6,
+        deadlock_seconds: float = 0.0,
     ) -> None:
         if not (check_seconds > 0 and math.isfinite(check_seconds)):
             raise ConfigError(
@@ -105,6 +121,14 @@ class StallInspector:
                 "max_names_per_rank must be an integer >= 1. "
                 f"Got max_names_per_rank={max_names_per_rank!r}."
             )
+        if not (deadlock_seconds >= 0 and math.isfinite(deadlock_seconds)):
+            raise ConfigError(
+                f"The deadlock time must be 0 (no check) or a positive number of seconds "
+                f"({_DEADLOCK_VARIABLE}). Got deadlock_seconds={deadlock_seconds!r}."
+            )
+        self._deadlock_seconds = float(deadlock_seconds)
+        self._deadlock_state: tuple[frozenset[str], frozenset[int]] | None = None
+        self._deadlock_since = 0.0
         self._check_seconds = float(check_seconds)
         self._shutdown_seconds = float(shutdown_seconds)
         self._max_names = max_names_per_rank
@@ -135,7 +159,10 @@ class StallInspector:
         )
 
     def observe(
-        self, now: float, pending: Mapping[str, tuple[frozenset[int], frozenset[int]]]
+        self,
+        now: float,
+        pending: Mapping[str, tuple[frozenset[int], frozenset[int]]],
+        blocked: frozenset[int] = frozenset(),
     ) -> StallReport | None:
         """Record the tensors pending at `now` and return a report if one is due.
 
@@ -144,6 +171,7 @@ class StallInspector:
             pending: tensor name -> (ranks that submitted it, ranks expected to submit it), for every
                 tensor some but not all expected ranks have submitted. Names missing here are
                 forgotten: they completed.
+            blocked: the ranks blocked in unison this cycle (`unison.protocol.cycle.blocked_ranks`).
 
         Returns:
             A `StallReport` when a warning or a shutdown is due, else None.
@@ -161,6 +189,11 @@ class StallInspector:
             if seconds >= self._check_seconds and missing:
                 stalled.append((name, tuple(sorted(submitted)), tuple(sorted(missing)), seconds))
         self._longest_seconds = longest
+        deadlock = self._deadlock(now, pending, blocked)
+        if deadlock is not None:
+            self._stalled = len(deadlock)
+            self._shutdown_reports += 1
+            return StallReport(deadlock, True, self._deadlock_text(deadlock), deadlock=True)
         self._stalled = len(stalled)
         if not stalled:
             # The stall is over: the next one gets its first warning after check_seconds again.
@@ -179,6 +212,62 @@ class StallInspector:
             self._warnings += 1
         waiting = tuple(stalled)
         return StallReport(waiting, shutdown, self._text(waiting, shutdown))
+
+    def _deadlock(
+        self,
+        now: float,
+        pending: Mapping[str, tuple[frozenset[int], frozenset[int]]],
+        blocked: frozenset[int],
+    ) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...] | None:
+        """The pending tensors, when the ranks have been deadlocked for `deadlock_seconds`, else None."""
+        entries = [(name, submitted, expected - submitted) for name, (submitted, expected) in pending.items()
+                   if expected - submitted]
+        if not self._deadlock_seconds or not entries or not blocked or \
+                any(not missing <= blocked for _, _, missing in entries):
+            self._deadlock_state = None
+            return None
+        state = (frozenset(name for name, _, _ in entries), blocked)
+        if state != self._deadlock_state:
+            self._deadlock_state, self._deadlock_since = state, now
+        if now - self._deadlock_since < self._deadlock_seconds:
+            return None
+        out = [(name, tuple(sorted(submitted)), tuple(sorted(missing)),
+                max(0.0, now - self._first_seen[name])) for name, submitted, missing in entries]
+        out.sort(key=lambda entry: (-entry[3], entry[0]))
+        return tuple(out)
+
+    def _deadlock_text(self, waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...]) -> str:
+        submitted_by: dict[int, list[str]] = {}
+        missing_from: dict[int, list[str]] = {}
+        for name, submitted, missing, _ in waiting:
+            for rank in submitted:
+                submitted_by.setdefault(rank, []).append(name)
+            for rank in missing:
+                missing_from.setdefault(rank, []).append(name)
+        lines = [
+            "Deadlock: every rank that the pending collectives wait for is itself blocked in unison "
+            "(its main thread waits for a collective and it has nothing left to submit), so none of "
+            "them can ever run:"
+        ]
+        for rank in sorted(set(submitted_by) | set(missing_from)):
+            parts = []
+            if rank in submitted_by:
+                parts.append(f"waits for {self._names(submitted_by[rank])}")
+            if rank in missing_from:
+                parts.append(f"has not submitted {self._names(missing_from[rank])}")
+            lines.append(f"  rank {rank} {'; '.join(parts)}")
+        lines.append(
+            f"Stopping the job: they stayed so for {self._deadlock_seconds:g} s ({_DEADLOCK_VARIABLE}; "
+            "0 turns this check off). A collective that only some ranks call (a metric under "
+            "`if rank == 0:`, a branch on local data, an exception caught on one rank) is the usual "
+            "cause: call it on every rank, in the same order."
+        )
+        return "\n".join(lines)
+
+    def _names(self, names: list[str]) -> str:
+        shown = ", ".join(_described(name) for name in names[: self._max_names])
+        more = len(names) - self._max_names
+        return shown + (f", ... and {more} more" if more > 0 else "")
 
     def statistics(self) -> StallStatistics:
         """Return counters: observations, warnings and shutdown reports issued, tensors tracked and
@@ -240,6 +329,13 @@ class StallInspector:
                 "job with an error on every rank."
             )
         return "\n".join(lines)
+
+
+def _described(name: str) -> str:
+    """A tensor name, with what an unnamed one is: 'allreduce.noname.3 (unnamed allreduce #3)'."""
+    kind, rest = split_name(name)
+    index = unnamed_index(rest)
+    return name if index is None else f"{name} (unnamed {kind} #{index})"
 
 
 def _format_ranks(ranks: Iterable[int]) -> str:

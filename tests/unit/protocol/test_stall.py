@@ -317,3 +317,62 @@ def test_warnings_never_get_more_frequent_while_a_tensor_stays_stuck(
         assert gaps[0] >= 2 * check
     for earlier, later in itertools.pairwise(gaps):
         assert later >= 2 * earlier
+
+
+# -- deadlock: every rank a pending tensor waits for is itself blocked ----------------------------
+
+_METRIC = {"allreduce.noname.0": (frozenset({0}), frozenset({0, 1}))}
+_GRADS = {f"allreduce.grad.{i}": (frozenset({1}), frozenset({0, 1})) for i in range(3)}
+
+
+def test_a_deadlock_is_reported_once_it_held_for_the_deadlock_time() -> None:
+    inspector = StallInspector(60, 600, deadlock_seconds=2)
+    pending = {**_METRIC, **_GRADS}
+    assert inspector.observe(0.0, pending, frozenset({0, 1})) is None
+    assert inspector.observe(1.0, pending, frozenset({0, 1})) is None
+    report = inspector.observe(2.0, pending, frozenset({0, 1}))
+    assert report is not None and report.shutdown and report.deadlock
+    assert report.text.startswith("Deadlock: ")
+    assert "  rank 0 waits for allreduce.noname.0 (unnamed allreduce #0); has not submitted " \
+           "allreduce.grad.0, allreduce.grad.1, allreduce.grad.2\n" in report.text
+    assert "  rank 1 waits for allreduce.grad.0, allreduce.grad.1, allreduce.grad.2; has not submitted " \
+           "allreduce.noname.0 (unnamed allreduce #0)\n" in report.text
+    assert "they stayed so for 2 s (UNISON_DEADLOCK_SECONDS; 0 turns this check off)" in report.text
+    assert {w[0] for w in report.waiting} == set(pending)
+    assert inspector.statistics().shutdown_reports == 1
+
+
+@pytest.mark.parametrize("blocked", [frozenset(), frozenset({0}), frozenset({1})])
+def test_no_deadlock_while_a_missing_rank_can_still_submit(blocked: frozenset[int]) -> None:
+    # rank 1 is missing from the metric; unless it is blocked it may still submit it (and vice versa).
+    inspector = StallInspector(60, 600, deadlock_seconds=1)
+    pending = {**_METRIC, **_GRADS}
+    reports = [inspector.observe(float(now), pending, blocked) for now in range(0, 120, 1)]
+    assert not any(report.deadlock for report in reports if report is not None)
+    assert reports[60] is not None and reports[60].text.startswith("Stall: ")  # the ordinary warning
+
+
+def test_a_blocked_state_that_changes_starts_the_deadlock_window_again() -> None:
+    inspector = StallInspector(60, 600, deadlock_seconds=2)
+    both = frozenset({0, 1})
+    assert inspector.observe(0.0, {**_METRIC, **_GRADS}, both) is None
+    assert inspector.observe(1.5, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both) is None
+    assert inspector.observe(3.0, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both) is None
+    assert inspector.observe(3.5, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both).deadlock
+
+
+def test_the_deadlock_check_is_off_at_zero_and_refuses_bad_values() -> None:
+    inspector = StallInspector(60, 600, deadlock_seconds=0)
+    for now in range(10):
+        assert inspector.observe(float(now), _METRIC, frozenset({0, 1})) is None
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="UNISON_DEADLOCK_SECONDS"):
+            StallInspector(60, 600, deadlock_seconds=bad)
+
+
+def test_a_joined_or_complete_rank_set_is_no_deadlock() -> None:
+    # Nothing is missing (the tensor is about to run): blocked ranks waiting on it are no deadlock.
+    inspector = StallInspector(60, 600, deadlock_seconds=1)
+    ready = {"allreduce.x": (frozenset({0, 1}), frozenset({0, 1}))}
+    for now in range(5):
+        assert inspector.observe(float(now), ready, frozenset({0, 1})) is None
