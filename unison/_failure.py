@@ -12,14 +12,14 @@ The job is *broken* on this rank once its engine stopped with `AbortedError`, `S
 internal failure, or once `job_broken` was called: a peer may be frozen, dead or stuck, and MPI may
 hold a control operation that will never complete. From then on the process ends within a bound:
 
-* a main thread that is not waiting on unison is interrupted (``KeyboardInterrupt``, so ``finally:``
-  blocks still run);
+* a main thread that is not waiting on unison is interrupted (`JobInterrupt`, a ``KeyboardInterrupt``,
+  so ``finally:`` blocks still run; uncaught, it ends the process with status 1, not by SIGINT);
 * a process still alive `GRACE_SECONDS` after the break exits with status 1 (a timer thread), and
   SIGALRM, when its action is the default one, ends it `ALARM_SECONDS` after the break even where
   that timer cannot run (C code holding the GIL, a hang inside ``MPI_Finalize``);
 * at exit it waits, until `GRACE_SECONDS` after the break, for every rank of the job to reach its
-  exit too (an ``MPI_Ibarrier`` polled), then lets MPI finalize; when some rank does not come, it
-  calls ``MPI_Abort``, which makes the MPI launcher end every rank.
+  exit too (an ``MPI_Ibarrier`` polled), then lets MPI finalize (SIGALRM after `FINALIZE_SECONDS`);
+  when some rank does not come, it calls ``MPI_Abort``, which makes the MPI launcher end every rank.
 
 A process forked after `init()` is not a rank. An after-fork hook disowns its copy of the engine
 (every collective raises `fork_error`) and ends its exit with ``os._exit`` and the status it would
@@ -45,11 +45,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from ._summary import describe
-from .errors import AbortedError, HorovodInternalError, ShutdownError, StallError
+from .errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 
 __all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
            "fork_error", "install", "is_forked_child", "job_broken", "mark_failed_start", "mark_finished",
@@ -60,7 +60,7 @@ log = logging.getLogger("unison")
 ABORT_TIMEOUT_SECONDS = 2.0
 GRACE_SECONDS = 5.0  # after a break, a rank still alive this long exits with status 1
 ALARM_SECONDS = 8  # after a break, SIGALRM ends a process that nothing else could end
-FINALIZE_SECONDS = 3  # at exit after every rank arrived, MPI_Finalize gets this long (SIGALRM)
+FINALIZE_SECONDS = 10  # at exit after every rank arrived, MPI_Finalize gets this long (SIGALRM)
 MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this long for its peers
 LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
 _POLL_SECONDS = 0.005
@@ -88,6 +88,7 @@ class _State:
     forked = False  # this process was forked from a rank after init()
     child_status: int | None = None  # forked child: the exit status it asked for
     child_interrupted = False  # forked child: ended by an uncaught KeyboardInterrupt
+    interrupting = False  # unison interrupted the main thread: its SIGINT raises JobInterrupt
 
 
 _state = _State()
@@ -146,6 +147,8 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
         sys.excepthook = _excepthook
         _state.previous_threading_excepthook = threading.excepthook
         threading.excepthook = _threading_excepthook
+    _state.interrupting = False
+    _take_sigint()
     if not _state.fork_hook_registered:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _state.fork_hook_registered = True
@@ -239,13 +242,14 @@ def _breaks_job(error: BaseException) -> bool:
     return isinstance(error, (AbortedError, StallError)) or type(error) is HorovodInternalError
 
 
-def _arm_alarm(seconds: int) -> None:
-    """Make SIGALRM end the process within `seconds`, unless the application uses SIGALRM itself."""
+def _arm_alarm(seconds: int, replace: bool = False) -> None:
+    """Make SIGALRM end the process within `seconds` (or sooner, if an earlier bound is pending and
+    not `replace`), unless the application uses SIGALRM itself."""
     try:
         if signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL:
             return
         left = signal.alarm(0)
-        signal.alarm(min(left, seconds) if left else seconds)
+        signal.alarm(min(left, seconds) if left and not replace else seconds)
     except (ValueError, OSError):  # no alarm on this platform
         pass
 
@@ -352,10 +356,34 @@ def _interrupt_main() -> None:
     # A real SIGINT aimed at the main thread also wakes it from a blocking call such as time.sleep;
     # interrupt_main alone only takes effect at the next bytecode. Respect a user's own handler.
     main = threading.main_thread()
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler and main.ident is not None:
+    _state.interrupting = True
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _on_sigint) and main.ident is not None:
         signal.pthread_kill(main.ident, signal.SIGINT)
     else:
         _thread.interrupt_main()
+
+
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    """Python's default SIGINT handler, except for unison's own interrupt of a stopped job, which raises
+    `JobInterrupt`: uncaught, a plain KeyboardInterrupt ends the process by SIGINT, and MPICH's
+    mpiexec then combines that signal with the others' statuses into a crash that never happened
+    (SIGINT's 2 with a SIGKILL's 9 reads as signal 11, a segmentation fault)."""
+    if _state.interrupting:
+        engine = _state.engine or _state.last_engine
+        why = (engine.stop_error if engine is not None else None) or _state.broken_reason or _state.aborted_reason
+        raise JobInterrupt(f"unison stopped the job: {why}")
+    signal.default_int_handler(signum, frame)
+
+
+def _take_sigint() -> None:
+    """Install `_on_sigint` where Python's default handler is (from the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
+    except (ValueError, OSError):  # not the main interpreter, or no signals here
+        pass
 
 
 def _exit_after_grace(reason: str) -> None:
@@ -392,7 +420,9 @@ def _finish_broken_job() -> None:
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
         if not _state.aborted_reason and not _state.failure_recorded:
             _write_marker(f"finished-{_state.rank}", "\n")
-        _arm_alarm(FINALIZE_SECONDS)
+        # Every rank is here, so MPI_Finalize only waits for a busy machine: a fresh bound of its
+        # own, not what the break's 8 s left (3 s fired on a loaded machine: exit status 14).
+        _arm_alarm(FINALIZE_SECONDS, replace=True)
         return
     reason = " ".join(part.strip() for part in _state.broken_reason.splitlines())
     line = (f"rank {_state.rank} ({_state.host}, pid {os.getpid()}): the job stopped ({reason}) "

@@ -35,6 +35,7 @@ __all__ = [
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
     "InvalidArgumentError",
+    "JobInterrupt",
     "LaunchError",
     "MismatchError",
     "MissingDependencyError",
@@ -136,6 +137,13 @@ class StallError(ShutdownError):
 
 class AbortedError(HorovodInternalError):
     """Another rank failed and the job is being stopped."""
+
+
+class JobInterrupt(KeyboardInterrupt):
+    """The job stopped (another rank failed, a stall, a lost peer) while this rank's main thread ran its
+    own code: raised there so that ``finally:`` blocks run, like Ctrl-C (``except KeyboardInterrupt``
+    catches it). Uncaught, it ends the process with exit status 1, where a plain ``KeyboardInterrupt``
+    would end it by SIGINT and make the job look interrupted or crashed."""
 
 
 class RequestError(InvalidArgumentError):

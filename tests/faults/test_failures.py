@@ -45,13 +45,32 @@ def test_survivor_outside_a_collective_is_interrupted(tmp_path: Path) -> None:
     assert_no_strays(tmp_path, 2)
 
 
-@pytest.mark.parametrize("mode", ["sigkill", "exit0"])
-def test_rank_that_dies_mid_collective_ends_the_job_named(tmp_path: Path, mode: str) -> None:
-    done = run_job(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), mode, "1"))
-    assert done.returncode != 0, done.output
+@pytest.mark.parametrize(("mode", "status"), [("sigkill", 128 + 9), ("exit0", 1)])
+def test_rank_that_dies_mid_collective_ends_the_job_named(tmp_path: Path, mode: str, status: int) -> None:
+    # 3 ranks: mpiexec kills the other two with SIGKILL, and its own status (9 either way) no longer
+    # decides unisonrun's: the first failure's does.
+    done = run_job(unisonrun("-np", "3", PYTHON, SCENARIO, str(tmp_path), mode, "1"))
+    assert done.returncode == status, done.output
     assert "rank 1 (" in done.output and "ended without shutting unison down" in done.output, done.output
     assert done.seconds < BOUND_SECONDS, done.seconds
-    assert_no_strays(tmp_path, 2)
+    assert_no_strays(tmp_path, 3)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_rank_that_raises_while_the_others_sleep_ends_the_job_with_status_1_and_no_crash(
+        tmp_path: Path, launcher: str) -> None:
+    # The sleeping ranks are interrupted. A plain KeyboardInterrupt ended them by SIGINT, and mpiexec
+    # or'ed that 2 with a SIGKILL's 9: "EXIT STRING: Segmentation fault (signal 11)", exit status 11.
+    args = [PYTHON, SCENARIO, str(tmp_path), "sleeping", "1"]
+    done = run_job(unisonrun("-np", "4", *args) if launcher == "unisonrun" else [MPIEXEC, "-n", "4", *args])
+    assert done.returncode == 1, done.output
+    assert "EXIT STRING" not in done.output and "BAD TERMINATION" not in done.output, done.output
+    # (lines of several ranks may interleave: no count of whole lines)
+    assert "unison.errors.JobInterrupt: unison stopped the job: rank 1 (" in done.output, done.output
+    assert "KeyboardInterrupt" not in done.output, done.output
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == [f"finally-{r}" for r in range(4)], done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 4)
 
 
 def test_sigint_to_the_launcher_stops_every_rank(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from unison.launcher._deaths import DeathWatch
 from unison.launcher._environment import env_pairs, name_flags
 from unison.launcher._mpiexec import MpiExec
 from unison.launcher._program import check_program
-from unison.launcher._supervise import JobOutcome
+from unison.launcher._supervise import JobOutcome, exit_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,6 +84,24 @@ def test_the_timeout_is_the_first_line_and_stopped_ranks_are_no_failures() -> No
     assert outcome.summary() == "unisonrun: the job ran past --timeout 5 s; stopped every rank (exit status 124)."
     outcome.announced = True
     assert outcome.summary() == ""
+
+
+@pytest.mark.parametrize(("returncode", "ended", "expected"), [
+    (11, {0: -9, 1: 1, 2: 2, 3: 1}, 1),  # mpiexec's or of 9 and 2: a crash that never happened
+    (9, {1: -9, 0: -9}, 137),  # the first failure was killed by SIGKILL: as a shell says it
+    (9, {1: 0, 0: -9, 2: -9}, 1),  # os._exit(0) while the job ran is a failure all the same
+    (9, {1: 3, 0: -9}, 3),  # the failed rank's own status
+    (14, {}, 14),  # no keeper record for that rank (another host): mpiexec's word
+])
+def test_the_exit_status_is_the_first_failures_own(returncode: int, ended: dict[int, int], expected: int) -> None:
+    outcome = JobOutcome(returncode, {1: "rank 1 failed", 0: "rank 0 stopped too"}, ended=ended)
+    assert exit_status(outcome) == expected
+
+
+def test_interrupt_and_timeout_outrank_the_failures() -> None:
+    assert exit_status(JobOutcome(9, {1: "x"}, ended={1: -9}, interrupted=True)) == 130
+    assert exit_status(JobOutcome(9, {1: "x"}, ended={1: -9}, timed_out=True)) == 124
+    assert exit_status(JobOutcome(0, {})) == 0 and exit_status(JobOutcome(5, {})) == 5
 
 
 def test_death_watch_reports_deaths_in_the_order_they_happened() -> None:

@@ -51,6 +51,7 @@ class JobOutcome:
     announced: bool = False  # the timeout line was printed when it fired
     killed: list[int] = dataclasses.field(default_factory=list)  # pids killed after the job
     told: set[int] = dataclasses.field(default_factory=set)  # failures already printed while the job ran
+    ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> exit code its keeper saw (-N: signal N)
 
     def summary(self) -> str:
         """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
@@ -142,6 +143,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
         pending.extend((now, group) for group in watch.deaths())
         markers = read_markers(directory)
         started.update(markers.started)
+        outcome.ended.update((rank, code) for rank, (_, code) in markers.ended.items())
         due = [group for seen, group in pending if final or now - seen >= wait]
         del pending[:len(due)]
         if not stopping:
@@ -250,14 +252,32 @@ def _kill_ranks(started: Mapping[int, tuple[str, int]], host: str, outcome: JobO
 
 
 def exit_status(outcome: JobOutcome) -> int:
-    """The launcher's exit status: 130 on interrupt, 124 on timeout, else non-zero if anything failed."""
+    """The launcher's exit status: 130 on interrupt, 124 on timeout; after a failure, the status of the
+    first failed rank as a shell reports it (docs/launcher.md, "Exit status").
+
+    The first failure decides, not mpiexec's status: MPICH's mpiexec combines the statuses of every
+    rank with a bitwise or, those it killed itself included, so one failure could end as 9, 11 or 14.
+    A rank that raised, or that unison stopped, exits 1; a rank that ended without shutting unison down
+    (``os._exit(0)``) counts as 1; a rank killed by signal N as 128 + N (137 for SIGKILL).
+
+    Example:
+        >>> exit_status(JobOutcome(11, {1: "rank 1 failed"}, ended={0: -9, 1: 1, 2: 1}))
+        1
+        >>> exit_status(JobOutcome(9, {2: "rank 2 killed"}, ended={2: -9, 0: -9}))
+        137
+    """
     if outcome.interrupted:
         return 130
     if outcome.timed_out:
         return 124
+    if outcome.failures:
+        code = outcome.ended.get(next(iter(outcome.failures)))
+        if code is None:  # a rank on another host, or no keeper: mpiexec's word is all there is
+            return outcome.returncode if 0 < outcome.returncode < 256 else 1
+        return 128 - code if code < 0 else code if 0 < code < 256 else 1
     if outcome.returncode != 0:
         return outcome.returncode if 0 < outcome.returncode < 256 else 1
-    return 1 if outcome.failures else 0
+    return 0
 
 
 def report(outcome: JobOutcome) -> None:
