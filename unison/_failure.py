@@ -89,6 +89,7 @@ class _State:
     child_status: int | None = None  # forked child: the exit status it asked for
     child_interrupted = False  # forked child: ended by an uncaught KeyboardInterrupt
     interrupting = False  # unison interrupted the main thread: its SIGINT raises JobInterrupt
+    reporting = False  # the main thread is in the exception hook: no interrupt may cut its report
 
 
 _state = _State()
@@ -147,7 +148,7 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
         sys.excepthook = _excepthook
         _state.previous_threading_excepthook = threading.excepthook
         threading.excepthook = _threading_excepthook
-    _state.interrupting = False
+    _state.interrupting = _state.reporting = False
     _take_sigint()
     if not _state.fork_hook_registered:
         os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -316,6 +317,9 @@ def _trailer(exc: BaseException) -> None:
 
 def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     previous = _state.previous_excepthook or sys.__excepthook__
+    # The main thread is ending with its own error: an abort from another rank must not interrupt
+    # its report (the traceback was cut and replaced by "Error in sys.excepthook").
+    _state.reporting = True
     previous(exc_type, exc, tb)
     try:
         abort_job(exc)
@@ -338,7 +342,7 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
     """Engine hook: once the job is broken, make sure this process ends within the bound."""
     if not _breaks_job(error):
         return
-    if not waiting and not _state.aborted_reason:
+    if not waiting and not _state.aborted_reason and not _state.reporting:
         # The main thread is not blocked on unison, so it would not notice: interrupt it (Python
         # code gets KeyboardInterrupt and unwinds through its finally: blocks). A rank stuck in its
         # own code past a stall is stopped this way too.
@@ -368,6 +372,8 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     `JobInterrupt`: uncaught, a plain KeyboardInterrupt ends the process by SIGINT, and MPICH's
     mpiexec then combines that signal with the others' statuses into a crash that never happened
     (SIGINT's 2 with a SIGKILL's 9 reads as signal 11, a segmentation fault)."""
+    if _state.reporting:
+        return  # the main thread is printing its own error's report; it ends right after
     if _state.interrupting:
         engine = _state.engine or _state.last_engine
         why = (engine.stop_error if engine is not None else None) or _state.broken_reason or _state.aborted_reason

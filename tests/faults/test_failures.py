@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ._jobs import BOUND_SECONDS, MPIEXEC, PYTHON, SCENARIO, alive, assert_no_strays, run_job, unisonrun
+from ._jobs import BOUND_SECONDS, HERE, MPIEXEC, PYTHON, SCENARIO, alive, assert_no_strays, run_job, unisonrun
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,6 +32,20 @@ def test_uncaught_exception_under_plain_mpiexec_stops_every_rank(tmp_path: Path)
     done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "raise", "1"])
     assert done.returncode != 0, done.output
     assert "AbortedError: rank 1 (" in done.output and "ValueError: injected failure" in done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_rank_printing_its_own_error_is_not_cut_off_by_the_abort(tmp_path: Path, launcher: str) -> None:
+    # Rank 0 is inside its exception hook when rank 1's abort arrives: the interrupt used to break
+    # into the hook ("Error in sys.excepthook"), and rank 0's report never ended.
+    args = [PYTHON, str(HERE / "_slow_report_scenario.py"), str(tmp_path)]
+    done = run_job(unisonrun("-np", "2", *args) if launcher == "unisonrun" else [MPIEXEC, "-n", "2", *args])
+    assert done.returncode == 1, done.output
+    for rank, what in ((1, "fails first"), (0, "fails second")):
+        assert f"END REPORT of rank {rank} {what}" in done.output, done.output
+    assert "Error in sys.excepthook" not in done.output and "JobInterrupt" not in done.output, done.output
     assert done.seconds < BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
 
