@@ -230,6 +230,34 @@ def test_when_rank_0s_engine_failed_its_service_tells_the_other_ranks_why(server
     assert time.monotonic() - start < 5
 
 
+def test_an_abort_call_waits_until_the_other_ranks_acted_on_the_reason_not_just_got_it(
+        server: CoordinatorServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 has read the reason from a heartbeat's reply but not yet closed its client, as its engine
+    does once its collectives failed with it: the Abort call still waits. When a reply sent was enough,
+    the failing rank left first under load and its launcher killed rank 1 before its collectives raised
+    (the reason never showed there)."""
+    monkeypatch.setattr("unison.service.server.ABORT_TOLD_SECONDS", 30.0)  # only rank 1 ends the wait
+    client = ControlClient(server.address, SECRET, 1)
+    read = threading.Event()
+    client.on_abort = lambda reason: read.set()
+    client.register("test", negotiate=False)
+    returned = threading.Event()
+    with grpc.insecure_channel(server.address) as channel:
+        abort = pb_grpc.CoordinatorStub(channel).Abort
+
+        def call() -> None:
+            abort(pb.AbortRequest(rank=0, reason="rank 0's engine failed"), metadata=AUTHENTIC, timeout=30)
+            returned.set()
+
+        aborting = in_thread(call)
+        assert read.wait(10), "rank 1's heartbeats never carried the reason"
+        assert client.abort_reason == "rank 0's engine failed"
+        assert not returned.wait(1.0), "the Abort call returned before rank 1 closed its client"
+        client.close()
+        aborting()
+        assert returned.is_set()
+
+
 def test_rank_0_logs_the_service_address_at_info(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="unison.service.setup"):
         srv = start_service(load_settings({}), 2, 2, SECRET)

@@ -145,6 +145,13 @@ class ControlClient:
                 break
             cycles, waiting = self.progress()
             outbox.put(pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000]))
+        if self.abort_reason and not reader.is_alive():
+            # A reply carried the abort (or the service is gone). The end of this stream tells the
+            # service that this rank knows why (a failing rank's Abort call waits for it), so it stays
+            # open until `close`: the engine calls that once it has failed this rank's collectives
+            # with the reason. Ended here, a loaded rank could be killed by the launcher, once the
+            # failing rank left, before its collectives raised.
+            self._closed.wait()
         outbox.put(None)
         replies.cancel()
 

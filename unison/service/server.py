@@ -25,7 +25,7 @@ RANK_KEY = "x-unison-rank"
 # absent, just RANK_KEY's rank.
 RANKS_KEY = "x-unison-ranks"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-ABORT_TOLD_SECONDS = 3.0  # an Abort call is answered once every rank was told, or after this long
+ABORT_TOLD_SECONDS = 3.0  # an Abort call is answered once every rank knows why, or after this long
 # Client and server keepalive settings agree, so the server never answers pings with GOAWAY
 # ("too_many_pings"), and idle streams survive long validation phases.
 CHANNEL_OPTIONS = [
@@ -47,7 +47,7 @@ _SERVER_OPTIONS = CHANNEL_OPTIONS + [
 
 
 class _RankState:
-    __slots__ = ("beating", "cycles", "host", "last_seen", "pid", "streams", "told", "waiting")
+    __slots__ = ("beating", "cycles", "host", "last_seen", "pid", "streams", "waiting")
 
     def __init__(self) -> None:
         self.host = ""
@@ -57,7 +57,6 @@ class _RankState:
         self.waiting: tuple[str, ...] = ()
         self.streams = 0  # open Negotiate streams
         self.beating = 0  # open Heartbeats streams
-        self.told = False  # a reply to this rank carried the abort reason
 
 
 class _Servicer:
@@ -117,7 +116,6 @@ class _Servicer:
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unknown exchange phase")
                 except JobAborted as exc:
                     reply.abort = str(exc)
-                    srv.told(ranks)
                 yield reply
         finally:
             with srv.lock:
@@ -147,8 +145,8 @@ class _Servicer:
     def Abort(self, request: pb.AbortRequest, context: grpc.ServicerContext) -> pb.AbortReply:
         self.server.abort(request.reason or f"rank {request.rank} asked the job to stop")
         # A rank whose host leader waits for it over MPI learns of the abort only from a heartbeat's
-        # reply: answer once every other rank got one, so the caller does not leave (and its launcher
-        # end the job) before they know why.
+        # reply: answer once every other rank has acted on it, so the caller does not leave (and its
+        # launcher end the job) before they know why.
         self.server.wait_until_told(ABORT_TOLD_SECONDS, besides=request.rank)
         return pb.AbortReply()
 
@@ -257,25 +255,22 @@ class CoordinatorServer:
             state.last_seen = time.monotonic()
             state.cycles = request.cycles
             state.waiting = tuple(request.waiting)
-        reply = pb.HeartbeatReply(abort=self.rendezvous.aborted)
-        if reply.abort:
-            self.told([rank])
-        return reply
-
-    def told(self, ranks: list[int]) -> None:
-        """Record that a reply to `ranks` carried the abort reason."""
-        with self.lock:
-            for rank in ranks:
-                self.ranks[rank].told = True
-            self.lock.notify_all()
+        return pb.HeartbeatReply(abort=self.rendezvous.aborted)
 
     def wait_until_told(self, timeout: float, besides: int = -1) -> list[int]:
-        """After an abort, wait until every rank (`besides` aside) that still has a heartbeat stream open
-        got a reply carrying the reason (each beats once a second); return those not told in `timeout`."""
+        """After an abort, wait until every rank (`besides` aside) has closed its heartbeat stream; return
+        those that still have one open after `timeout`.
+
+        A rank learns the reason from a reply (an exchange's, or a heartbeat's within a second) and keeps
+        its heartbeat stream open until its engine has failed its collectives with it and closed the
+        client (`ControlClient.close`), or the process leaves. A reply merely sent is not enough: under
+        load the caller's Abort call returned before the rank had read it, the caller left, and its
+        launcher killed the rank before its collectives raised, so the cause never showed there.
+        """
         deadline = time.monotonic() + timeout
         with self.lock:
             while True:
-                untold = [r for r, s in enumerate(self.ranks) if s.beating and not s.told and r != besides]
+                untold = [r for r, s in enumerate(self.ranks) if s.beating and r != besides]
                 left = deadline - time.monotonic()
                 if not untold or left <= 0:
                     return untold
