@@ -39,28 +39,18 @@ from ..._gradients import (
 )
 from ..._runtime import job
 from ...compression import Exchange
-from ...compression._exchange import average_slices_, self_reduced, self_reduced_allreduce
+from ...compression._exchange import self_reduced, self_reduced_allreduce
 from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
 from .flavour import is_tf_keras_object
 from .naming import variable_keys
+from .shared import JIT_WARNING, XLA_ERROR, partial_averager, tf_in_xla_context
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed"]
 
 log = logging.getLogger(__name__)
-
-_JIT_WARNING = (
-    "unison: the model was compiled with jit_compile=True, but the gradient allreduce cannot run "
-    "inside an XLA-compiled step; switching this model to jit_compile=False. Pass "
-    "jit_compile=False to model.compile() to silence this warning."
-)
-_XLA_ERROR = (
-    "unison's DistributedOptimizer cannot apply gradients inside an XLA-compiled function "
-    "(tf.function(jit_compile=True) or model.compile(jit_compile=True) on an already built optimizer): "
-    "the cross-rank reduction runs in Python. Compile the step with jit_compile=False."
-)
 
 # Keras 2 arguments of Model.compile that Horovod's examples pass and Keras 3 refuses; dropped once
 # with a warning each, since they never changed the result (TF 2.0-2.3 needed them for the wrapper).
@@ -87,14 +77,7 @@ def _backend() -> str:
 
 
 def _in_xla_context() -> bool:
-    if _backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-    from tensorflow.python.ops import control_flow_util
-
-    if tf.executing_eagerly():
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    return _backend() == "tensorflow" and tf_in_xla_context()
 
 
 def _executing_eagerly() -> bool:
@@ -180,14 +163,7 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
 
 def _average_partial(settings: _Settings, variables: list[Any]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
-    policy = settings.policy
-    group = gradient_group_name(variable_keys(variables))
-
-    def average(*arrays: Any) -> list[Any]:
-        copies = [np.array(a, copy=True, order="C") for a in arrays]
-        average_slices_(policy.compression, copies, group, policy.process_set)
-        return copies
-
+    average = partial_averager(settings.policy, variables)
     if _backend() == "tensorflow":
         from ..tensorflow.gradients import run_on_arrays
 
@@ -222,7 +198,7 @@ def _install_compile_hook() -> None:
         optimizer = getattr(self, "optimizer", None)
         inner = getattr(optimizer, "inner_optimizer", optimizer)
         if _backend() == "tensorflow" and is_distributed(inner) and self.jit_compile:
-            warnings.warn(_JIT_WARNING, UserWarning, stacklevel=2)
+            warnings.warn(JIT_WARNING, UserWarning, stacklevel=2)
             self.jit_compile = False
         return result
 
@@ -271,7 +247,7 @@ class _DistributedMixin:
         settings = self._unison
         settings.statistics["apply_calls"] += 1
         if _in_xla_context():
-            raise InvalidArgumentError(_XLA_ERROR)
+            raise InvalidArgumentError(XLA_ERROR)
         base_apply = super().apply  # type: ignore[misc]
         grads = list(grads)
         if trainable_variables is None:

@@ -14,52 +14,30 @@ import functools
 import warnings
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from ..._gradients import (
     Framework,
     GradientPolicy,
     aggregation_divisor,
-    gradient_group_name,
     gradient_policy,
 )
 from ...compression import Exchange
-from ...compression._exchange import average_slices_
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
 from ..keras.naming import variable_keys
+from ..keras.shared import JIT_WARNING, XLA_ERROR, partial_averager, tf_in_xla_context
 from ..tensorflow.gradients import reduce_gradients, run_on_arrays
 
 __all__ = ["DistributedOptimizer", "install_compile_hook", "is_distributed", "is_keras2_optimizer"]
-
-_JIT_WARNING = (
-    "unison: the model was compiled with jit_compile=True, but the gradient allreduce cannot run "
-    "inside an XLA-compiled step; switching this model to jit_compile=False. Pass "
-    "jit_compile=False to model.compile() to silence this warning."
-)
-_XLA_ERROR = (
-    "unison's DistributedOptimizer cannot apply gradients inside an XLA-compiled function "
-    "(tf.function(jit_compile=True) or model.compile(jit_compile=True) on an already built optimizer): "
-    "the cross-rank reduction runs in Python. Compile the step with jit_compile=False."
-)
-
 
 def is_keras2_optimizer(optimizer: Any) -> bool:
     """True for tf_keras's optimizers, new and legacy (``tf.keras.optimizers[.legacy].*`` under Keras 2)."""
     import tf_keras
 
     return isinstance(optimizer, (tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer))
-
-
-def _in_xla_context() -> bool:
-    from tensorflow.python.ops import control_flow_util
-
-    if tf.executing_eagerly():
-        return False
-    return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 class _Settings:
@@ -88,14 +66,7 @@ def _build(optimizer: Any, variables: list[Any]) -> None:
 
 def _average_partial(settings: _Settings, variables: list[Any]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
-    policy = settings.policy
-    group = gradient_group_name(variable_keys(variables))
-
-    def average(*arrays: Any) -> list[Any]:
-        copies = [np.array(a, copy=True, order="C") for a in arrays]
-        average_slices_(policy.compression, copies, group, policy.process_set)
-        return copies
-
+    average = partial_averager(settings.policy, variables)
     results = run_on_arrays(average, [v.read_value() for v in variables], op_name="UnisonPartialSync")
     for v, r in zip(variables, results):
         v.assign(r)
@@ -131,8 +102,8 @@ class _DistributedMixin:
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         settings = self._unison
         settings.statistics["apply_calls"] += 1
-        if _in_xla_context():
-            raise InvalidArgumentError(_XLA_ERROR)
+        if tf_in_xla_context():
+            raise InvalidArgumentError(XLA_ERROR)
         base_apply = super().apply_gradients  # type: ignore[misc]
         pairs = list(grads_and_vars)
         grads = [g for g, _ in pairs]
@@ -214,7 +185,7 @@ def install_compile_hook() -> None:
         optimizer = getattr(self, "optimizer", None)
         inner = getattr(optimizer, "inner_optimizer", optimizer)
         if is_distributed(inner) and self.jit_compile:
-            warnings.warn(_JIT_WARNING, UserWarning, stacklevel=2)
+            warnings.warn(JIT_WARNING, UserWarning, stacklevel=2)
             self.jit_compile = False
         return result
 
