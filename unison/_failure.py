@@ -50,6 +50,7 @@ from typing import Any
 
 from ._summary import describe
 from .errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
+from .protocol.stall import DEADLOCK_TITLE
 
 __all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
            "fork_error", "install", "is_forked_child", "job_broken", "mark_failed_start", "mark_finished",
@@ -350,7 +351,7 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
     if isinstance(error, StallError) and _state.rank == 0:
         # rank 0 found the stall; the launcher reports this line, which names the stuck ranks.
         details = "; ".join(line.strip() for line in str(error).splitlines()[1:])
-        what = "deadlocked" if str(error).startswith("Deadlock:") else "stalled"
+        what = "deadlocked" if str(error).startswith(DEADLOCK_TITLE) else "stalled"
         _write_marker("failed-0", f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
                                   f"{details}\n")
     job_broken(str(error))

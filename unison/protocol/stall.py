@@ -40,11 +40,12 @@ from collections.abc import Iterable, Mapping
 from ..errors import ConfigError
 from .names import split_name, unnamed_index
 
-__all__ = ["StallInspector", "StallReport", "StallStatistics"]
+__all__ = ["DEADLOCK_TITLE", "StallInspector", "StallReport", "StallStatistics"]
 
 _SHUTDOWN_VARIABLE = "UNISON_STALL_SHUTDOWN_TIME_SECONDS"
 _CHECK_VARIABLE = "UNISON_STALL_CHECK_TIME_SECONDS"
 _DEADLOCK_VARIABLE = "UNISON_DEADLOCK_SECONDS"
+DEADLOCK_TITLE = "Deadlock:"  # how a deadlock report starts (the StallError every rank raises carries it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,26 +181,27 @@ class StallInspector:
         self._observations += 1
         first_seen = self._first_seen
         self._first_seen = {name: first_seen.get(name, now) for name in pending}
-        stalled: list[tuple[str, tuple[int, ...], tuple[int, ...], float]] = []
+        incomplete: list[tuple[str, tuple[int, ...], tuple[int, ...], float]] = []  # some rank missing
         longest = 0.0
         for name, (submitted, expected) in pending.items():
             seconds = max(0.0, now - self._first_seen[name])
             longest = max(longest, seconds)
             missing = expected - submitted
-            if seconds >= self._check_seconds and missing:
-                stalled.append((name, tuple(sorted(submitted)), tuple(sorted(missing)), seconds))
+            if missing:
+                incomplete.append((name, tuple(sorted(submitted)), tuple(sorted(missing)), seconds))
         self._longest_seconds = longest
-        deadlock = self._deadlock(now, pending, blocked)
-        if deadlock is not None:
+        incomplete.sort(key=lambda entry: (-entry[3], entry[0]))
+        if self._deadlocked(now, incomplete, blocked):
+            deadlock = tuple(incomplete)
             self._stalled = len(deadlock)
             self._shutdown_reports += 1
             return StallReport(deadlock, True, self._deadlock_text(deadlock), deadlock=True)
+        stalled = [entry for entry in incomplete if entry[3] >= self._check_seconds]
         self._stalled = len(stalled)
         if not stalled:
             # The stall is over: the next one gets its first warning after check_seconds again.
             self._last_warning = self._next_warning = None
             return None
-        stalled.sort(key=lambda entry: (-entry[3], entry[0]))
         shutdown = 0 < self._shutdown_seconds <= stalled[0][3]
         if shutdown:
             self._shutdown_reports += 1
@@ -213,28 +215,18 @@ class StallInspector:
         waiting = tuple(stalled)
         return StallReport(waiting, shutdown, self._text(waiting, shutdown))
 
-    def _deadlock(
-        self,
-        now: float,
-        pending: Mapping[str, tuple[frozenset[int], frozenset[int]]],
-        blocked: frozenset[int],
-    ) -> tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...] | None:
-        """The pending tensors, when the ranks have been deadlocked for `deadlock_seconds`, else None."""
-        entries = [(name, submitted, expected - submitted) for name, (submitted, expected) in pending.items()
-                   if expected - submitted]
-        if not self._deadlock_seconds or not entries or not blocked or \
-                any(not missing <= blocked for _, _, missing in entries):
+    def _deadlocked(self, now: float, incomplete: list[tuple[str, tuple[int, ...], tuple[int, ...], float]],
+                    blocked: frozenset[int]) -> bool:
+        """True once every rank missing from an incomplete tensor has been blocked, with the same
+        tensors incomplete and the same ranks blocked, for `deadlock_seconds`."""
+        if not self._deadlock_seconds or not incomplete or not blocked or \
+                any(not blocked.issuperset(missing) for _, _, missing, _ in incomplete):
             self._deadlock_state = None
-            return None
-        state = (frozenset(name for name, _, _ in entries), blocked)
+            return False
+        state = (frozenset(name for name, _, _, _ in incomplete), blocked)
         if state != self._deadlock_state:
             self._deadlock_state, self._deadlock_since = state, now
-        if now - self._deadlock_since < self._deadlock_seconds:
-            return None
-        out = [(name, tuple(sorted(submitted)), tuple(sorted(missing)),
-                max(0.0, now - self._first_seen[name])) for name, submitted, missing in entries]
-        out.sort(key=lambda entry: (-entry[3], entry[0]))
-        return tuple(out)
+        return now - self._deadlock_since >= self._deadlock_seconds
 
     def _deadlock_text(self, waiting: tuple[tuple[str, tuple[int, ...], tuple[int, ...], float], ...]) -> str:
         submitted_by: dict[int, list[str]] = {}
@@ -245,7 +237,7 @@ class StallInspector:
             for rank in missing:
                 missing_from.setdefault(rank, []).append(name)
         lines = [
-            "Deadlock: every rank that the pending collectives wait for is itself blocked in unison "
+            f"{DEADLOCK_TITLE} every rank that the pending collectives wait for is itself blocked in unison "
             "(its main thread waits for a collective and it has nothing left to submit), so none of "
             "them can ever run:"
         ]
