@@ -1,7 +1,8 @@
 """unison: a pure-Python, Horovod-compatible coordinator for data-parallel training.
 
 This module is the framework-neutral API on NumPy arrays; ``unison.torch``, ``unison.tensorflow`` and
-``unison.keras`` offer the same on framework tensors. Importing it does not initialize MPI.
+``unison.keras`` offer the same on framework tensors. Importing it does not initialize MPI, and does not load the launcher: ``unison.run`` imports
+``unison.launcher`` on first use.
 
 Example:
     >>> import numpy as np
@@ -11,6 +12,10 @@ Example:
     array([1., 2.])
     >>> hvd.shutdown()
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from ._collectives import (
     allgather,
@@ -68,9 +73,11 @@ from ._runtime import (
 )
 from ._version import __version__
 from .errors import HorovodInternalError, UnisonError
-from .launcher import run
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .process_sets import ProcessSet, global_process_set
+
+if TYPE_CHECKING:
+    from .launcher import run
 
 __all__ = [
     "Adasum",
@@ -139,3 +146,17 @@ __all__ = [
     "stop_timeline",
     "synchronize",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load ``unison.run`` on first use: the launcher is unisonrun's, not a training process's."""
+    if name == "run":
+        from .launcher import run
+
+        globals()["run"] = run
+        return run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"run"})
