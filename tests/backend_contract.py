@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from unison.backends.base import Backend, split_counts
+from unison.backends.base import Backend
 from unison.ops import ReduceOp
+from unison.protocol.partition import split_counts
 
 
 def _values(rank: int, count: int, dtype: type = np.float64) -> np.ndarray:

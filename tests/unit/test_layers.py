@@ -47,7 +47,6 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
     ("unison._runtime", "unison.elastic._environment"),  # the elastic launch's settings
     ("unison.elastic._tensorflow", "unison.adapters.keras.callback_logic"),
     ("unison.engine.executor", "unison.gpu.plane"),  # the executor makes the device plane
-    ("unison.protocol.negotiation", "unison.backends.base"),  # split_counts
     ("unison.service.setup", "unison.launcher._jobs"),  # the service file: to the contract module
 })
 

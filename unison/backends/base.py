@@ -15,18 +15,7 @@ import numpy as np
 
 from ..ops import ReduceOp
 
-__all__ = ["Abandoned", "Backend", "split_counts"]
-
-
-def split_counts(count: int, parts: int) -> list[int]:
-    """Split `count` elements into `parts` contiguous pieces; the first ``count % parts`` get one extra.
-
-    Example:
-        >>> split_counts(5, 3)
-        [2, 2, 1]
-    """
-    base, extra = divmod(count, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+__all__ = ["Abandoned", "Backend"]
 
 
 class Abandoned(Exception):
@@ -65,7 +54,7 @@ class Backend(Protocol):
                           process_set_id: int) -> None:
         """Reduce `buf` in place by pieces, moving bytes only: the reduction itself is `combine`'s.
 
-        Each chunk is split into one piece per member (`split_counts`); member i receives piece i of
+        Each chunk is split into one piece per member (`unison.protocol.partition.split_counts`); member i receives piece i of
         every member (an alltoall), calls ``combine(matrix)`` on that (members, piece) matrix in
         set-rank order, and the combined pieces are allgathered back into `buf`. Every member ends
         with the same bytes. Used for half precision: the wire carries 2-byte values while `combine`

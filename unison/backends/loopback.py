@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..ops import ReduceOp
-from .base import split_counts
+from ..protocol.partition import split_counts
 
 __all__ = ["LoopbackBackend", "ThreadBackend", "ThreadGroup"]
 

@@ -26,8 +26,9 @@ import numpy as np
 
 from ..errors import AbortedError, ConfigError, MissingDependencyError
 from ..ops import ReduceOp
+from ..protocol.partition import split_counts
 from ._liveness import Liveness, probe_window
-from .base import Abandoned, split_counts
+from .base import Abandoned
 
 __all__ = ["MpiBackend", "abort_with_output", "finalize_mpi", "import_mpi", "initialize_mpi"]
 

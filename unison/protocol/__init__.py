@@ -5,6 +5,7 @@
 - ``negotiation.py``: rank 0's `Coordinator`, which orders the collectives and checks that ranks agree.
 - ``names.py``: checks across names (one name under two kinds, unnamed calls out of step).
 - ``cache.py``: the response cache, identical on every rank.
+- ``partition.py``: how counts split among ranks (reducescatter rows, the pieces of a half-precision sum).
 - ``fusion.py``: which responses run fused, and in what order.
 - ``stall.py``: the stall inspector.
 

@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..backends.base import split_counts
 from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
 from .names import kind_conflict, split_name, unnamed_drift, unnamed_index
+from .partition import split_counts
 
 __all__ = ["Coordinator", "CoordinatorStatistics", "join_conflict", "reducescatter_rows"]
 
