@@ -88,6 +88,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+MPI_MESSAGES_FILE = "mpiexec.log"  # MPICH's own report of a stop unison explained, in --output-filename DIR
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level choices
 
 
@@ -147,7 +148,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         raise LaunchError("No program given: unisonrun -np N python train.py")
     check_program(np, program)
     try:  # a bad UNISON_*/HOROVOD_* value fails here once, not on every rank after the start
-        load_settings({**os.environ, **(extra_env or {}), **dict(env_pairs)})
+        settings = load_settings({**os.environ, **(extra_env or {}), **dict(env_pairs)})
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
     found = find_mpiexec(mpiexec)
@@ -186,7 +187,9 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         try:
             outcome = supervise(cmd, job.path, env, timeout=timeout,
                                 stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails,
-                                announce=True, keepers=True, keep_going=keep_going, role=role, check=check)
+                                announce=True, keepers=True, keep_going=keep_going, role=role, check=check,
+                                mpi_messages=Path(output_dir) / MPI_MESSAGES_FILE if output_dir else None,
+                                show_mpi_messages=settings.log_level in ("trace", "debug"))
         finally:
             if record is not None:
                 record.unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ._blame import blame, read_markers
 from ._deaths import DeathWatch, alive
+from ._mpi_messages import OutputRelay
 from ._segments import Segments
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
@@ -52,6 +53,7 @@ class JobOutcome:
     killed: list[int] = dataclasses.field(default_factory=list)  # pids killed after the job
     told: set[int] = dataclasses.field(default_factory=set)  # failures already printed while the job ran
     ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> exit code its keeper saw (-N: signal N)
+    mpi_messages: int = 0  # lines of MPICH's own stop report held back (unison explained the stop)
 
     def summary(self) -> str:
         """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
@@ -89,7 +91,8 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               timeout: float | None = None, stdout: int | None = None,
               tails: tuple[int, str] | None = None, announce: bool = False,
               keepers: bool = False, grace_seconds: float | None = None, keep_going: bool = False, role: str = "",
-              check: Callable[[], Mapping[int, str]] | None = None) -> JobOutcome:
+              check: Callable[[], Mapping[int, str]] | None = None, mpi_messages: Path | None = None,
+              show_mpi_messages: bool = False) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
     SIGINT and SIGTERM received meanwhile are forwarded to mpiexec; ranks still alive
@@ -105,9 +108,14 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     rank is named at once but does not stop the job, which ends when mpiexec does; `role` names ranks
     that never call ``unison.init()``. `check`, called at every poll, returns failures found outside the
     ranks' markers (rank -> why), named like the others and before them.
+
+    mpiexec's output is relayed through `OutputRelay`: MPICH's own report of a stop (its banner, Hydra's
+    cleanup lines) is held back, and once the job ended it is printed only if unison has no failure,
+    interrupt or timeout of its own to report, or with `show_mpi_messages`; otherwise it goes to the
+    file `mpi_messages` when given (appended), and nowhere when not.
     """
     host = socket.gethostname()
-    proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True, stdout=stdout)
+    proc, relays = _start(cmd, env, stdout)
     interrupted: list[int] = []
     previous = {}
 
@@ -210,7 +218,69 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     _kill_ranks(started, host, outcome)
     segments.remove()
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
+    _settle_messages(relays, outcome, mpi_messages, show_mpi_messages)
     return outcome
+
+
+_RELAY_END_SECONDS = 2.0  # a stray that inherited mpiexec's output must not hold the launcher
+
+
+def _start(cmd: Sequence[str], env: Mapping[str, str],
+           stdout: int | None) -> tuple[subprocess.Popen[bytes], list[tuple[OutputRelay, Callable[[bytes], None]]]]:
+    """Start mpiexec with its stdout (unless redirected) and stderr relayed through `OutputRelay`s."""
+    pipes = {"stderr": os.pipe()}
+    if stdout is None:
+        pipes["stdout"] = os.pipe()
+    try:
+        proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True,
+                                stdout=pipes["stdout"][1] if "stdout" in pipes else stdout,
+                                stderr=pipes["stderr"][1])
+    except BaseException:
+        for read_fd, write_fd in pipes.values():
+            os.close(read_fd)
+            os.close(write_fd)
+        raise
+    relays = []
+    for name, (read_fd, write_fd) in pipes.items():
+        os.close(write_fd)
+        write = _writer(name)
+        relays.append((OutputRelay(read_fd, write), write))
+    return proc, relays
+
+
+def _writer(name: str) -> Callable[[bytes], None]:
+    """Write bytes to sys.stdout or sys.stderr as they are when called (a test may replace them)."""
+    def write(data: bytes) -> None:
+        stream = getattr(sys, name)
+        buffer = getattr(stream, "buffer", None)
+        stream.flush()
+        if buffer is not None:
+            buffer.write(data)
+            buffer.flush()
+        else:
+            stream.write(data.decode(errors="replace"))
+            stream.flush()
+    return write
+
+
+def _settle_messages(relays: Sequence[tuple[OutputRelay, Callable[[bytes], None]]], outcome: JobOutcome,
+                     path: Path | None, show: bool) -> None:
+    """Print MPICH's held-back stop report, or keep it out of the way when unison explained the stop."""
+    explained = bool(outcome.failures) or outcome.interrupted or outcome.timed_out
+    for relay, write in relays:
+        held = relay.join(_RELAY_END_SECONDS)
+        if not held:
+            continue
+        if show or not explained:
+            write(b"".join(held))
+            continue
+        outcome.mpi_messages += len(held)
+        if path is not None:
+            try:
+                with open(path, "ab") as f:
+                    f.write(b"".join(held))
+            except OSError:
+                pass
 
 
 class _Tailer:

@@ -1,0 +1,154 @@
+"""Relay mpiexec's output to ours, holding back MPICH's own report of a stop that unison explains.
+
+When a rank fails, MPICH's mpiexec prints a banner (``BAD TERMINATION OF ONE OF YOUR APPLICATION
+PROCESSES ... EXIT CODE: 9 ... YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)``)
+and Hydra adds cleanup lines (``[mpiexec@host] HYDT_bscu_wait_for_completion ...``). They describe
+MPICH's own stop of the other ranks, not the failure: the exit code and signal are those of the ranks
+it killed. unisonrun names the failing rank itself, so these lines are held back (`MessageFilter`,
+pure) and, once the job has ended, dropped or written to a file when unison explained the stop, and
+printed as they were when it did not. Everything else mpiexec writes (the ranks' output, Hydra's
+launch errors) passes at once, byte for byte; a line without its newline yet (a progress bar's
+``\\r``) passes as soon as it cannot be the start of a held line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+
+__all__ = ["MessageFilter", "OutputRelay"]
+
+# Hydra's lines about waiting for ranks that it (or an abort) stopped; launch errors do not match.
+_CLEANUP = re.compile(rb"^\[(mpiexec|proxy:[^\]@]*)@[^\]]*\] .*(wait_for_completion|waiting for completion|"
+                      rb"wait_for_event|control_cmd_cb|assert \(!closed\) failed)")
+_RULE_MIN = 40  # the banner's rules are 83 '=' characters
+_TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING", b"This typically refers to a problem",
+            b"Please see the FAQ page")
+_HOLD_PREFIXES = (b"=", b"[", b"YOUR APPLICATION", b"This typically", b"Please see the FAQ")
+
+
+def _is_rule(line: bytes) -> bool:
+    stripped = line.rstrip(b"\r")
+    return len(stripped) >= _RULE_MIN and stripped.strip(b"=") == b""
+
+
+class MessageFilter:
+    """Split one output stream into what passes now and MPICH's stop report, held apart.
+
+    Example:
+        >>> f = MessageFilter()
+        >>> f.feed(b"step 1\\n\\n" + b"=" * 83 + b"\\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\\n")
+        b'step 1\\n'
+        >>> f.feed(b"=" * 83 + b"\\nYOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\\ndone\\n")
+        b'done\\n'
+        >>> len(f.held)
+        5
+    """
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []  # whole lines, newline included
+        self._pending = b""  # bytes not yet decided
+        self._candidates: list[bytes] = []  # a blank line and a rule that may open the banner
+        self._state = "normal"  # normal | banner | trailer
+        self._mid_line = False  # part of the current line already passed: the rest passes too
+
+    def feed(self, data: bytes) -> bytes:
+        """Take the next bytes read; returns the bytes to write now."""
+        out: list[bytes] = []
+        data = self._pending + data
+        self._pending = b""
+        while data:
+            end = data.find(b"\n")
+            if end < 0:
+                break
+            line, data = data[:end + 1], data[end + 1:]
+            if self._mid_line:
+                self._mid_line = False
+                out.append(line)
+                continue
+            out.extend(self._line(line))
+        if data:
+            if self._mid_line or (self._state == "normal" and not self._candidates
+                                  and not any(data.startswith(p) or p.startswith(data) for p in _HOLD_PREFIXES)):
+                self._mid_line = True
+                out.append(data)
+            else:
+                self._pending = data
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """The stream ended: returns what was still undecided (never a held line)."""
+        out = b"".join(self._candidates) + self._pending
+        self._candidates, self._pending = [], b""
+        return out
+
+    def _line(self, line: bytes) -> list[bytes]:
+        body = line.rstrip(b"\r\n")
+        if self._state == "banner":
+            self.held.append(line)
+            if _is_rule(body):
+                self._state = "trailer"
+            return []
+        if self._state == "trailer":
+            if body.startswith(_TRAILER):
+                self.held.append(line)
+                return []
+            self._state = "normal"
+        if self._candidates:
+            has_rule = _is_rule(self._candidates[-1].rstrip(b"\r\n"))
+            if has_rule and body.startswith(b"=   "):
+                self.held.extend(self._candidates)
+                self.held.append(line)
+                self._candidates = []
+                self._state = "banner"
+                return []
+            if not has_rule and _is_rule(body):
+                self._candidates.append(line)
+                return []
+            out, self._candidates = self._candidates, []
+            return out + self._line(line)
+        if body == b"" or _is_rule(body):
+            self._candidates.append(line)
+            return []
+        if _CLEANUP.match(body):
+            self.held.append(line)
+            return []
+        return [line]
+
+
+class OutputRelay:
+    """Copy one pipe from mpiexec to `write` through a `MessageFilter`, in a thread of its own."""
+
+    def __init__(self, fd: int, write: Callable[[bytes], object]) -> None:
+        self.filter = MessageFilter()
+        self._fd, self._write = fd, write
+        self._thread = threading.Thread(target=self._pump, name="unisonrun-output", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<OutputRelay fd={self._fd} held_lines={len(self.filter.held)}>"
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(self._fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                passed = self.filter.feed(data)
+                if passed:
+                    self._write(passed)
+            rest = self.filter.finish()
+            if rest:
+                self._write(rest)
+        finally:
+            os.close(self._fd)
+
+    def join(self, timeout_seconds: float) -> list[bytes]:
+        """Wait up to `timeout_seconds` for the end of the stream; returns the lines held back."""
+        self._thread.join(timeout_seconds)
+        return list(self.filter.held)
