@@ -100,6 +100,13 @@ _atexit_registered = False
 _mpi_started_here = False  # unison called MPI_Init_thread (the application set mpi4py.rc.initialize = False)
 
 
+def _make_device_plane(*args: Any, **kwargs: Any) -> Any:
+    """Make the executor's GPU data plane at the first device response (CPU jobs never import it)."""
+    from .gpu.plane import create_device_plane
+
+    return create_device_plane(*args, **kwargs)
+
+
 def job() -> Job:
     """The running job, or `NotInitializedError`."""
     current = _job
@@ -337,6 +344,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             bind(ps, set_id, ranks, rank)
             sets[set_id] = ps
         engine = Engine(backend, settings, registered, timeline, tune_log)
+        engine.executor.device_plane_factory = _make_device_plane
         if settings.controller == "grpc" and mpi is not None:
             from .service.setup import watch_engine
 

@@ -19,7 +19,7 @@ from . import _runtime
 from ._runtime import Job, job
 from .dtypes import DType, check_supported, dtype_of
 from .engine.adasum import is_power_of_two
-from .engine.executor import Entry, Handle
+from .engine.handles import Entry, Handle
 from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind, ReduceOp
 from .process_sets import ProcessSet, global_process_set

@@ -8,7 +8,7 @@ import numpy as np
 
 from unison.backends.loopback import LoopbackBackend, ThreadGroup
 from unison.dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
-from unison.engine.executor import Entry, Handle
+from unison.engine.handles import Entry, Handle
 from unison.gpu.plane import GpuPlane
 from unison.ops import CollectiveKind, ReduceOp
 from unison.protocol.messages import Request, Response

@@ -7,7 +7,7 @@ import pytest
 
 from tests.gpu.plane_job import respond, single_plane
 from unison.dtypes import DType
-from unison.engine.executor import Entry, Handle
+from unison.engine.handles import Entry, Handle
 from unison.ops import CollectiveKind
 from unison.protocol.messages import Request
 

@@ -46,14 +46,11 @@ KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
     ("unison._failure", "unison.launcher._keeper"),  # the launcher's variable names: to the contract module
     ("unison._runtime", "unison.elastic._environment"),  # the elastic launch's settings
     ("unison.elastic._tensorflow", "unison.adapters.keras.callback_logic"),
-    ("unison.engine.executor", "unison.gpu.plane"),  # the executor makes the device plane
     ("unison.service.setup", "unison.launcher._jobs"),  # the service file: to the contract module
 })
 
 # Import cycles still in the tree: the modules of each.
 KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset({
-    frozenset({"unison.gpu.cupy_device", "unison.gpu.handoff"}),
-    frozenset({"unison.engine.executor", "unison.gpu.plane"}),
     frozenset({"unison.launcher._elastic_driver", "unison.launcher._run_options"}),
 })
 

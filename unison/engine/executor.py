@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,98 +21,17 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
+from ..errors import HorovodInternalError
 from ..ops import CollectiveKind, ReduceOp
-from ..protocol.messages import Request, Response
+from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .adasum import adasum_
+from .handles import Entry, main_thread_waits
 
-__all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle", "main_thread_waits"]
+# Entry and main_thread_waits live in handles.py; engine/loop.py still imports them from here.
+__all__ = ["Entry", "Executor", "ExecutorStatistics", "main_thread_waits"]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
-_MAIN_THREAD = threading.main_thread().ident
-_main_waits = [0]  # waits of the main thread in progress (Handle.wait): written by it alone
-
-
-def main_thread_waits() -> bool:
-    """True while the main thread is blocked in `Handle.wait` (the engine's deadlock flag reads it)."""
-    return _main_waits[0] > 0
-
-
-class Handle:
-    """Completion of one submitted collective: poll `done()`, then read `result` or raise `error`.
-
-    A plain lock, held from creation until completion, makes waiting cheap: completing releases it,
-    and each waiter acquires and re-releases it so any number of threads may wait.
-    """
-
-    __slots__ = ("_done", "_lock", "error", "name", "result")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._done = False
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def __repr__(self) -> str:
-        state = "failed" if self.error else ("done" if self._done else "pending")
-        return f"<Handle {self.name!r} {state}>"
-
-    def done(self) -> bool:
-        """True once the collective finished (successfully or not)."""
-        return self._done
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until done; return False on timeout."""
-        if self._done:
-            return True
-        main = threading.get_ident() == _MAIN_THREAD
-        if main:
-            _main_waits[0] += 1
-        try:
-            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-                return False
-        finally:
-            if main:
-                _main_waits[0] -= 1
-        self._lock.release()
-        return True
-
-    def complete(self, result: Any) -> None:
-        """Record the result and wake waiters (engine thread only)."""
-        if not self._done:
-            self.result = result
-            self._done = True
-            self._lock.release()
-
-    def fail(self, error: BaseException) -> None:
-        """Record the error and wake waiters (engine thread only)."""
-        if not self._done:
-            self.error = error
-            self._done = True
-            self._lock.release()
-
-
-@dataclasses.dataclass(eq=False)
-class Entry:
-    """A request submitted on this rank, with its buffers and handle.
-
-    Attributes:
-        request: what was asked.
-        input: the local buffer (storage dtype; bfloat16 as uint16 bits), or None for barrier/join.
-        output: where an allreduce/broadcast writes (the input itself for in-place forms).
-        handle: completed by the executor.
-        slot: response-cache slot this request hit, or -1.
-        group: the entries submitted with it as one atomic group (including itself).
-    """
-
-    request: Request
-    input: np.ndarray | None
-    output: np.ndarray | None
-    handle: Handle
-    slot: int = -1
-    group: list[Entry] | None = None
 
 
 def _torch() -> Any:
@@ -225,10 +143,13 @@ class Executor:
         self._fusion = np.empty(0, dtype=np.uint8)
         self.activity: Callable[[Sequence[str], str | None], None] | None = None
         self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "bytes": 0}
-        # Responses on device buffers go to the GPU data plane (unison/gpu/plane.py), made on the first
-        # one with these keyword arguments (operations, init_timeout_seconds); CPU jobs never import it.
+        # Responses on device buffers go to the GPU data plane, made on the first one by the factory the
+        # job hands over (unison/gpu/plane.py's create_device_plane, imported only then: CPU jobs never
+        # import it) with these keyword arguments (operations, init_timeout_seconds) and `run_on_host`.
         self.device_plane: Any = None
+        self.device_plane_factory: Callable[..., Any] | None = None
         self.device_plane_options: dict[str, Any] = {}
+        self._host_executor: Executor | None = None
 
     def __repr__(self) -> str:
         return f"<Executor rank={self.rank} fusion_buffer_bytes={self._fusion.nbytes}>"
@@ -279,12 +200,26 @@ class Executor:
     def _run_on_device(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
         """Run a response on device buffers on the GPU data plane, made (importing CuPy) on first use."""
         if self.device_plane is None:
-            from ..gpu.plane import create_device_plane
-
-            self.device_plane = create_device_plane(self.backend, self.rank, self.process_sets,
-                                                    **self.device_plane_options)
+            if self.device_plane_factory is None:
+                raise HorovodInternalError(
+                    f"rank {self.rank} got a response on {response.device} buffers ({', '.join(response.names)}) "
+                    "but its executor was given no GPU data plane (Executor.device_plane_factory)."
+                )
+            self.device_plane = self.device_plane_factory(self.backend, self.rank, self.process_sets,
+                                                          run_on_host=self.run_on_host,
+                                                          **self.device_plane_options)
         results: list[Any] = self.device_plane.run(response, entries)
         return results
+
+    def run_on_host(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
+        """Run a response on host copies of device buffers (the GPU plane stages what it cannot run).
+
+        A second executor, made on first use, runs them: its fusion buffer and counters stay apart
+        from this one's, and ``response.device`` must be ``cpu``.
+        """
+        if self._host_executor is None:
+            self._host_executor = Executor(self.backend, self.rank, self.process_sets)
+        return self._host_executor.run(response, entries)
 
     def close(self) -> None:
         """Release the GPU data plane's communicators, if one was made (at shutdown)."""

@@ -22,7 +22,7 @@ from ..dtypes import DType
 from ..ops import ReduceOp
 from . import batched_copy
 from .device import ArrayDevice
-from .handoff import import_cupy
+from .lazy_cupy import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
 __all__ = ["CupyComm", "CupyDevice", "CupyLibrary", "comm_id", "external_stream", "id_bytes"]

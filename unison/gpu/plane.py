@@ -9,7 +9,8 @@ rules): wait on the inputs' events, pack the fused tensors into one persistent d
 prescale, reduce in place, postscale, unpack, record one event, attach it to the results. A single
 tensor is reduced in its own output buffer, unfused. Half precision is summed by NCCL in half precision.
 A response NCCL cannot carry (Adasum, int16/uint16 reductions) is staged: copied to host memory, run
-by the host executor over the control-plane backend, and copied back. With ``operations="mpi"`` a
+by the host executor over the control-plane backend (the executor hands the plane its `run_on_host`),
+and copied back. With ``operations="mpi"`` a
 response goes to CUDA-aware MPI on the device buffers when every member of its set has a CUDA-aware
 MPI library (`unison.gpu.mpi_wire`; the same device-side plan as NCCL's, only the wire differs), and
 is staged otherwise.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,9 @@ logger = logging.getLogger(__name__)
 
 OPERATIONS = ("nccl", "mpi")
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
+
+# Runs a response (device "cpu") on host entries and returns one result per name: `Executor.run_on_host`.
+HostRunner = Callable[[Response, Sequence[Any]], list[Any]]
 
 
 def _elements(shape: Sequence[int]) -> int:
@@ -95,12 +99,14 @@ class GpuPlane:
         cuda_aware_mpi: with ``operations="mpi"``, whether this rank's MPI library says it is
             CUDA-aware; None when the backend cannot take device buffers at all (not MPI), which must
             be the same on every rank (it is: every rank uses the same controller).
+        run_on_host: runs a staged response on host copies (the executor's `run_on_host`); None: a
+            host executor of the plane's own, made at the first staged response.
     """
 
     def __init__(self, backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]], device: Device,
                  library: Library | None, *, operations: str = "nccl",
                  init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS, host: str | None = None,
-                 cuda_aware_mpi: bool | None = None) -> None:
+                 cuda_aware_mpi: bool | None = None, run_on_host: HostRunner | None = None) -> None:
         if operations not in OPERATIONS:
             raise ValueError(f"GPU operations must be one of {list(OPERATIONS)}. Got {operations!r}.")
         self.backend = backend
@@ -119,7 +125,7 @@ class GpuPlane:
                                                                               lambda comm: comm.close())
         self._made_with: dict[int, tuple[int, ...]] = {}
         self._retention = Retention(device)
-        self._host_executor: Any = None
+        self._run_on_host = run_on_host
         self._state = "open"
         self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "staged_responses": 0,
                        "mpi_direct_responses": 0, "bytes": 0}
@@ -344,10 +350,12 @@ class GpuPlane:
     # -- staged through host memory -------------------------------------------------------------
     def _run_staged(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
         """Copy to host, run the host executor over the backend, copy results back to the device."""
-        from ..engine.executor import Entry, Executor, Handle
+        from ..engine.handles import Entry, Handle
 
-        if self._host_executor is None:
-            self._host_executor = Executor(self.backend, self.rank, self.process_sets)
+        if self._run_on_host is None:  # a plane made outside an executor (tests): one of its own
+            from ..engine.executor import Executor
+
+            self._run_on_host = Executor(self.backend, self.rank, self.process_sets).run
         stream, device = self._stream, self.device
         host_entries: list[Any] = []
         for entry in entries:
@@ -364,7 +372,7 @@ class GpuPlane:
                 host_out = np.empty_like(host_in)
             host_entries.append(Entry(entry.request, host_in, host_out, Handle(entry.request.name)))
         # the host copy of the response: same plan, host buffers (else the executor would route it back here)
-        results = self._host_executor.run(dataclasses.replace(response, device="cpu"), host_entries)
+        results = self._run_on_host(dataclasses.replace(response, device="cpu"), host_entries)
         arrays: list[Any] = []
         extra = None
         for entry, result in zip(entries, results):
@@ -385,7 +393,7 @@ class GpuPlane:
 def create_device_plane(backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]], *,
                         operations: str = "nccl",
                         init_timeout_seconds: float = DEFAULT_INIT_TIMEOUT_SECONDS,
-                        use_cuda_aware_mpi: bool = True) -> GpuPlane:
+                        use_cuda_aware_mpi: bool = True, run_on_host: HostRunner | None = None) -> GpuPlane:
     """The plane on this process's GPU through CuPy (the executor calls it at the first device response).
 
     The GPU is the one the adapters bound at submission (`unison.gpu.handoff.device_for`); a rank that
@@ -411,4 +419,5 @@ def create_device_plane(backend: Backend, rank: int, process_sets: dict[int, tup
 
         cuda_aware = bool(use_cuda_aware_mpi and cuda_aware_mpi(import_mpi()))
     return GpuPlane(backend, rank, process_sets, device, library, operations=operations,
-                    init_timeout_seconds=init_timeout_seconds, cuda_aware_mpi=cuda_aware)
+                    init_timeout_seconds=init_timeout_seconds, cuda_aware_mpi=cuda_aware,
+                    run_on_host=run_on_host)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from unison.backends.loopback import ThreadGroup
 from unison.config import load_settings
 from unison.dtypes import DType
-from unison.engine.executor import Entry, Handle
+from unison.engine.handles import Entry, Handle
 from unison.engine.loop import Engine
 from unison.errors import DuplicateNameError, MismatchError, ShutdownError
 from unison.ops import CollectiveKind, ReduceOp

@@ -10,7 +10,7 @@ import numpy as np
 
 from unison.backends.loopback import ThreadGroup
 from unison.dtypes import DType
-from unison.engine.executor import Entry, Handle
+from unison.engine.handles import Entry, Handle
 from unison.gpu.device import DeviceBuffer
 from unison.gpu.fake import FakeDevice, FakeLibrary
 from unison.gpu.plane import GpuPlane

@@ -166,7 +166,7 @@ def test_init_failure_names_the_ranks_that_never_arrived() -> None:
     assert "ranks [1] failed in ncclCommInitRank" in init_failure([s.WAITING, s.FAILED], [0, 1], 0, 30)
 
 
-@pytest.mark.parametrize("module", ["placement", "communicators", "nccl", "plane", "build", "handoff", "ordering"])
+@pytest.mark.parametrize("module", ["placement", "communicators", "nccl", "plane", "build", "lazy_cupy", "ordering"])
 def test_examples_in_docstrings(module: str) -> None:
     result = doctest.testmod(importlib.import_module(f"unison.gpu.{module}"))
     assert result.failed == 0 and result.attempted > 0
