@@ -48,6 +48,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from ._exit_watch import ExitWatch, watcher_text
 from ._summary import describe
 from .errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from .protocol.stall import DEADLOCK_TITLE
@@ -86,6 +87,7 @@ class _State:
     broken_at = 0.0  # time.monotonic() of the break
     grace_timer: threading.Timer | None = None
     fork_hook_registered = False
+    exit_watch: ExitWatch | None = None  # under plain mpiexec: says when this rank ends without a word
     forked = False  # this process was forked from a rank after init()
     child_status: int | None = None  # forked child: the exit status it asked for
     child_interrupted = False  # forked child: ended by an uncaught KeyboardInterrupt
@@ -156,6 +158,10 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
         _state.fork_hook_registered = True
     # the machine's own name, whatever name messages use: the launcher finds its local ranks by it
     _write_marker(f"started-{rank}", f"{socket.gethostname()} {os.getpid()}\n")
+    _settle_exit_watch()
+    if _state.launcher_dir is None and not _state.launcher_relay and mpi is not None and size > 1:
+        # No launcher of unison's sees how this rank ends (plain mpiexec): a watcher outside it does.
+        _state.exit_watch = ExitWatch.start(watcher_text(rank, _state.host, os.getpid()))
 
 
 def mark_failed_start(rank: int, reason: str, launcher_dir: str = "", launcher_relay: str = "") -> None:
@@ -168,6 +174,7 @@ def mark_failed_start(rank: int, reason: str, launcher_dir: str = "", launcher_r
     _state.launcher_dir = _launcher_dir(launcher_dir)
     _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
     _write_marker(f"failed-{rank}", reason + "\n")
+    _settle_exit_watch()
 
 
 def uninstall() -> None:
@@ -187,9 +194,16 @@ def mark_finished() -> None:
 
     A rank of a broken job says so only at exit, once every rank got there (`_finish_broken_job`).
     """
+    _settle_exit_watch()  # shut down, or its failure was reported: either way not a silent end
     if (_state.engine is not None and not _state.aborted_reason and not _state.broken_reason
             and not _state.failure_recorded):
         _write_marker(f"finished-{_state.rank}", "\n")
+
+
+def _settle_exit_watch() -> None:
+    watch = _state.exit_watch
+    if watch is not None:
+        watch.settle()
 
 
 def is_forked_child() -> bool:
@@ -223,6 +237,7 @@ def job_broken(reason: str, comm: Any = None) -> None:
     if _state.forked or _state.broken_reason:
         return
     _state.broken_reason = reason or "the job is broken"
+    _settle_exit_watch()  # the reason is printed by whoever found it: this rank's end is explained
     _state.broken_at = time.monotonic()
     if comm is not None:  # broken before install(), inside init(): this is the job
         _state.comm, _state.rank, _state.size = comm, comm.Get_rank(), comm.Get_size()
@@ -268,6 +283,7 @@ def abort_job(exc: BaseException) -> None:
     if isinstance(exc, (AbortedError, ShutdownError)):
         return
     reason = describe(exc, _state.rank, _state.host, os.getpid())
+    _settle_exit_watch()  # this rank's own error, reported by its hook
     if _state.size < 2:  # nobody to stop, but the launcher names this rank (an elastic driver, its host)
         if not _state.failure_recorded:
             _write_marker(f"failed-{_state.rank}", reason + "\n")
@@ -468,6 +484,9 @@ def _after_fork_in_child() -> None:
     if _state.mpi is None and _state.engine is None:
         return  # unison has not run in this process: nothing of the job to protect
     _state.forked = True
+    watch, _state.exit_watch = _state.exit_watch, None
+    if watch is not None:
+        watch.forget_in_child()
     _state.launcher_dir = None
     _state.launcher_relay = ""
     _state.grace_timer = None  # timer threads do not survive fork; alarms are not inherited

@@ -49,14 +49,33 @@ def test_the_probe_window_is_short_whatever_the_peer_timeout() -> None:
     assert 10.0 + probe_window(10.0) + GRACE_SECONDS <= 18.0
 
 
-def test_rank_gone_with_os_exit_under_plain_mpiexec_ends_the_job_at_once(tmp_path: Path) -> None:
+def test_rank_gone_with_os_exit_under_plain_mpiexec_is_said_and_the_job_ends_at_once(tmp_path: Path) -> None:
     """What plain mpiexec does: MPICH's mpiexec kills every other rank (SIGKILL, 0.08 s later in the runs
-    measured) as soon as one exits without finalizing MPI, and returns that rank's status, 0 here; no
-    rank can report it. The job must at least end at once, leaving nothing running. Under unisonrun the
-    rank is named (tests/faults/test_failures.py); docs/launcher.md says so."""
+    measured) as soon as one exits without finalizing MPI, and its status may be that rank's, 0 here; no
+    rank can report it. Each rank's exit watcher (a process outside it) says that it ended without a word,
+    so the job is not a silent success; it ends at once, leaving nothing running. Under unisonrun the
+    first rank is named and its status decides (tests/faults/test_failures.py); docs/launcher.md says so."""
     done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "exit0", "1"], env=ENV)
+    assert "unison: rank 1 (" in done.output, done.output
+    line = next(x for x in done.output.splitlines() if x.startswith("unison: rank 1 ("))
+    assert "ended without shutting unison down and without reporting an error" in line, done.output
     assert done.seconds < 10, done.seconds  # never a hang
     assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize("launch", ["mpiexec", "unisonrun"])
+def test_exit_watchers_say_nothing_of_a_job_that_ends_well_or_explains_its_end(tmp_path: Path, launch: str) -> None:
+    args = [PYTHON, SCENARIO, str(tmp_path), "raise", "1"]
+    cmd = [MPIEXEC, "-n", "2", *args] if launch == "mpiexec" else unisonrun("-np", "2", *args)
+    done = run_job(cmd, env=ENV)
+    assert done.returncode == 1, done.output
+    assert "ValueError" in done.output or "RuntimeError" in done.output, done.output
+    assert "ended without shutting unison down and without reporting" not in done.output, done.output
+    program = tmp_path / "ok.py"
+    program.write_text("import numpy as np, unison\nunison.init()\nunison.allreduce(np.ones(2), name='x')\n")
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, str(program)], env=ENV)
+    assert done.returncode == 0, done.output
+    assert "ended without shutting unison down" not in done.output, done.output
 
 
 def test_rank_frozen_inside_a_data_plane_call_is_named_and_the_job_ends(tmp_path: Path) -> None:
