@@ -1,0 +1,69 @@
+"""docs/launcher.md and docs/troubleshooting.md state the bounds and exit statuses a user meets; these
+tests hold the texts to the constants and decisions the code uses, so that neither drifts alone."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from unison import _failure
+from unison.backends._liveness import probe_window
+from unison.config import load_settings
+from unison.launcher import _supervise
+from unison.launcher._supervise import JobOutcome, exit_status
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+LAUNCHER = (DOCS / "launcher.md").read_text()
+TROUBLESHOOTING = (DOCS / "troubleshooting.md").read_text()
+DEFAULTS = load_settings({})
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def test_the_stop_bounds_are_the_code_s() -> None:
+    text = _flat(LAUNCHER)
+    assert f"still alive {_failure.GRACE_SECONDS:g} s after the abort prints why and exits with status 1" in text
+    assert f"If the abort does not get through within {_failure.ABORT_TIMEOUT_SECONDS:g} s" in text
+    assert f"anything left after {_supervise.GRACE_SECONDS:g} s is killed" in text
+    assert f"whatever is left after {_supervise.INTERRUPT_GRACE_SECONDS:g} s is killed" in text
+    assert f"after `UNISON_DEADLOCK_SECONDS` ({DEFAULTS.deadlock_seconds:g} s)" in text
+    peer = DEFAULTS.peer_timeout_seconds
+    ends = peer + probe_window(peer) + _failure.GRACE_SECONDS
+    assert (f"a liveness probe of {probe_window(peer):g} s (as long as the timeout, if shorter), then end the job "
+            f"with `MPI_Abort` {_failure.GRACE_SECONDS:g} s later: with the default {peer:g} s, the job ends "
+            f"{ends:g} s after the fault") in text
+    assert ends <= 20.0  # the bound the docs promise for a frozen rank under the default settings
+
+
+# (row of the "Exit status" table, the outcome the supervisor builds for it, the status in the row)
+ROWS = [
+    ("every rank succeeded", JobOutcome(0, {}), "0"),
+    ("a rank raised (an uncaught exception; every rank stops)", JobOutcome(11, {1: "failed"}, ended={1: 1, 0: -9}), "1"),
+    ("a stall or a deadlock (`StallError` on every rank)", JobOutcome(1, {0: "stalled"}, ended={0: 1}), "1"),
+    ("a rank exited with status n > 0 while the job ran (`os._exit(n)`)", JobOutcome(9, {1: "x"}, ended={1: 3}), "n"),
+    ("a rank ended with `os._exit(0)` while the job ran", JobOutcome(9, {1: "x"}, ended={1: 0}), "1"),
+    ("a rank killed by signal N (the OOM killer's SIGKILL)", JobOutcome(9, {1: "x"}, ended={1: -9}), "128 + N (137)"),
+    ("`--timeout` passed", JobOutcome(9, {}, timed_out=True), "124"),
+    ("Ctrl-C", JobOutcome(2, {}, interrupted=True), "130"),
+]
+
+
+@pytest.mark.parametrize(("row", "outcome", "column"), ROWS, ids=[r[0][:30] for r in ROWS])
+def test_the_exit_status_table_is_what_unisonrun_returns(row: str, outcome: JobOutcome, column: str) -> None:
+    cells = next((line.split("|")[1:-1] for line in LAUNCHER.splitlines() if line.startswith(f"| {row} |")), None)
+    assert cells is not None, f"docs/launcher.md has no exit-status row {row!r}"
+    assert cells[1].strip() == column
+    expected = {"n": 3, "128 + N (137)": 137}.get(column)
+    assert exit_status(outcome) == (int(column) if expected is None else expected)
+
+
+def test_troubleshooting_says_the_same_statuses() -> None:
+    text = _flat(TROUBLESHOOTING)
+    assert ("`unisonrun` exits 0 when every rank succeeded, 1 when a rank raised, the job stalled or deadlocked, "
+            "or a rank froze; n when a rank exited with status n while the job ran; 128 + N when a rank was "
+            "killed by signal N (137: SIGKILL, often the OOM killer); 124 after `--timeout`; 130 after Ctrl-C; "
+            "2 when the job could not start.") in text
