@@ -179,7 +179,7 @@ class Timeline:
         if entry[1] == _NEGOTIATING:
             return
         entry[1] = _NEGOTIATING
-        self._begin(entry[0], "NEGOTIATE_" + kind.upper())
+        self._begin(entry[0], "NEGOTIATE_" + str.upper(kind))
 
     def negotiate_rank_ready(self, name: str, rank: int) -> None:
         """Mark that `rank` submitted tensor `name` (a zero-length X event named after the rank)."""
@@ -206,7 +206,7 @@ class Timeline:
         elif entry[1] == _TOP_LEVEL:
             self._finish(entry[0])
         entry[1] = _TOP_LEVEL
-        self._begin(entry[0], kind.upper())
+        self._begin(entry[0], str.upper(kind))
 
     def activity_start(self, name: str, activity: str) -> None:
         """Open a nested activity span (e.g. ``MPI_ALLREDUCE``); an open activity is closed first."""

@@ -7,13 +7,12 @@ the same bytes can travel over MPI or gRPC and a peer can never make another ran
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from ..dtypes import DType
-from ..ops import CollectiveKind, ReduceOp
+from ..ops import CollectiveKind, Kind, ReduceOp, TextEnum
 
 __all__ = [
     "Request",
@@ -71,40 +70,11 @@ class Request:
     reason: str = ""
 
 
-class TextEnum(str, enum.Enum):
-    """An enum whose members are their string values: they compare equal to, print and format as
-    the value (on every Python version; 3.12 changed how mixed-in enums format)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class ResponseKind(TextEnum):
-    """What a response tells every rank to do: run a collective (the `CollectiveKind` of the same
-    value), fail some tensors (``ERROR``), stop the job (``ABORT``, ``STALL``), or apply the
-    autotuner's next parameters at the end of the cycle (``TUNE``, see `unison.protocol.autotune`).
-
-    A `str` mixin, so a kind compares equal to its value (``ResponseKind.ALLREDUCE == "allreduce"``)
-    and formats as it.
-    """
-
-    ALLREDUCE = "allreduce"
-    ALLGATHER = "allgather"
-    BROADCAST = "broadcast"
-    ALLTOALL = "alltoall"
-    REDUCESCATTER = "reducescatter"
-    BARRIER = "barrier"
-    JOIN = "join"
-    ADD_PROCESS_SET = "add_process_set"
-    REMOVE_PROCESS_SET = "remove_process_set"
-    SHUTDOWN = "shutdown"
-    ERROR = "error"
-    ABORT = "abort"
-    STALL = "stall"
-    TUNE = "tune"
+ResponseKind = Kind
+"""The name responses use for `unison.ops.Kind`: the ten collectives, plus ``ERROR`` (fail some
+tensors), ``ABORT`` and ``STALL`` (stop the job) and ``TUNE`` (apply the autotuner's next parameters
+at the end of the cycle, see `unison.protocol.autotune`). One enum for requests and responses, so a
+response runs the very kind its requests asked for; on the wire a kind is its string value."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +116,8 @@ class Response:
     group: str = ""
 
     def __post_init__(self) -> None:
-        if type(self.kind) is not ResponseKind:
-            object.__setattr__(self, "kind", ResponseKind(self.kind))
+        if type(self.kind) is not Kind:
+            object.__setattr__(self, "kind", _response_kind(self.kind))
 
     def post_factor(self, set_size: int) -> float:
         """The factor applied after the reduction: `postscale`, divided by the set size for Average.
@@ -171,6 +141,25 @@ class Response:
         return total * self.dtype.itemsize
 
 
+def _request_kind(value: object) -> Kind:
+    """The kind a request names: one of the ten collectives (`unison.ops.COLLECTIVE_KINDS`)."""
+    try:
+        kind = Kind(value)
+    except ValueError:
+        kind = None
+    if kind is None or not kind.is_collective:
+        raise ValueError(f"{value!r} is not a valid CollectiveKind")
+    return kind
+
+
+def _response_kind(value: object) -> Kind:
+    """The kind a response names: any `Kind`, given as the member or its string value."""
+    try:
+        return Kind(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a valid ResponseKind") from None
+
+
 _REQUEST_FIELDS = [f.name for f in dataclasses.fields(Request)]
 _RESPONSE_FIELDS = [f.name for f in dataclasses.fields(Response)]
 _REQUEST_WIRE_FIELDS = [name for name in _REQUEST_FIELDS if name != "rank"]
@@ -184,7 +173,7 @@ def _compact(obj: object, defaults: object, fields: list[str]) -> dict[str, obje
         value = getattr(obj, name)
         if value == getattr(defaults, name) and name not in ("name", "kind", "rank", "names"):
             continue
-        if isinstance(value, (CollectiveKind, DType, ResponseKind)):
+        if isinstance(value, (Kind, DType)):
             value = value.value
         elif isinstance(value, ReduceOp):
             value = int(value)
@@ -210,7 +199,7 @@ def decode_requests(data: bytes, rank: int) -> list[Request]:
     out = []
     for item in json.loads(data):
         item["rank"] = rank
-        item["kind"] = CollectiveKind(item["kind"])
+        item["kind"] = _request_kind(item["kind"])
         if "dtype" in item:
             item["dtype"] = DType(item["dtype"])
         if "reduce_op" in item:

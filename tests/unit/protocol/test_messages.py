@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from unison.dtypes import DType
-from unison.ops import CollectiveKind, ReduceOp
+from unison.ops import COLLECTIVE_KINDS, CollectiveKind, Kind, ReduceOp
 from unison.protocol.messages import (
     Request,
     Response,
+    ResponseKind,
+    WireError,
     decode_request_lists,
     decode_requests,
     decode_responses,
@@ -23,7 +26,7 @@ from unison.protocol.messages import (
 shapes = st.lists(st.integers(0, 10**9), max_size=4).map(tuple)
 requests = st.builds(
     Request,
-    name=st.text(max_size=20), kind=st.sampled_from(list(CollectiveKind)), rank=st.integers(0, 4096),
+    name=st.text(max_size=20), kind=st.sampled_from(sorted(COLLECTIVE_KINDS)), rank=st.integers(0, 4096),
     dtype=st.sampled_from(list(DType)), shape=shapes, reduce_op=st.sampled_from(list(ReduceOp)),
     root_rank=st.integers(-1, 64), prescale=st.floats(allow_nan=False), postscale=st.floats(allow_nan=False),
     process_set_id=st.integers(0, 5), group=st.text(max_size=5), group_size=st.integers(0, 5),
@@ -59,3 +62,29 @@ def test_identical_payloads_are_decoded_once_and_shared(items, size) -> None:
 ), max_size=4))
 def test_responses_round_trip(items) -> None:
     assert decode_responses(encode_responses(items)) == items
+
+
+def test_one_kind_enum_under_both_names() -> None:
+    assert CollectiveKind is Kind and ResponseKind is Kind
+    assert Response(CollectiveKind.ALLREDUCE, ("g",)).kind is Kind.ALLREDUCE
+    assert Response("tune", ()).kind is ResponseKind.TUNE
+    assert sorted(k.value for k in COLLECTIVE_KINDS) == sorted([
+        "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+        "add_process_set", "remove_process_set", "shutdown"])
+    assert [k for k in Kind if not k.is_collective] == [Kind.ERROR, Kind.ABORT, Kind.STALL, Kind.TUNE]
+    assert Kind.REDUCESCATTER.upper == "REDUCESCATTER"  # Horovod's spelling, a property
+    assert Kind.BROADCAST == "broadcast" and f"{Kind.BROADCAST}" == "broadcast"
+
+
+def test_kinds_travel_as_their_string_values() -> None:
+    assert encode_requests([Request("x", CollectiveKind.JOIN, 3)]) == b'[{"name":"x","kind":"join"}]'
+    assert encode_responses([Response(ResponseKind.STALL, (), message="m")]) == \
+        b'[{"kind":"stall","names":[],"message":"m"}]'
+
+
+def test_a_request_of_a_response_only_kind_is_refused() -> None:
+    for kind in ("error", "abort", "stall", "tune", "no-such-kind"):
+        with pytest.raises(WireError, match=f"'{kind}' is not a valid CollectiveKind"):
+            decode_request_lists([json.dumps([{"name": "x", "kind": kind}]).encode()])
+    with pytest.raises(ValueError, match="'bogus' is not a valid ResponseKind"):
+        Response("bogus", ())  # type: ignore[arg-type]
