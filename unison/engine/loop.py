@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,43 +21,20 @@ from ..backends.base import Abandoned, Backend
 from ..config import Settings
 from ..errors import (
     AbortedError,
-    ConfigError,
-    DuplicateNameError,
     HorovodInternalError,
     MismatchError,
     ShutdownError,
     StallError,
 )
-from ..ops import CollectiveKind
-from ..protocol.autotune import (
-    DEFAULT_GRID,
-    LOG_COLUMNS,
-    AutotuneStatistics,
-    Meter,
-    Parameters,
-    Proposal,
-    Tuner,
-    csv_line,
-    split_tuning,
-    tune_response,
-)
+from ..ops import Kind, TextEnum
+from ..protocol.autotune import AutotuneStatistics, Parameters, Proposal, split_tuning
 from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
-from ..protocol.cycle import (
-    Votes,
-    bits,
-    blocked_ranks,
-    cached_waits,
-    encode_status_row,
-    needs_slow_path,
-    read_votes,
-    words_for,
-)
+from ..protocol.cycle import bits, encode_status_row, needs_slow_path, read_votes, words_for
+from ..protocol.dispatch import ROUTES, Action
 from ..protocol.fusion import FusionPolicy, plan_fusion
 from ..protocol.messages import (
     Request,
     Response,
-    ResponseKind,
-    TextEnum,
     WireError,
     decode_request_lists,
     decode_responses,
@@ -66,39 +43,20 @@ from ..protocol.messages import (
 )
 from ..protocol.negotiation import Coordinator, CoordinatorStatistics
 from ..protocol.stall import StallInspector, StallStatistics
-from .executor import Entry, Executor, ExecutorStatistics, main_thread_waits
+from .autotuning import Autotuning, open_tune_log
+from .executor import Executor, ExecutorStatistics
+from .handles import Entry
+from .observer import CycleObserver, observe_all
+from .queue import Drained, SubmissionQueue
+from .stall_feed import StallFeed
 
 __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_SECONDS = 1e-3
-_STALL_PERIOD_SECONDS = 1.0
-_CACHEABLE = CollectiveKind.ALLREDUCE.value
-_REDUCING = (CollectiveKind.ALLREDUCE.value, CollectiveKind.REDUCESCATTER.value)  # what autotune scores
-_SHUTDOWN = CollectiveKind.SHUTDOWN.value
-_JOIN = CollectiveKind.JOIN.value
-_BARRIER = CollectiveKind.BARRIER.value
-_ADD_SET = CollectiveKind.ADD_PROCESS_SET.value
-_REMOVE_SET = CollectiveKind.REMOVE_PROCESS_SET.value
-
-
-def open_tune_log(path: str) -> Any:
-    """Open the autotune log (rank 0) and write its header; the error names the setting."""
-    try:
-        log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed when the engine stops
-    except OSError as exc:
-        raise ConfigError(
-            f"UNISON_AUTOTUNE_LOG must name a file rank 0 can write. Got UNISON_AUTOTUNE_LOG={path!r} "
-            f"({exc.strerror})."
-        ) from exc
-    log_file.write(",".join(LOG_COLUMNS) + "\n")
-    return log_file
-
-
-def _user_name(name: str) -> str:
-    """The user's part of a tensor name ``<kind>.<name>`` (the whole name when it has no kind)."""
-    return name.partition(".")[2] or name
+_CACHEABLE = Kind.ALLREDUCE
+_REDUCING = (Kind.ALLREDUCE, Kind.REDUCESCATTER)  # what autotune scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,59 +122,32 @@ class Engine:
                                               "use_cuda_aware_mpi": settings.cuda_aware_mpi}
         self.coordinator = Coordinator(self.size, self.process_sets) if self.rank == 0 else None
         self.stall = None
-        if self.rank == 0 and not settings.stall_check_disable:
+        self._stall_feed: StallFeed | None = None
+        if self.coordinator is not None and not settings.stall_check_disable:
             self.stall = StallInspector(settings.stall_check_seconds, settings.stall_shutdown_seconds,
                                         deadlock_seconds=settings.deadlock_seconds)
+            self._stall_feed = StallFeed(self.stall, self.coordinator, self.cache, self.process_sets,
+                                         stop=self._announce_stop)
         self.policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
                                    group_only=settings.disable_group_fusion)
         # The knobs the autotuner may change while the job runs; every rank applies a change at the
         # end of the cycle whose responses carry it (`_apply_tuning`), so plans and caches stay equal.
-        self.parameters = Parameters(settings.fusion_threshold_bytes, settings.cycle_time_seconds,
-                                     settings.chunk_bytes, settings.cache_capacity > 0)
-        self._autotune_state = "tuning" if settings.autotune else "off"
-        self._tune_changes = 0
-        self._tuner: Tuner | None = None  # rank 0 only: the search, its meter and its log
-        self._meter: Meter | None = None
-        self._tune_due: Proposal | None = None  # decided, to be sent with the next cycle's responses
-        self._tune_log: Any = None
-        self._tune_rows_written = 0
-        if settings.autotune and self.rank == 0:
-            grid = dict(DEFAULT_GRID)
-            if settings.cache_capacity <= 0:
-                grid["cache_enabled"] = ()
-            self._tuner = Tuner(self.parameters, warmup_samples=settings.autotune_warmup_samples,
-                                max_samples=settings.autotune_max_samples, grid=grid)
-            self._meter = Meter(settings.autotune_steps_per_sample)
-            # rank 0's open log (`open_tune_log`): init() opens it before the start-up check, so a
-            # path rank 0 cannot write fails init() on every rank, as the timeline's does
-            self._tune_log = tune_log
+        self.autotuning = Autotuning(settings, self.rank, tune_log)
         self.timeline = None
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._queue: list[list[Entry]] = []
-        self._held: dict[int, list[list[Entry]]] = {}  # thread id -> groups submitted inside batch()
-        # user name -> full name, for what this rank submitted and has not completed: one user name
-        # is in flight under one kind at a time (Horovod's rule), so a rank that asks for an allreduce
-        # and a peer that asks for a broadcast under one name can be told apart from ranks that
-        # merely submit in different orders (see unison.protocol.names).
-        self._in_flight: dict[str, str] = {}
+        # What the loop reports each step of a cycle to: rank 0's stall feed and timeline, if any.
+        self._observer: CycleObserver = observe_all(self._stall_feed)
+        self._queue = SubmissionQueue(self._stopped_error)
         self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
-        self._shutdown_requested = False
-        self._shutdown_sent = False
         self._news: str = ""  # rank 0: a stall report to broadcast as a job stop
         self._joined = False
         self._invalid = 0  # slots this rank found stale this cycle
-        self._negotiating: set[str] = set()  # rank 0 timeline: names in negotiation
         self._progress = False
         self._backoff = 50e-6
         self._cycle_started = 0.0
-        self._last_stall_check = 0.0
         self._foreign_version = -1
         self._foreign_mask = 0
         self._stop_error: BaseException | None = None
-        self._abort_reason = ""  # this rank is failing: send the reason to the coordinator
-        self._abort_sent = False
         self._stopped = threading.Event()
         self._disowned = False  # a forked child's copy: never talks to peers
         # Called once, from the thread that stopped the engine, with the error that stopped it and
@@ -228,6 +159,23 @@ class Engine:
         self._state = EngineState.CREATED
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
                                         daemon=True)
+        # What each `Action` of `unison.protocol.dispatch` calls (True: the job goes on), and from it
+        # what each kind of response calls, with whether only members of its process set act on it.
+        actions: dict[Action, Callable[[Response], bool]] = {
+            Action.STOP_SHUTDOWN: self._stop_shutdown,
+            Action.STOP_STALL: self._stop_stall,
+            Action.STOP_ABORT: self._stop_abort,
+            Action.FAIL: self._fail,
+            Action.JOIN: self._end_join,
+            Action.ADD_PROCESS_SET: self._add_process_set,
+            Action.REMOVE_PROCESS_SET: self._remove_process_set,
+            Action.BARRIER: self._barrier,
+            Action.RUN: self._run_collective,
+            Action.TUNE: self._ignore,
+        }
+        self._dispatch: dict[Kind, tuple[Callable[[Response], bool], bool]] = {
+            kind: (actions[route.action], route.members_only) for kind, route in ROUTES.items()
+        }
         if timeline is not None:
             self.set_timeline(timeline)
         self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "cache_hits_executed": 0,
@@ -262,15 +210,20 @@ class Engine:
         """Names this rank has submitted and the job has not run yet (a snapshot; any thread)."""
         return list(self._pending)
 
+    @property
+    def parameters(self) -> Parameters:
+        """The parameters in effect: the settings', or the autotuner's latest (`Autotuning`)."""
+        return self.autotuning.parameters
+
     def start(self) -> None:
         """Start the communication thread."""
         self._state = EngineState.RUNNING
+        self._queue.open()
         self._thread.start()
 
     def statistics(self) -> EngineStatistics:
         """A snapshot of the counters of the engine and of its cache, executor, backend and coordinator."""
-        with self._lock:
-            queued, held = len(self._queue), sum(len(groups) for groups in self._held.values())
+        queued, held = self._queue.counts()
         return EngineStatistics(
             **self._stats,
             queued=queued,
@@ -280,8 +233,7 @@ class Engine:
             backend=dict(self.backend.statistics()),
             coordinator=None if self.coordinator is None else self.coordinator.statistics(),
             stall=None if self.stall is None else self.stall.statistics(),
-            autotune=None if self._autotune_state == "off" else AutotuneStatistics(
-                self._autotune_state, self.parameters, self._tune_changes),
+            autotune=self.autotuning.statistics(),
         )
 
     def enqueue(self, entries: Sequence[Entry]) -> None:
@@ -291,39 +243,9 @@ class Engine:
             DuplicateNameError: a name is already in flight on this rank.
             ShutdownError: the job has stopped.
         """
-        group = list(entries)
-        if len(group) > 1:
-            for entry in group:
-                entry.group = group
-        with self._lock:
-            if self._state is not EngineState.RUNNING:
-                raise self._stopped_error()
-            names = [entry.request.name for entry in group]
-            users = [_user_name(name) for name in names]
-            for entry, name, user in zip(group, names, users):
-                other = self._in_flight.get(user)
-                if other == name or (len(group) > 1 and names.count(name) > 1):
-                    raise DuplicateNameError(
-                        f"Requested to {entry.request.kind.value} a tensor named '{name}' while "
-                        "another tensor with that name is still being processed on this rank. "
-                        "Use a different name for each tensor in flight."
-                    )
-                if other is not None:
-                    raise DuplicateNameError(
-                        f"Requested to {entry.request.kind.value} a tensor named '{user}' while "
-                        f"'{other}' is still being processed on this rank: one name is used by one "
-                        "collective at a time. Use a different name for each tensor in flight."
-                    )
-            self._in_flight.update(zip(users, names))
-            held = self._held.get(threading.get_ident())
-            if held is not None:
-                held.append(group)
-                return
-            self._queue.append(group)
-        self._event.set()
+        self._queue.put(entries)
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> contextlib.AbstractContextManager[None]:
         """Hold what this thread submits inside the block and queue it all at once when the block ends.
 
         One cycle then sees every submission, so they are negotiated together and the small ones are
@@ -331,20 +253,7 @@ class Engine:
         Blocks may nest; the outermost one releases. If the engine stops meanwhile, the held entries
         fail like queued ones.
         """
-        me = threading.get_ident()
-        with self._lock:
-            nested = me in self._held
-            if not nested:
-                self._held[me] = []
-        try:
-            yield
-        finally:
-            if not nested:
-                with self._lock:
-                    groups = self._held.pop(me, [])
-                    self._queue.extend(groups)
-                if groups:
-                    self._event.set()
+        return self._queue.batch()
 
     def shutdown(self, timeout: float = 30.0) -> bool:
         """Ask every rank to stop, wait for this rank's thread, and fail what is still pending.
@@ -353,12 +262,10 @@ class Engine:
         then broken (a control operation may never complete), and the caller must not wait for them
         again (see `unison._failure.job_broken`).
         """
-        with self._lock:
-            if self._state is EngineState.CREATED or self._disowned:
-                self._state = EngineState.STOPPED
-                return True
-            self._shutdown_requested = True
-        self._event.set()
+        if self._state is EngineState.CREATED or self._disowned:
+            self._state = EngineState.STOPPED
+            return True
+        self._queue.request_shutdown()
         if threading.current_thread() is self._thread:
             return True
         self._thread.join(timeout)
@@ -378,12 +285,9 @@ class Engine:
         not come within `timeout` (a peer or the coordinator is unreachable): the caller then falls
         back to something blunter, such as MPI_Abort.
         """
-        with self._lock:
-            if self._state is not EngineState.RUNNING:
-                return False
-            if not self._abort_reason:
-                self._abort_reason = reason
-        self._event.set()
+        if self._state is not EngineState.RUNNING:
+            return False
+        self._queue.request_abort(reason)
         if threading.current_thread() is self._thread:
             return False
         self._stopped.wait(timeout)
@@ -395,12 +299,9 @@ class Engine:
         For a process forked after `init()`: the child shares the parent's memory, but not its engine
         thread or its place in the job. Every later call raises `error`; `shutdown()` does nothing.
         """
-        with self._lock:
-            self._state = EngineState.STOPPED
-            self._stop_error = error
-            self._queue = []
-            self._held = {}
-            self._in_flight.clear()
+        self._state = EngineState.STOPPED
+        self._stop_error = error
+        self._queue.close(keep_batches=False)
         self._pending.clear()
         self._unsent = []
         self.on_stop = None
@@ -429,10 +330,10 @@ class Engine:
         finally:
             self._stop(ShutdownError("unison has been shut down; no more collectives can run."))
             try:
-                if self.timeline is not None:
-                    self.timeline.close()
-                if self._tune_log is not None:
-                    self._tune_log.close()
+                try:
+                    self._observer.close()  # the timeline's file
+                finally:
+                    self.autotuning.close()
             finally:
                 try:
                     self.executor.close()  # the GPU data plane's communicators, if one was made
@@ -446,10 +347,7 @@ class Engine:
             left = self._cycle_started + self.parameters.cycle_time_seconds - time.monotonic()
             if left > 0:
                 time.sleep(left)
-        with self._lock:
-            ready = bool(self._queue) or (self._shutdown_requested and not self._shutdown_sent)
-            ready = ready or (bool(self._abort_reason) and not self._abort_sent)
-        if ready or self._news or self._unsent or self._tune_due is not None:
+        if self._queue.has_work() or self._news or self._unsent or self.autotuning.due:
             self._backoff = 50e-6
             return
         if self._pending:
@@ -457,11 +355,11 @@ class Engine:
                 self._backoff = 50e-6
                 return
             # Pending work that made no progress: everyone may be waiting on someone's compute.
-            self._event.wait(self._backoff)
+            self._queue.wait(self._backoff)
             self._backoff = min(self._backoff * 2, _MAX_BACKOFF_SECONDS)
         else:
-            self._event.wait(self.settings.idle_cycle_seconds)
-        self._event.clear()
+            self._queue.wait(self.settings.idle_cycle_seconds)
+        self._queue.clear_wake()
 
     def _admit(self, group: list[Entry]) -> None:
         """Classify newly drained entries against the cache."""
@@ -470,9 +368,9 @@ class Engine:
         any_miss = False
         for entry in group:
             self._pending[entry.request.name] = entry
-            if entry.request.kind is CollectiveKind.JOIN:
+            if entry.request.kind is Kind.JOIN:
                 self._joined = True
-            if not cache_on or entry.request.kind.value != _CACHEABLE:
+            if not cache_on or entry.request.kind is not _CACHEABLE:
                 slots.append(-1)
                 any_miss = True
                 continue
@@ -516,32 +414,71 @@ class Engine:
                 entry.slot = -1
                 self._unsent.append(entry)
 
+    # -- one cycle: exchange, decide, act -----------------------------------------------------------
+
     def _cycle(self) -> None:
         self._stats["cycles"] += 1
         now = self._cycle_started = time.monotonic()
-        if self.timeline is not None:
-            self.timeline.mark_cycle()
-        with self._lock:
-            new_groups, self._queue = self._queue, []
-            send_shutdown = self._shutdown_requested and not self._shutdown_sent
-            self._shutdown_sent = self._shutdown_sent or send_shutdown
-            send_abort = self._abort_reason if not self._abort_sent else ""
-            self._abort_sent = self._abort_sent or bool(send_abort)
-            # Read with the queue taken: what the main thread queued before waiting goes out now.
-            blocked = main_thread_waits() and not self._held
+        observer = self._observer
+        observer.cycle_started(now)
+        drained = self._queue.take()
         self._invalid = 0
-        for group in new_groups:
+        for group in drained.groups:
             self._admit(group)
-        progress = bool(new_groups)
+        progress = bool(drained.groups)
 
-        # 1. Status exchange: flags, payload length, cache votes, invalidated slots.
+        # 1. Exchange status rows: flags, payload length, cache votes, invalidated slots.
+        payload, words, matrix = self._exchange_status(drained)
+
+        # 2. Decide, from the matrix alone: the fast path runs the slots every rank voted for without
+        # asking the coordinator; the slow path runs only when some rank has requests the cache
+        # could not answer.
+        votes = read_votes(matrix, words)
+        cached: list[Response] = [self.cache.get(slot) for slot in votes.runnable()]
+        if cached:
+            self._stats["cache_hits_executed"] += len(cached)
+        observer.voted(now, votes, matrix)
+        fresh: list[Response] = []
+        tuning: Proposal | None = None
+        if needs_slow_path(matrix):
+            self._stats["slow_cycles"] += 1
+            fresh, tuning = self._slow_path(payload, matrix, now)
+        else:
+            self._stats["fast_cycles"] += 1
+
+        # 3. Act: execute, in the same order on every rank.
+        measuring = self.autotuning.measuring
+        executed, reduced_bytes = self._execute_all(cached + fresh, measuring)
+        if executed < 0:
+            return
+        self._progress = progress or executed > 0
+
+        # 4. Update the cache identically everywhere. Only now: an erase or eviction must not send
+        # back to negotiation a tensor that ran from the cache in this very cycle.
+        if votes.invalid:
+            self.cache.erase(bits(votes.invalid))
+        cacheable = [r for r in fresh if r.kind is _CACHEABLE and len(r.names) == 1]
+        if self._cache_on():
+            for response in cacheable:
+                self.cache.put(response)
+        if votes.invalid or cacheable:
+            self._revalidate()
+
+        # 5. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
+        if tuning is not None:
+            self._apply_tuning(tuning)
+        if measuring:
+            self.autotuning.measure(reduced_bytes, now, restart=tuning is not None)
+
+    def _exchange_status(self, drained: Drained) -> tuple[bytes, int, list[list[int]]]:
+        """Send this rank's status row and receive every rank's: return (payload, words, matrix)."""
         unsent = self._unsent
         self._unsent = []
         requests = [e.request for e in unsent]
-        if send_abort:
-            requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank, reason=send_abort))
-        elif send_shutdown:
-            requests.append(Request("shutdown", CollectiveKind.SHUTDOWN, self.rank))
+        if drained.abort_reason:
+            requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank, reason=drained.abort_reason))
+        elif drained.shutdown:
+            requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank))
         payload = encode_requests(requests) if requests else b""
         words = words_for(self.cache.num_slots)
         hits = 0
@@ -553,66 +490,21 @@ class Engine:
                     hits |= 1 << entry.slot
             hits |= self._foreign()
         # A parameter change of the autotuner is news too: it travels with this cycle's responses.
-        news = bool(self._news) or self._tune_due is not None
+        news = bool(self._news) or self.autotuning.due
         row = encode_status_row(joined=self._joined, news=news, payload_bytes=len(payload),
-                                hits=hits, invalid=self._invalid, words=words, blocked=blocked)
+                                hits=hits, invalid=self._invalid, words=words, blocked=drained.blocked)
         matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
+        return payload, words, matrix
 
-        # 2. Fast path: slots every rank voted for run without asking the coordinator.
-        votes = read_votes(matrix, words)
-        cached: list[Response] = [self.cache.get(slot) for slot in votes.runnable()]
-        if cached:
-            self._stats["cache_hits_executed"] += len(cached)
-        if self.stall is not None and now - self._last_stall_check >= _STALL_PERIOD_SECONDS:
-            self._last_stall_check = now
-            self._check_stall(now, votes, blocked_ranks(matrix))
-
-        # 3. Slow path, only when some rank has requests the cache could not answer.
-        fresh: list[Response] = []
-        tuning: Proposal | None = None
-        if needs_slow_path(matrix):
-            self._stats["slow_cycles"] += 1
-            gathered = self.backend.gather_bytes(payload, [row[1] for row in matrix])
-            data: bytes | None = None
-            if self.coordinator is not None:
-                assert gathered is not None
-                data = encode_responses(self._negotiate(gathered, now))
-            fresh, tuning = split_tuning(decode_responses(self.backend.broadcast_bytes(data)))
-        else:
-            self._stats["fast_cycles"] += 1
-
-        # 4. Execute, in the same order on every rank.
-        executed = 0
-        reduced_bytes = 0
-        measuring = self._meter is not None and self._autotune_state == "tuning"
-        responses = cached + fresh
-        for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
-            executed += 1
-            if self.on_response is not None:
-                self.on_response(response)
-            if measuring and response.kind in _REDUCING and \
-                    self.rank in self.process_sets.get(response.process_set_id, ()):
-                reduced_bytes += response.num_bytes()
-            if not self._execute(response):
-                return
-        self._progress = progress or executed > 0
-
-        # 5. Update the cache identically everywhere. Only now: an erase or eviction must not send
-        # back to negotiation a tensor that ran from the cache in this very cycle.
-        if votes.invalid:
-            self.cache.erase(bits(votes.invalid))
-        cacheable = [r for r in fresh if r.kind == _CACHEABLE and len(r.names) == 1]
-        if self._cache_on():
-            for response in cacheable:
-                self.cache.put(response)
-        if votes.invalid or cacheable:
-            self._revalidate()
-
-        # 6. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
-        if tuning is not None:
-            self._apply_tuning(tuning)
-        if measuring:
-            self._measure(reduced_bytes, now, restart=tuning is not None)
+    def _slow_path(self, payload: bytes, matrix: list[list[int]],
+                   now: float) -> tuple[list[Response], Proposal | None]:
+        """Gather the request lists to rank 0, which negotiates; broadcast its answer to every rank."""
+        gathered = self.backend.gather_bytes(payload, [row[1] for row in matrix])
+        data: bytes | None = None
+        if self.coordinator is not None:
+            assert gathered is not None
+            data = encode_responses(self._negotiate(gathered, now))
+        return split_tuning(decode_responses(self.backend.broadcast_bytes(data)))
 
     def _negotiate(self, gathered: list[bytes], now: float) -> list[Response]:
         """Rank 0: decide this cycle's responses from every rank's payload.
@@ -625,14 +517,14 @@ class Engine:
         try:
             lists = decode_request_lists(gathered)
             if self._news:
-                responses = [Response(ResponseKind.STALL, (), message=self._news)]
+                responses = [Response(Kind.STALL, (), message=self._news)]
                 self._news = ""
             else:
                 responses = self.coordinator.handle(lists, now)
-                if self._tune_due is not None:
-                    responses = [*responses, tune_response(self._tune_due)]
-                    self._tune_due = None
-            self._timeline_negotiation(lists, responses)
+                tune = self.autotuning.take_due()
+                if tune is not None:
+                    responses = [*responses, tune]
+            self._observer.negotiated(lists, responses)
         except WireError as exc:
             log.error("%s", exc)
             return self.coordinator.abort(f"unison stopped the job: {exc}")
@@ -643,7 +535,9 @@ class Engine:
             )
         return responses
 
-    # -- autotune -----------------------------------------------------------------------------------
+    def _announce_stop(self, text: str) -> None:
+        """Rank 0: broadcast `text` as a job stop (a STALL response) in the next slow-path cycle."""
+        self._news = text
 
     def _apply_tuning(self, proposal: Proposal) -> None:
         """Switch to the autotuner's parameters; every rank calls this at the end of the same cycle.
@@ -653,142 +547,136 @@ class Engine:
         empty) and sends pending hits back through negotiation; the chunk size only changes how the
         data plane splits a buffer.
         """
-        old, new = self.parameters, proposal.parameters
-        self.parameters = new
+        old = self.autotuning.apply(proposal)
+        new = proposal.parameters
         self.policy = dataclasses.replace(self.policy, threshold_bytes=new.fusion_threshold_bytes)
         if new.chunk_bytes != old.chunk_bytes:
             self.executor.set_chunk_bytes(new.chunk_bytes)
         if old.cache_enabled and not new.cache_enabled:
             self.cache.erase(self.cache.slots())
             self._revalidate()
-        self._tune_changes += 1
-        if proposal.final:
-            self._autotune_state = "settled"
-            if self.rank == 0:
-                log.info("autotune settled on %s", new)
-        elif self._autotune_state == "off":
-            self._autotune_state = "tuning"
-
-    def _measure(self, reduced_bytes: int, started: float, restart: bool) -> None:
-        """Rank 0: add this cycle to the current sample; feed finished samples to the search."""
-        assert self._meter is not None and self._tuner is not None
-        if restart:  # the parameters changed at the end of this cycle: measure them from the next
-            self._meter.restart()
-            return
-        if self._tune_due is not None or self._tuner.chosen is not None:
-            return  # a change is on its way; cycles until it lands belong to no sample
-        sample = self._meter.cycle(reduced_bytes, started, time.monotonic())
-        if sample is None:
-            return
-        proposal = self._tuner.add_sample(*sample)
-        if self._tune_log is not None:
-            rows = self._tuner.rows
-            for row in rows[self._tune_rows_written:]:
-                self._tune_log.write(csv_line(row) + "\n")
-            self._tune_rows_written = len(rows)
-            self._tune_log.flush()
-        if proposal is not None:
-            self._tune_due = proposal
 
     # -- execution ----------------------------------------------------------------------------------
+
+    def _execute_all(self, responses: list[Response], measuring: bool) -> tuple[int, int]:
+        """Run the cycle's responses, fused; return (responses run, bytes reduced here), or (-1, 0)
+        when the job stops."""
+        executed = 0
+        reduced_bytes = 0
+        for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
+            executed += 1
+            if self.on_response is not None:
+                self.on_response(response)
+            if measuring and response.kind in _REDUCING and \
+                    self.rank in self.process_sets.get(response.process_set_id, ()):
+                reduced_bytes += response.num_bytes()
+            if not self._execute(response):
+                return -1, 0
+        return executed, reduced_bytes
 
     def _take(self, name: str) -> Entry | None:
         entry = self._pending.pop(name, None)
         if entry is not None:
-            with self._lock:
-                self._in_flight.pop(_user_name(name), None)
+            self._queue.release(name)
         return entry
 
     def _execute(self, response: Response) -> bool:
-        """Run one response; return False when the job stops."""
+        """Run one response as `unison.protocol.dispatch` routes it; return False when the job stops."""
         self._stats["responses"] += 1
-        kind = response.kind
-        if kind == _SHUTDOWN:
-            ranks = list(response.ranks)
-            self._stop(ShutdownError(
-                f"unison has been shut down: rank(s) {ranks} called shutdown() (or exited) while this "
-                "rank still had collectives pending. A rank that finishes early, or fails, stops the job "
-                "for everyone: check that every rank runs the same collectives, and look in the log of "
-                f"rank(s) {ranks} for an exception."
-            ))
-            return False
-        if kind == ResponseKind.STALL:  # rank 0 logged the report; the error carries it everywhere
-            self._stop(StallError(response.message))
-            return False
-        if kind == ResponseKind.ABORT:
-            log.error("%s", response.message)
-            self._stop(AbortedError(response.message))
-            return False
-        if kind == ResponseKind.ERROR:
-            self._stats["errors"] += 1
-            for name in response.names:
-                entry = self._take(name)
-                if entry is not None:
-                    entry.handle.fail(MismatchError(response.message))
+        action, members_only = self._dispatch[response.kind]
+        if members_only and self.rank not in self.process_sets.get(response.process_set_id, ()):
             return True
-        if kind == _JOIN:
-            entry = self._take("join.noname")
-            self._joined = False
+        return action(response)
+
+    def _stop_shutdown(self, response: Response) -> bool:
+        ranks = list(response.ranks)
+        self._stop(ShutdownError(
+            f"unison has been shut down: rank(s) {ranks} called shutdown() (or exited) while this "
+            "rank still had collectives pending. A rank that finishes early, or fails, stops the job "
+            "for everyone: check that every rank runs the same collectives, and look in the log of "
+            f"rank(s) {ranks} for an exception."
+        ))
+        return False
+
+    def _stop_stall(self, response: Response) -> bool:
+        self._stop(StallError(response.message))  # rank 0 logged the report; the error carries it
+        return False
+
+    def _stop_abort(self, response: Response) -> bool:
+        log.error("%s", response.message)
+        self._stop(AbortedError(response.message))
+        return False
+
+    def _fail(self, response: Response) -> bool:
+        self._stats["errors"] += 1
+        for name in response.names:
+            entry = self._take(name)
             if entry is not None:
-                entry.handle.complete(response.last_joined)
-            return True
-        if kind == _ADD_SET:
-            self.backend.add_process_set(response.process_set_id, response.ranks)
-            self.process_sets[response.process_set_id] = tuple(response.ranks)
-            self.cache.version += 1
-            entry = self._take(response.names[0])
+                entry.handle.fail(MismatchError(response.message))
+        return True
+
+    def _end_join(self, response: Response) -> bool:
+        entry = self._take("join.noname")
+        self._joined = False
+        if entry is not None:
+            entry.handle.complete(response.last_joined)
+        return True
+
+    def _add_process_set(self, response: Response) -> bool:
+        self.backend.add_process_set(response.process_set_id, response.ranks)
+        self.process_sets[response.process_set_id] = tuple(response.ranks)
+        self.cache.version += 1
+        entry = self._take(response.names[0])
+        if entry is not None:
+            entry.handle.complete(response.process_set_id)
+        return True
+
+    def _remove_process_set(self, response: Response) -> bool:
+        self.backend.remove_process_set(response.process_set_id)
+        self.process_sets.pop(response.process_set_id, None)
+        entry = self._take(response.names[0])
+        if entry is not None:
+            entry.handle.complete(True)
+        return True
+
+    def _barrier(self, response: Response) -> bool:
+        for entry in [self._take(name) for name in response.names]:
             if entry is not None:
-                entry.handle.complete(response.process_set_id)
-            return True
-        if kind == _REMOVE_SET:
-            self.backend.remove_process_set(response.process_set_id)
-            self.process_sets.pop(response.process_set_id, None)
-            entry = self._take(response.names[0])
-            if entry is not None:
-                entry.handle.complete(True)
-            return True
-        if self.rank not in self.process_sets.get(response.process_set_id, ()):
-            return True
+                entry.handle.complete(None)
+        return True
+
+    def _run_collective(self, response: Response) -> bool:
         entries = [self._take(name) for name in response.names]
-        if kind == _BARRIER:
-            for entry in entries:
-                if entry is not None:
-                    entry.handle.complete(None)
-            return True
-        if self.timeline is not None:
-            for name in response.names:
-                self.timeline.start(name, kind)
+        observer = self._observer
+        observer.executing(response)
         try:
             results = self.executor.run(response, entries)
         except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
-            log.exception("%s failed", kind)
+            log.exception("%s failed", response.kind)
             for entry in entries:
                 if entry is not None:
-                    entry.handle.fail(HorovodInternalError(f"{kind} of {list(response.names)} failed: {exc}"))
+                    entry.handle.fail(HorovodInternalError(
+                        f"{response.kind} of {list(response.names)} failed: {exc}"))
             return True
         finally:
-            if self.timeline is not None:
-                for name, shape in zip(response.names, response.shapes or [()] * len(response.names)):
-                    self.timeline.end(name, response.dtype.value, tuple(shape))
+            observer.executed(response)
         for entry, result in zip(entries, results):
             if entry is not None:
                 entry.handle.complete(result)
         return True
 
+    def _ignore(self, response: Response) -> bool:
+        return True  # TUNE: applied at the end of the cycle (`split_tuning` takes it out first)
+
     def _stop(self, error: BaseException) -> None:
         """Fail everything pending or queued with `error` and mark the engine stopped."""
-        with self._lock:
-            if self._state is EngineState.STOPPED and self._stop_error is not None:
-                error = self._stop_error
-            self._state = EngineState.STOPPED
-            first = self._stop_error is None
-            if first:
-                self._stop_error = error
-            queued = [e for group in self._queue for e in group]
-            queued += [e for groups in self._held.values() for group in groups for e in group]
-            self._queue = []
-            self._held = {thread: [] for thread in self._held}
-            self._in_flight.clear()
+        if self._state is EngineState.STOPPED and self._stop_error is not None:
+            error = self._stop_error
+        first = self._stop_error is None
+        if first:
+            self._stop_error = error
+        self._state = EngineState.STOPPED
+        queued = self._queue.close()
         waiting = list(self._pending.values()) + queued
         for entry in waiting:
             entry.handle.fail(type(error)(str(error)))
@@ -802,33 +690,12 @@ class Engine:
                 except Exception:  # noqa: BLE001 - a failing hook must not keep the engine alive
                     log.exception("stop hook failed")
 
-    # -- rank 0 only: stall inspection and timeline --------------------------------------------------
-
-    def _check_stall(self, now: float, votes: Votes, blocked: frozenset[int]) -> None:
-        assert self.stall is not None and self.coordinator is not None
-        pending = {
-            name: (submitted, expected)
-            for name, (submitted, expected, _) in self.coordinator.pending().items()
-        }
-        waits = cached_waits(
-            votes, self.cache.slots(),
-            lambda slot: self.process_sets.get(self.cache.peek(slot).process_set_id, ()),
-        )
-        for slot, (submitted, expected) in waits.items():
-            pending[self.cache.peek(slot).names[0]] = (submitted, expected)
-        report = self.stall.observe(now, pending, blocked)
-        if report is None:
-            return
-        if report.shutdown:
-            log.error("%s", report.text)
-            self._news = report.text
-        else:
-            log.warning("%s", report.text)
+    # -- rank 0 only: the timeline ------------------------------------------------------------------
 
     def set_timeline(self, timeline: Any) -> None:
         """Start (or with None, stop) writing the timeline; rank 0 only."""
         old, self.timeline = self.timeline, timeline
-        self._negotiating.clear()
+        self._observer = observe_all(self._stall_feed, timeline)
         if timeline is None:
             self.executor.activity = None
         else:
@@ -841,21 +708,3 @@ class Engine:
             self.executor.activity = activity
         if old is not None and old is not timeline:
             old.close()
-
-    def _timeline_negotiation(self, lists: list[list[Request]], responses: list[Response]) -> None:
-        timeline = self.timeline
-        if timeline is None:
-            return
-        for rank, requests in enumerate(lists):
-            for request in requests:
-                if request.kind is CollectiveKind.SHUTDOWN:
-                    continue
-                if request.name not in self._negotiating:
-                    self._negotiating.add(request.name)
-                    timeline.negotiate_start(request.name, request.kind.value)
-                timeline.negotiate_rank_ready(request.name, rank)
-        for response in responses:
-            for name in response.names:
-                if name in self._negotiating:
-                    self._negotiating.discard(name)
-                    timeline.negotiate_end(name)

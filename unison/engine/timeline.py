@@ -35,10 +35,15 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import IO
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..ops import Kind
+
+if TYPE_CHECKING:
+    from ..protocol.cycle import Votes
+    from ..protocol.messages import Request, Response
 
 __all__ = ["FLUSH_SECONDS", "Timeline", "TimelineStatistics"]
 
@@ -78,8 +83,9 @@ class _Discarding(collections.deque):  # type: ignore[type-arg]
 class Timeline:
     """Write a Horovod-compatible Chrome-trace timeline of the collectives rank 0 coordinates.
 
-    Only the engine thread may call the event methods (`negotiate_start` ... `mark_cycle`);
-    `flush`, `close`, `statistics` and `repr` may be called from any thread. A writer thread, started
+    Only the engine thread may call the event methods (`negotiate_start` ... `mark_cycle`) and the
+    `unison.engine.observer.CycleObserver` methods through which the engine reports its cycles
+    (`cycle_started` ... `executed`, which call the event methods); `flush`, `close`, `statistics` and `repr` may be called from any thread. A writer thread, started
     here and stopped by `close`, writes the recorded events out every `flush_seconds`.
 
     Args:
@@ -118,6 +124,7 @@ class Timeline:
         self._last_ts = 0
         # name -> [pid, state]; a list so the hot path mutates the state without a second lookup.
         self._tensors: dict[str, list[int]] = {}
+        self._negotiating: set[str] = set()  # names in negotiation (`negotiated`)
         # Escaped JSON fragments for op and activity names, built once per distinct name.
         self._fragments: dict[str, str] = {}
         # Lines recorded and not yet written: the engine thread appends, whoever writes pops from the
@@ -256,6 +263,47 @@ class Timeline:
         if self._mark_cycles:
             ts = self._now()
             self._pending.append(f',\n{{"ph":"i","name":"CYCLE_START","ts":{ts},"pid":0,"tid":0,"s":"g"}}')
+
+    # ------------------------------------------------- the engine's cycle (a CycleObserver)
+
+    def cycle_started(self, now: float) -> None:
+        """Mark the cycle (`mark_cycle`)."""
+        self.mark_cycle()
+
+    def voted(self, now: float, votes: Votes, matrix: Sequence[Sequence[int]]) -> None:
+        """Nothing to record: the timeline shows tensors, not votes."""
+
+    def negotiated(self, lists: Sequence[Sequence[Request]], responses: Sequence[Response]) -> None:
+        """Open the negotiation span of each newly requested tensor, mark each rank's request, and
+        close the spans of the tensors the responses name."""
+        negotiating = self._negotiating
+        for rank, requests in enumerate(lists):
+            for request in requests:
+                if request.kind is Kind.SHUTDOWN:
+                    continue
+                if request.name not in negotiating:
+                    negotiating.add(request.name)
+                    self.negotiate_start(request.name, request.kind.value)
+                self.negotiate_rank_ready(request.name, rank)
+        for response in responses:
+            for name in response.names:
+                if name in negotiating:
+                    negotiating.discard(name)
+                    self.negotiate_end(name)
+
+    def executing(self, response: Response) -> None:
+        """Open the execution span of each tensor of `response`."""
+        kind = response.kind
+        for name in response.names:
+            self.start(name, kind)
+
+    def executed(self, response: Response) -> None:
+        """Close the execution span of each tensor of `response`, with its dtype and shape."""
+        dtype = response.dtype.value
+        for name, shape in zip(response.names, response.shapes or [()] * len(response.names)):
+            self.end(name, dtype, tuple(shape))
+
+    # -------------------------------------------------------------------------------- output
 
     def flush(self) -> None:
         """Write every recorded event to the file now (the writer thread does it every `flush_seconds`)."""

@@ -34,9 +34,10 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .messages import Response, ResponseKind
+from .messages import Response, ResponseKind, TextEnum
 
 __all__ = [
+    "AutotuneState",
     "AutotuneStatistics",
     "DEFAULT_GRID",
     "LOG_COLUMNS",
@@ -140,6 +141,19 @@ def csv_line(row: LogRow) -> str:
     ))
 
 
+class AutotuneState(TextEnum):
+    """Where the autotuner stands on a rank: off (``UNISON_AUTOTUNE`` unset), tuning, then settled.
+
+    A `str` mixin, so a state compares equal to its value (``AutotuneState.SETTLED == "settled"``).
+    Every rank moves from tuning to settled at the end of the same cycle (the one whose responses
+    carry the final TUNE response).
+    """
+
+    OFF = "off"
+    TUNING = "tuning"
+    SETTLED = "settled"
+
+
 @dataclasses.dataclass(frozen=True)
 class AutotuneStatistics:
     """Where the autotuner stands on this rank (the same on every rank once a cycle is applied).
@@ -150,7 +164,7 @@ class AutotuneStatistics:
         changes: parameter sets applied so far (the chosen one included).
     """
 
-    state: str
+    state: AutotuneState
     parameters: Parameters
     changes: int
 
@@ -355,7 +369,7 @@ def tune_response(proposal: Proposal) -> Response:
     Example:
         >>> r = tune_response(Proposal(Parameters(1024, 0.002, 4096, False), final=True))
         >>> r.kind, r.sizes, r.message
-        (<ResponseKind.TUNE: 'tune'>, (1024, 0.002, 4096, 0), 'settled')
+        (<Kind.TUNE: 'tune'>, (1024, 0.002, 4096, 0), 'settled')
     """
     p = proposal.parameters
     return Response(ResponseKind.TUNE, (), sizes=(p.fusion_threshold_bytes, p.cycle_time_seconds,
