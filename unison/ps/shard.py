@@ -189,7 +189,7 @@ class Shard:
                 created = True
             else:
                 agree(f"dense block {key!r}", {"size": block.size, "optimizer": block.optimizer},
-                       {"size": size, "optimizer": optimizer}, trainer)
+                      {"size": size, "optimizer": optimizer}, trainer)
         for t in tables:
             initializer = Initializer(t.initializer, t.scale, t.seed)
             table = self.tables.get(t.name)
@@ -199,9 +199,9 @@ class Shard:
                 created = True
             else:
                 agree(f"table {t.name!r}", {"dim": table.dim, "capacity": table.declared_capacity,
-                                             "initializer": table.initializer, "optimizer": table.optimizer},
-                       {"dim": t.dim, "capacity": t.declared or t.capacity, "initializer": initializer,
-                        "optimizer": optimizer}, trainer)
+                                            "initializer": table.initializer, "optimizer": table.optimizer},
+                      {"dim": t.dim, "capacity": t.declared or t.capacity, "initializer": initializer,
+                       "optimizer": optimizer}, trainer)
         for piece in pieces:
             block = self.dense.get(piece.key)
             if block is None or piece.key not in sizes:
@@ -250,7 +250,7 @@ class Shard:
         """Why the step `trainer` waits for cannot complete, or "" while it may.
 
         A failure is kept (the first one), and `trainer` counted as told of it: the shard's later
-        synchronous calls fail with it (`TrainerLostError`), and `end_reason` counts who knows.
+        synchronous calls fail with it (`TrainerLostError`), and `Roster.end_reason` counts who knows.
         """
         pending = self.pending.get(self.version)
         gone = self.roster.blockers(self.version, pending.contributors if pending else set())
