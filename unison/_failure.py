@@ -48,6 +48,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from ._contract import LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
 from ._exit_watch import ExitWatch, watcher_text
 from ._summary import describe
 from .errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
@@ -64,7 +65,6 @@ GRACE_SECONDS = 5.0  # after a break, a rank still alive this long exits with st
 ALARM_SECONDS = 8  # after a break, SIGALRM ends a process that nothing else could end
 FINALIZE_SECONDS = 10  # at exit after every rank arrived, MPI_Finalize gets this long (SIGALRM)
 MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this long for its peers
-LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
 _POLL_SECONDS = 0.005
 
 
@@ -106,19 +106,15 @@ def _write_marker(name: str, text: str) -> None:
     directory = _state.launcher_dir
     if _state.forked:
         return
-    if name.startswith("failed-"):
+    if name.startswith(marker_name("failed", "")):
         _state.failure_recorded = True
     if directory is None:
         if _state.launcher_relay:  # a rank on another host than unisonrun's
-            from .launcher._keeper import send_marker
-
             if not send_marker(_state.launcher_relay, name, text):
                 _state.launcher_relay = ""  # unreachable once: do not make every later marker wait too
         return
     try:
-        tmp = directory / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, directory / name)
+        write_atomically(directory / name, text)
     except OSError:  # the launcher is gone or the directory was removed; nothing left to tell
         pass
 
@@ -157,7 +153,7 @@ def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "",
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _state.fork_hook_registered = True
     # the machine's own name, whatever name messages use: the launcher finds its local ranks by it
-    _write_marker(f"started-{rank}", f"{socket.gethostname()} {os.getpid()}\n")
+    _write_marker(marker_name("started", rank), f"{socket.gethostname()} {os.getpid()}\n")
     _settle_exit_watch()
     if _state.launcher_dir is None and not _state.launcher_relay and mpi is not None and size > 1:
         # No launcher of unison's sees how this rank ends (plain mpiexec): a watcher outside it does.
@@ -173,7 +169,7 @@ def mark_failed_start(rank: int, reason: str, launcher_dir: str = "", launcher_r
     _state.rank = rank
     _state.launcher_dir = _launcher_dir(launcher_dir)
     _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
-    _write_marker(f"failed-{rank}", reason + "\n")
+    _write_marker(marker_name("failed", rank), reason + "\n")
     _settle_exit_watch()
 
 
@@ -197,7 +193,7 @@ def mark_finished() -> None:
     _settle_exit_watch()  # shut down, or its failure was reported: either way not a silent end
     if (_state.engine is not None and not _state.aborted_reason and not _state.broken_reason
             and not _state.failure_recorded):
-        _write_marker(f"finished-{_state.rank}", "\n")
+        _write_marker(marker_name("finished", _state.rank), "\n")
 
 
 def _settle_exit_watch() -> None:
@@ -286,10 +282,10 @@ def abort_job(exc: BaseException) -> None:
     _settle_exit_watch()  # this rank's own error, reported by its hook
     if _state.size < 2:  # nobody to stop, but the launcher names this rank (an elastic driver, its host)
         if not _state.failure_recorded:
-            _write_marker(f"failed-{_state.rank}", reason + "\n")
+            _write_marker(marker_name("failed", _state.rank), reason + "\n")
         return
     _state.aborted_reason = reason
-    _write_marker(f"failed-{_state.rank}", reason + "\n")
+    _write_marker(marker_name("failed", _state.rank), reason + "\n")
     if engine.abort(reason, ABORT_TIMEOUT_SECONDS):
         return
     if engine.state != "running" and not isinstance(engine.stop_error, AbortedError):
@@ -368,7 +364,7 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
         # rank 0 found the stall; the launcher reports this line, which names the stuck ranks.
         details = "; ".join(line.strip() for line in str(error).splitlines()[1:])
         what = "deadlocked" if str(error).startswith(DEADLOCK_TITLE) else "stalled"
-        _write_marker("failed-0", f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
+        _write_marker(marker_name("failed", 0), f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
                                   f"{details}\n")
     job_broken(str(error))
 
@@ -442,7 +438,7 @@ def _finish_broken_job() -> None:
     usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
         if not _state.aborted_reason and not _state.failure_recorded:
-            _write_marker(f"finished-{_state.rank}", "\n")
+            _write_marker(marker_name("finished", _state.rank), "\n")
         # Every rank is here, so MPI_Finalize only waits for a busy machine: a fresh bound of its
         # own, not what the break's 8 s left (3 s fired on a loaded machine: exit status 14).
         _arm_alarm(FINALIZE_SECONDS, replace=True)
@@ -452,7 +448,7 @@ def _finish_broken_job() -> None:
             f"and not every rank reached its exit within {GRACE_SECONDS:.0f} s (a rank is frozen, dead or "
             "stuck); ending every rank with MPI_Abort.")
     if not _state.failure_recorded:  # the first failure this rank reported is the cause
-        _write_marker(f"failed-{_state.rank}", line + "\n")
+        _write_marker(marker_name("failed", _state.rank), line + "\n")
     _stderr("unison: " + line)
     if usable:
         try:

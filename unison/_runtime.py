@@ -15,6 +15,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from . import _failure
+from ._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
 from .backends import create_backend
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .engine.loop import Engine, EngineStatistics
@@ -159,9 +160,11 @@ def _host_name(settings: Settings, rank: int) -> str:
     """The name this rank's host goes by in messages: in an elastic launch the elastic host it runs as
     (the driver names hosts, and several may share one machine), else the machine's name."""
     if settings.elastic_driver and settings.elastic_hosts:
-        from .elastic._environment import from_settings
-
-        return from_settings(settings).host_of(rank)
+        try:
+            hosts = parse_hosts(settings.elastic_hosts, ELASTIC_HOSTS_VARIABLE)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return host_of(hosts, rank) or socket.gethostname()
     return socket.gethostname()
 
 

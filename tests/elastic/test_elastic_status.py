@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from unison.elastic._store import CommitId, StateStore
+from unison.elastic.store import CommitId, StateStore
 from unison.launcher._jobs import elastic_lines
 
 from ._harness import HOSTS

@@ -74,7 +74,7 @@ def test_reach_follows_the_jobs_launcher() -> None:
 
 def test_the_driver_blacklists_no_host_when_every_host_fails_alike(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from unison.elastic._membership import Epoch, Host
+    from unison.elastic.membership import Epoch, Host
     from unison.launcher._elastic_driver import _unreachable
 
     alike = tmp_path / "alike"

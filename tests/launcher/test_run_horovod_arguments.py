@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unison.elastic._membership import Host, Limits
+from unison.elastic.membership import Host, Limits
 from unison.errors import InvalidArgumentError, LaunchError
 from unison.launcher import run
 from unison.launcher._elastic_driver import ElasticOptions

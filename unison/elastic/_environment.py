@@ -14,12 +14,11 @@ import functools
 import socket
 from collections.abc import Mapping
 
+from .._contract import ELASTIC_HOSTS_VARIABLE, HOSTS_UPDATED_EXIT, host_of, parse_hosts
 from ..config import Settings, load_settings
 from ..errors import ConfigError
 
 __all__ = ["HOSTS_UPDATED_EXIT", "ElasticEnvironment", "ask_driver", "environment"]
-
-HOSTS_UPDATED_EXIT = 75  # a rank's exit status after committing for a host change
 _ASK_TIMEOUT_SECONDS = 2.0
 
 
@@ -34,11 +33,7 @@ class ElasticEnvironment:
 
     def host_of(self, rank: int) -> str:
         """The host name the driver assigned to `rank` (its store directory's name)."""
-        for name, slots in self.hosts:
-            if rank < slots:
-                return name
-            rank -= slots
-        return socket.gethostname()
+        return host_of(self.hosts, rank) or socket.gethostname()
 
     def writes_store(self, rank: int) -> bool:
         """True for the first rank of each host: the one that writes the host's commits."""
@@ -52,12 +47,10 @@ def parse(environ: Mapping[str, str]) -> ElasticEnvironment:
 
 def from_settings(settings: Settings) -> ElasticEnvironment:
     """The `ElasticEnvironment` of these settings (the ``elastic_*`` fields)."""
-    hosts = []
-    for item in filter(None, settings.elastic_hosts.split(",")):
-        name, _, slots = item.rpartition(":")
-        if not name or not slots.isdigit():
-            raise ConfigError(f"UNISON_ELASTIC_HOSTS must be 'host:slots,...'. Got {item!r}.")
-        hosts.append((name, int(slots)))
+    try:
+        hosts = parse_hosts(settings.elastic_hosts, ELASTIC_HOSTS_VARIABLE)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return ElasticEnvironment(settings.elastic_epoch, settings.elastic_driver, settings.elastic_store,
                               tuple(hosts))
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
 from . import _codec
 from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
-from ._store import CommitId, StateStore
+from .store import CommitId, StateStore
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn"]
 

@@ -38,6 +38,18 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
         variable.assign(value)
 
 
+def _variables_of(optimizer: Any) -> list[Any]:
+    """The optimizer's variables: a list in Keras 3 and tf_keras, a method of Keras 2's legacy optimizers.
+
+    The rule of `unison.adapters.keras.callback_logic.optimizer_variables`, which the elastic package,
+    a floor below the adapters, does not import.
+    """
+    if optimizer is None:
+        return []
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
 class _ValuesState(SnapshotState):
     """Plain values (epoch, batch, ...) kept as attributes beside the framework's variables."""
 
@@ -86,16 +98,14 @@ class TensorFlowKerasState(_ValuesState):
         self.save()
 
     def _optimizer_variables(self, wanted: int = 0) -> list[Any]:
-        from ..adapters.keras.callback_logic import optimizer_variables
-
-        variables = optimizer_variables(self.optimizer)
+        variables = _variables_of(self.optimizer)
         if wanted > len(variables):
             # Slots are made lazily, at the first step: Keras 3's and tf_keras's `build`, or the
             # `_create_all_weights` of Keras 2's legacy optimizers.
             create = getattr(self.optimizer, "_create_all_weights", None) or getattr(self.optimizer, "build", None)
             if create is not None:
                 create(self.model.trainable_variables)
-                variables = optimizer_variables(self.optimizer)
+                variables = _variables_of(self.optimizer)
         return variables
 
     def _capture(self) -> Any:

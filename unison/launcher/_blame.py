@@ -21,6 +21,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._contract import parse_marker_name
+
 __all__ = ["Markers", "blame", "read_markers"]
 
 
@@ -43,10 +45,10 @@ def read_markers(directory: Path) -> Markers:
     except OSError:
         return markers
     for entry in entries:
-        kind, _, rank_text = entry.name.partition("-")
-        if not rank_text.isdigit() or kind not in ("started", "failed", "finished", "ended"):
+        marker = parse_marker_name(entry.name)
+        if marker is None:
             continue
-        rank = int(rank_text)
+        kind, rank = marker
         try:
             markers.written_ns[(kind, rank)] = entry.stat().st_mtime_ns
             text = "" if kind == "finished" else Path(entry.path).read_text().strip()

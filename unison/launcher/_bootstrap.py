@@ -8,7 +8,6 @@ with `HOSTS_UPDATED_EXIT`, raised by the elastic ``run`` wrapper after its commi
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import runpy
 import sys
@@ -16,6 +15,8 @@ import traceback
 import types
 from pathlib import Path
 from typing import Any
+
+from .._contract import HOSTS_UPDATED_EXIT, write_atomically
 
 
 def _rank() -> int:
@@ -32,12 +33,12 @@ def _rank() -> int:
 
 
 def _outcome_directory(directory: Path) -> Path:
-    from ..elastic._environment import environment
+    from ..config import load_settings
 
-    elastic = environment()
-    if not elastic.driver:
+    settings = load_settings()
+    if not settings.elastic_driver:
         return directory
-    path = directory / f"epoch-{elastic.epoch}"
+    path = directory / f"epoch-{settings.elastic_epoch}"
     path.mkdir(exist_ok=True)
     return path
 
@@ -49,8 +50,6 @@ def main(directory: Path) -> int:
     try:
         result = job["fn"](*job["args"], **job["kwargs"])
     except SystemExit as exc:
-        from ..elastic._environment import HOSTS_UPDATED_EXIT
-
         if exc.code != HOSTS_UPDATED_EXIT or out == directory:
             return _failed(out, exc)
         return HOSTS_UPDATED_EXIT
@@ -100,10 +99,7 @@ def _load(directory: Path) -> dict[str, Any]:
 
 
 def _write(directory: Path, name: str, value: Any) -> None:
-    tmp = directory / f".{name}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(value, f)
-    os.replace(tmp, directory / name)
+    write_atomically(directory / name, pickle.dumps(value))
 
 
 if __name__ == "__main__":

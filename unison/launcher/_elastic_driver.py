@@ -1,6 +1,6 @@
 """unisonrun's elastic driver: poll the discovery script, launch one mpiexec per membership epoch, relaunch.
 
-Decisions come from `unison.elastic._membership.Membership` (pure); this module only acts: it runs
+Decisions come from `unison.elastic.membership.Membership` (pure); this module only acts: it runs
 the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epoch>`` questions on a
 small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
 ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
@@ -30,9 +30,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from .._failure import LAUNCHER_DIR_VARIABLE
-from ..elastic._environment import HOSTS_UPDATED_EXIT
-from ..elastic._membership import (
+from .._contract import (
+    ELASTIC_DRIVER_VARIABLE,
+    ELASTIC_EPOCH_VARIABLE,
+    ELASTIC_HOSTS_VARIABLE,
+    ELASTIC_STORE_VARIABLE,
+    HOSTS_UPDATED_EXIT,
+    LAUNCHER_DIR_VARIABLE,
+    LAUNCHER_HOSTS_VARIABLE,
+    LAUNCHER_RELAY_VARIABLE,
+)
+from ..elastic.membership import (
     Ending,
     Epoch,
     Host,
@@ -48,11 +56,10 @@ from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_endpoint import Endpoint, driver_address
 from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
-from ._keeper import HOSTS_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import MpiExec, find_mpiexec
 from ._reaper import JobDirectory
-from ._relay import RELAY_VARIABLE, MarkerRelay
+from ._relay import MarkerRelay
 from ._supervise import JobOutcome, exit_status, report, supervise
 
 __all__ = ["ElasticOptions", "add_arguments", "as_elastic_host", "options_from", "run_elastic"]
@@ -150,7 +157,7 @@ def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = N
             raise LaunchError(f"{', '.join(given)} make the job elastic, which needs its hosts: "
                               "--host-discovery-script SCRIPT (hosts that come and go) or -H/--hostfile "
                               "(fixed hosts, as horovodrun -H a:2,b:2 --min-np 2).")
-        from ._run_options import parse_hosts, read_hostfile
+        from ._hostfile import parse_hosts, read_hostfile
 
         try:
             entries = args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile)
@@ -234,12 +241,9 @@ def _is_local(name: str) -> bool:
     return name in local_names()
 
 
-STORE_VARIABLE = "UNISON_ELASTIC_STORE"  # marks every rank of the job for the store's reaper
-
-
 def _store_directory() -> JobDirectory:
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return JobDirectory(f"unison-elastic-{os.getuid()}-", base=base, variable=STORE_VARIABLE)
+    return JobDirectory(f"unison-elastic-{os.getuid()}-", base=base, variable=ELASTIC_STORE_VARIABLE)
 
 
 def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
@@ -255,10 +259,10 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         if remote:  # ranks and keepers on other hosts send their markers to the relay
             names = [host.name for host in epoch.hosts if not _is_local(host.name)]
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(names)))
-            epoch_env[RELAY_VARIABLE] = relay.variable
-            env_names = [*env_names, RELAY_VARIABLE]
-        epoch_env["UNISON_ELASTIC_EPOCH"] = str(epoch.number)
-        epoch_env["UNISON_ELASTIC_HOSTS"] = epoch_env[HOSTS_VARIABLE] = epoch.hosts_argument()
+            epoch_env[LAUNCHER_RELAY_VARIABLE] = relay.variable
+            env_names = [*env_names, LAUNCHER_RELAY_VARIABLE]
+        epoch_env[ELASTIC_EPOCH_VARIABLE] = str(epoch.number)
+        epoch_env[ELASTIC_HOSTS_VARIABLE] = epoch_env[LAUNCHER_HOSTS_VARIABLE] = epoch.hosts_argument()
         if output_dir:  # one directory per epoch: a rank number names a different process each epoch
             output_dir = os.path.join(output_dir, f"epoch-{epoch.number}")
             os.makedirs(output_dir, exist_ok=True)
@@ -388,7 +392,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
         started = time.monotonic()
         env = dict(os.environ)
         env.update(env_pairs)
-        env[STORE_VARIABLE] = str(store.path)
+        env[ELASTIC_STORE_VARIABLE] = str(store.path)  # marks every rank of the job for the store's reaper
         failures = 0
         # Hosts that may hold a store: every host of every epoch, less those found unreachable since
         # (a vanished host took its store with it; asking it again would only wait for a timeout).
@@ -406,7 +410,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             stores.update(dict.fromkeys(host.name for host in decision.hosts))
             local = all(_is_local(host.name) for host in decision.hosts)
             remote_hosts = [host.name for host in decision.hosts if not _is_local(host.name)]
-            env["UNISON_ELASTIC_DRIVER"] = driver_address(endpoint, local, remote_hosts)
+            env[ELASTIC_DRIVER_VARIABLE] = driver_address(endpoint, local, remote_hosts)
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
             if on_epoch is not None:
                 on_epoch(decision)

@@ -26,16 +26,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._contract import SERVICE_FILE, write_atomically
 from ..errors import LaunchError
 from ._deaths import alive
 
 if TYPE_CHECKING:
-    from ..elastic._membership import Host, Membership
+    from ..elastic.membership import Host, Membership
 
-__all__ = ["SERVICE_FILE", "ElasticRecord", "elastic_lines", "register", "registry_dir", "running_jobs", "show_status", "update",
-           "write_service_file"]
-
-SERVICE_FILE = "service.json"
+__all__ = ["ElasticRecord", "elastic_lines", "register", "registry_dir", "running_jobs", "show_status", "update"]
 
 
 def registry_dir(create: bool = True) -> Path:
@@ -81,9 +79,7 @@ def update(record: Path | None, **fields: Any) -> None:
 
 
 def _write_record(record: Path, job: dict[str, Any]) -> None:
-    temporary = record.with_name(f".{record.name}.{threading.get_ident()}")
-    temporary.write_text(json.dumps(job))
-    os.replace(temporary, record)
+    write_atomically(record, json.dumps(job), temporary=record.with_name(f".{record.name}.{threading.get_ident()}"))
 
 
 def running_jobs() -> list[dict[str, Any]]:
@@ -137,21 +133,6 @@ class ElasticRecord:
             self.record.unlink(missing_ok=True)
 
 
-def write_service_file(launcher_dir: str, address: str, secret: str) -> None:
-    """Rank 0: leave the service address and secret for `unisonrun --status` (0600, atomic)."""
-    directory = Path(launcher_dir)
-    if not launcher_dir or not directory.is_dir():
-        return
-    tmp = directory / f".{SERVICE_FILE}.{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"address": address, "secret": secret}, f)
-        os.replace(tmp, directory / SERVICE_FILE)
-    except OSError:
-        pass  # the launcher directory is gone or not ours: status lookups are a convenience
-
-
 def _describe(job: dict[str, Any]) -> str:
     age = time.time() - job["started"]
     elastic = job.get("elastic")
@@ -162,7 +143,7 @@ def _describe(job: dict[str, Any]) -> str:
 def _newest_commit(store: str) -> tuple[int, int, str] | None:
     """The newest commit in an elastic job's store on this host (in restore order, `CommitId`'s):
     (commit, epoch, host), or None."""
-    from ..elastic._store import CommitId, StateStore
+    from ..elastic.store import CommitId, StateStore
 
     newest: tuple[CommitId, str] | None = None
     try:

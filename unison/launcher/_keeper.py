@@ -13,16 +13,16 @@ signals mpiexec forwards to the whole process group (the rank gets them too), an
 rank's status (re-raising the same signal). The rank dies with its keeper (``PR_SET_PDEATHSIG``).
 
 On another host than unisonrun's, where the launcher's directory does not exist, the keeper sends
-the marker over the launcher's marker relay instead (`unison.launcher._relay`; ``send_marker`` below,
-which the ranks use too): a line signed with the relay's key, answered once the marker is on disk.
+the marker over the launcher's marker relay instead (`unison.launcher._relay`; `unison._contract`'s
+``send_marker``, which the ranks use too): a line signed with the relay's key, answered once the marker is on disk.
 
 Before the program starts, the keeper gives it the variables horovodrun gives its workers
 (`horovod_variables`): ``HOROVOD_HOSTNAME``, ``HOROVOD_RANK``, ``HOROVOD_SIZE``,
 ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``, ``HOROVOD_CROSS_RANK`` and ``HOROVOD_CROSS_SIZE``,
 read from mpiexec's variables and the launch's host list (``UNISON_LAUNCHER_HOSTS``, in rank order).
 
-Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library, so it starts in a
-few tens of milliseconds. Without a rank number, or with neither the launcher's directory nor a relay,
+Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library and `unison._contract`
+(loaded from its file, as it imports nothing else), so it starts in a few tens of milliseconds. Without a rank number, or with neither the launcher's directory nor a relay,
 it simply becomes the program. `command` with ``remote=True`` starts it through ``sh`` so that a host
 without this Python at this path runs the program bare instead of failing.
 """
@@ -30,30 +30,50 @@ without this Python at this path runs the program bare instead of failing.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import hmac
-import json
 import os
 import resource
 import signal
 import socket
 import sys
 
-__all__ = ["command", "main"]
+if __package__:  # imported as unison.launcher._keeper
+    from .._contract import (
+        LAUNCHER_DIR_VARIABLE,
+        LAUNCHER_HOSTS_VARIABLE,
+        LAUNCHER_KEEP_GOING_VARIABLE,
+        LAUNCHER_RELAY_VARIABLE,
+        RELAY_TIMEOUT_SECONDS,
+        marker_name,
+        parse_hosts,
+        send_marker,
+        sign,
+        write_atomically,
+    )
+else:  # run as ``python -I -S _keeper.py``: no package, so the contract is loaded from its file
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "unison_contract", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_contract.py"))
+    assert _spec is not None and _spec.loader is not None
+    _contract = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_contract)
+    globals().update({name: getattr(_contract, name) for name in _contract.__all__})
+
+__all__ = ["HOSTS_VARIABLE", "KEEP_GOING_VARIABLE", "RELAY_TIMEOUT_SECONDS", "RELAY_VARIABLE", "command",
+           "horovod_variables", "main", "placement", "send_marker", "sign"]
 
 _PR_SET_PDEATHSIG = 1
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-HOSTS_VARIABLE = "UNISON_LAUNCHER_HOSTS"  # the launch's hosts, host:slots,... in rank order
-_LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (not imported: stdlib only)
-RELAY_VARIABLE = "UNISON_LAUNCHER_RELAY"  # KEY@HOST:PORT of the launcher's marker relay
+# The contract's names under which the launcher's modules import them from here.
+HOSTS_VARIABLE = LAUNCHER_HOSTS_VARIABLE  # the launch's hosts, host:slots,... in rank order
+RELAY_VARIABLE = LAUNCHER_RELAY_VARIABLE  # KEY@HOST:PORT of the launcher's marker relay
 # "1": a rank killed by a signal is reported to mpiexec as exit status 128+N, not as that signal, since
 # MPICH's mpiexec stops every other rank after a death by signal even with -disable-auto-cleanup
 # (parameter-server trainers go on without the one lost).
-KEEP_GOING_VARIABLE = "UNISON_LAUNCHER_KEEP_GOING"
-RELAY_TIMEOUT_SECONDS = 2.0
+KEEP_GOING_VARIABLE = LAUNCHER_KEEP_GOING_VARIABLE
 # Runs the keeper where this Python and this file exist on the rank's host, else the program itself.
 _REMOTE = ('p="$1"; k="$2"; shift 2; if [ -x "$p" ] && [ -f "$k" ]; then exec "$p" -I -S "$k" "$@"; fi; '
            'exec "$@"')
@@ -77,12 +97,11 @@ def placement(hosts: str, size: int) -> list[str]:
         >>> placement("a:2,b:1", 4)
         ['a', 'a', 'b', 'a']
     """
-    slots: list[str] = []
-    for item in filter(None, hosts.split(",")):
-        name, _, count = item.rpartition(":")
-        if not name or not count.isdigit():
-            return []
-        slots += [name] * int(count)
+    try:
+        pairs = parse_hosts(hosts)
+    except ValueError:
+        return []
+    slots = [name for name, count in pairs for _ in range(count)]
     return [slots[rank % len(slots)] for rank in range(size)] if slots else []
 
 
@@ -129,35 +148,14 @@ def command(program: list[str], remote: bool = False) -> list[str]:
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), *program]
 
 
-def sign(key: str, payload: bytes) -> str:
-    """The relay's signature of `payload` under `key` (hex HMAC-SHA256)."""
-    return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest()
-
-
-def send_marker(relay: str, name: str, text: str) -> bool:
-    """Send marker `name` with `text` to the relay ``KEY@HOST:PORT``; True once it is on the launcher's disk."""
-    key, _, address = relay.partition("@")
-    host, _, port = address.rpartition(":")
-    payload = json.dumps({"name": name, "text": text}).encode()
-    try:
-        with socket.create_connection((host, int(port)), timeout=RELAY_TIMEOUT_SECONDS) as conn:
-            conn.sendall(sign(key, payload).encode() + b" " + payload + b"\n")
-            return conn.makefile("rb").readline().strip() == b"OK"
-    except (OSError, ValueError):
-        return False  # the launcher is gone or unreachable: nobody is left to tell
-
-
 def _record(directory: str, rank: str, pid: int, code: int) -> None:
     relay = os.environ.get(RELAY_VARIABLE, "")
     if not os.path.isdir(directory):
         if relay:
-            send_marker(relay, f"ended-{rank}", f"{pid} {code}\n")
+            send_marker(relay, marker_name("ended", rank), f"{pid} {code}\n")
         return
-    tmp = os.path.join(directory, f".ended-{rank}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(f"{pid} {code}\n")
-        os.replace(tmp, os.path.join(directory, f"ended-{rank}"))
+        write_atomically(os.path.join(directory, marker_name("ended", rank)), f"{pid} {code}\n")
     except OSError:
         pass  # the launcher and its directory are gone: nobody is left to tell
 
@@ -183,7 +181,7 @@ def _become_rank(program: list[str], keeper: int) -> None:
 def main(program: list[str]) -> int:
     """Run `program` as this rank's child; record and return (or re-raise) how it ended."""
     rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), "")
-    directory = os.environ.get(_LAUNCHER_DIR_VARIABLE, "")
+    directory = os.environ.get(LAUNCHER_DIR_VARIABLE, "")
     if not program:
         sys.stderr.write("usage: _keeper.py PROGRAM [ARGS...]\n")
         return 2

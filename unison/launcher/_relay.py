@@ -3,7 +3,7 @@
 The launcher names a failed rank from marker files (`_blame`): ``started-R``, ``failed-R``,
 ``finished-R`` from the rank and ``ended-R`` from its keeper. On unisonrun's own host they are written
 straight into its directory. On another host that directory does not exist, so the rank and its keeper
-send each marker here instead (``_keeper.send_marker``): one line, ``SIGNATURE JSON``, where the
+send each marker here instead (`unison._contract.send_marker`): one line, ``SIGNATURE JSON``, where the
 signature is an HMAC-SHA256 of the JSON under a key made for this job and handed to the ranks in
 ``UNISON_LAUNCHER_RELAY`` (``KEY@HOST:PORT``). The relay checks the signature, the marker's name and
 size, writes the file atomically and answers ``OK``; anything else is answered ``REFUSED`` and dropped.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import re
 import secrets
 import socket
@@ -24,13 +23,14 @@ import threading
 import time
 from pathlib import Path
 
-from ._keeper import RELAY_VARIABLE, sign
+from .._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
+from .._contract import MARKER_KINDS, sign, write_atomically
 
 __all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "accept"]
 
 MAX_LINE_BYTES = 65536
 LINE_SECONDS = 5.0  # a sender has this long in all to send its line: a slow one cannot hold a thread
-_NAME = re.compile(r"(started|failed|finished|ended)-[0-9]{1,7}")
+_NAME = re.compile(rf"({'|'.join(MARKER_KINDS)})-[0-9]{{1,7}}")
 
 
 def accept(line: bytes, key: str) -> tuple[str, str] | None:
@@ -105,9 +105,7 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
                 return b"REFUSED\n"
             name, text = marker
             try:
-                temporary = self.directory / f".{name}.relay"
-                temporary.write_text(text)
-                os.replace(temporary, self.directory / name)
+                write_atomically(self.directory / name, text, temporary=self.directory / f".{name}.relay")
             except OSError:
                 self.refused += 1
                 return b"REFUSED\n"

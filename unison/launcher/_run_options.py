@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable
 from typing import Any
 
-from ..elastic._membership import Host, Limits
+from ..elastic.membership import Host, Limits
 from ..errors import InvalidArgumentError, LaunchError
 from ._elastic_driver import ElasticOptions
 from ._elastic_driver import elastic_timeout as driver_elastic_timeout
 from ._host_exec import local_names
+from ._hostfile import parse_hosts, read_hostfile
 
 __all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "parse_hosts", "plan", "read_hostfile"]
 
@@ -54,42 +54,6 @@ class RunPlan:
     hosts: str = ""
 
 
-
-
-def parse_hosts(entries: Iterable[str], where: str) -> list[tuple[str, int]]:
-    """``host``, ``host:N`` and hostfile lines ``host slots=N`` as (host, slots); 1 slot when unsaid.
-
-    Example:
-        >>> parse_hosts(["localhost:2", "127.0.0.1 slots=3", "box"], "hosts")
-        [('localhost', 2), ('127.0.0.1', 3), ('box', 1)]
-    """
-    hosts = []
-    for raw in entries:
-        entry = raw.split("#", 1)[0].strip()
-        if not entry:
-            continue
-        host, slots = entry, "1"
-        if "slots=" in entry:
-            host, _, slots = entry.partition("slots=")
-        elif entry.count(":") == 1:
-            host, _, slots = entry.partition(":")
-        host = host.strip()
-        if not host or not slots.strip().isdigit() or int(slots) < 1:
-            raise InvalidArgumentError(
-                f"{where}: each host is NAME, NAME:SLOTS or (in a hostfile) NAME slots=SLOTS, with "
-                f"SLOTS >= 1. Got {raw.strip()!r}."
-            )
-        hosts.append((host, int(slots)))
-    return hosts
-
-
-def read_hostfile(path: str) -> list[str]:
-    """The lines of hostfile `path` (for `parse_hosts`)."""
-    try:
-        with open(path) as f:
-            return f.read().splitlines()
-    except OSError as exc:
-        raise InvalidArgumentError(f"hostfile={path!r} could not be read: {exc}.") from exc
 
 
 def _filled(parsed: list[tuple[str, int]], count: int) -> str:

@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Any
 
+from .._contract import write_service_file
 from .._version import __version__
 from ..config import Settings
 from ..errors import AbortedError, ConfigError, MissingDependencyError, ShutdownError
@@ -48,8 +49,6 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
             server = start_service(settings, size, local_size, secret)
             outcome = ("ok", server.address)
             if settings.launcher_dir:
-                from ..launcher._jobs import write_service_file
-
                 write_service_file(settings.launcher_dir, server.address, secret)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             outcome = ("error", f"{type(exc).__name__}: {exc}")

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from unison.elastic._membership import (
+from unison.elastic.membership import (
     Ending,
     Epoch,
     Host,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from unison.elastic import _codec
-from unison.elastic._store import CommitId, StateStore
+from unison.elastic.store import CommitId, StateStore
 
 torch = pytest.importorskip("torch")
 
@@ -71,7 +71,7 @@ def test_slots_stay_mapped_across_commits_of_changing_sizes(tmp_path: Path) -> N
 
 _FULL_TMPFS = """
 import sys
-from unison.elastic._store import CommitId, StateStore
+from unison.elastic.store import CommitId, StateStore
 store = StateStore(sys.argv[1], "h")
 try:
     store.write(CommitId(epoch=0, commit=1), [bytes(256 * 1024)])
@@ -99,7 +99,7 @@ def test_a_commit_larger_than_the_free_shared_memory_is_an_error_not_a_crash(tmp
 
 
 def test_a_failed_copy_leaves_no_exported_mapping_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from unison.elastic import _store
+    from unison.elastic import store as _store
 
     store = StateStore(tmp_path, "h")
     store.write(CommitId(epoch=0, commit=1), [b"one"])

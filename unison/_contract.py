@@ -1,0 +1,165 @@
+"""The contract between unisonrun and the ranks it starts: variables, the launcher directory, markers.
+
+Both sides take these names and formats from here: the ranks (`unison._failure`, `unison.service.setup`,
+`unison._runtime`, `unison.elastic`) and the launcher (`unison.launcher`), the per-rank keeper included.
+The keeper runs as ``python -I -S _keeper.py`` and loads this file by its path, so it imports the
+standard library only, and nothing of unison.
+
+Variables the launcher sets for every rank it starts (`unison.config` reads them as settings):
+``UNISON_LAUNCHER_DIR`` (the launcher directory on unisonrun's host), ``UNISON_LAUNCHER_HOSTS`` (the
+launch's ``host:slots,...`` in rank order), ``UNISON_LAUNCHER_RELAY`` (``KEY@HOST:PORT`` of the marker
+relay, for ranks on other hosts) and ``UNISON_LAUNCHER_KEEP_GOING``; under the elastic driver also
+``UNISON_ELASTIC_EPOCH``, ``UNISON_ELASTIC_DRIVER``, ``UNISON_ELASTIC_STORE`` and ``UNISON_ELASTIC_HOSTS``.
+
+The launcher directory holds one marker file per rank and event, named ``KIND-RANK``: ``started-R``
+(``HOST PID``, at ``init()``), ``failed-R`` (the reason), ``finished-R`` (an orderly ``shutdown()``),
+all written by the rank, and ``ended-R`` (``PID CODE``, negative for a signal) by its keeper. Ranks on
+another host send them to the relay instead, one signed line each (`relay_line`). With the gRPC
+controller rank 0 also leaves `SERVICE_FILE` there (address and secret, mode 0600). Every file is
+written whole or not at all (`write_atomically`): the launcher polls the directory while ranks write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "ELASTIC_DRIVER_VARIABLE", "ELASTIC_EPOCH_VARIABLE", "ELASTIC_HOSTS_VARIABLE", "ELASTIC_STORE_VARIABLE",
+    "HOSTS_UPDATED_EXIT", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE", "LAUNCHER_KEEP_GOING_VARIABLE",
+    "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "host_of",
+    "marker_name", "parse_hosts", "parse_marker_name", "relay_line", "send_marker", "sign",
+    "write_atomically", "write_service_file",
+]
+
+LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
+LAUNCHER_HOSTS_VARIABLE = "UNISON_LAUNCHER_HOSTS"
+LAUNCHER_RELAY_VARIABLE = "UNISON_LAUNCHER_RELAY"
+LAUNCHER_KEEP_GOING_VARIABLE = "UNISON_LAUNCHER_KEEP_GOING"
+ELASTIC_EPOCH_VARIABLE = "UNISON_ELASTIC_EPOCH"
+ELASTIC_DRIVER_VARIABLE = "UNISON_ELASTIC_DRIVER"
+ELASTIC_STORE_VARIABLE = "UNISON_ELASTIC_STORE"  # also marks every rank of the job for the store's reaper
+ELASTIC_HOSTS_VARIABLE = "UNISON_ELASTIC_HOSTS"
+
+HOSTS_UPDATED_EXIT = 75  # a rank's exit status after committing for a host change
+
+SERVICE_FILE = "service.json"
+MARKER_KINDS = ("started", "failed", "finished", "ended")
+RELAY_TIMEOUT_SECONDS = 2.0
+
+
+def marker_name(kind: str, rank: int | str) -> str:
+    """The file name of marker `kind` of `rank`.
+
+    Example:
+        >>> marker_name("failed", 3)
+        'failed-3'
+    """
+    return f"{kind}-{rank}"
+
+
+def parse_marker_name(name: str) -> tuple[str, int] | None:
+    """The (kind, rank) a marker file `name` stands for, or None for any other file.
+
+    Example:
+        >>> parse_marker_name("ended-12"), parse_marker_name(".ended-12.tmp"), parse_marker_name("job.pkl")
+        (('ended', 12), None, None)
+    """
+    kind, _, rank = name.partition("-")
+    if kind not in MARKER_KINDS or not rank.isdigit():
+        return None
+    return kind, int(rank)
+
+
+def parse_hosts(text: str, variable: str = LAUNCHER_HOSTS_VARIABLE) -> list[tuple[str, int]]:
+    """The (host, slots) pairs of a ``host:slots,...`` list, in rank order.
+
+    Raises:
+        ValueError: an item is not ``host:slots``; the message names `variable`.
+
+    Example:
+        >>> parse_hosts("a:2,b:1")
+        [('a', 2), ('b', 1)]
+    """
+    hosts = []
+    for item in filter(None, text.split(",")):
+        name, _, slots = item.rpartition(":")
+        if not name or not slots.isdigit():
+            raise ValueError(f"{variable} must be 'host:slots,...'. Got {item!r}.")
+        hosts.append((name, int(slots)))
+    return hosts
+
+
+def host_of(hosts: Sequence[tuple[str, int]], rank: int) -> str | None:
+    """The host `rank` runs on when ranks fill the hosts' slots in order; None past the last slot.
+
+    Example:
+        >>> host_of([("a", 2), ("b", 2)], 2)
+        'b'
+    """
+    for name, slots in hosts:
+        if rank < slots:
+            return name
+        rank -= slots
+    return None
+
+
+def write_atomically(path: Path | str, data: str | bytes, *, temporary: Path | str | None = None,
+                     mode: int | None = None) -> None:
+    """Write `data` to `path` whole: into `temporary` (``.NAME.tmp`` beside it by default), then rename.
+
+    A reader polling the directory sees the old file or the new one, never a part. `mode` creates the
+    temporary file with those permission bits (the service file's 0600). OSError propagates: the
+    callers decide whether a vanished directory matters.
+    """
+    path = Path(path)
+    temporary = Path(temporary) if temporary is not None else path.with_name(f".{path.name}.tmp")
+    binary = isinstance(data, bytes)
+    if mode is None:
+        with open(temporary, "wb" if binary else "w") as f:
+            f.write(data)
+    else:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            f.write(data)
+    os.replace(temporary, path)
+
+
+def write_service_file(launcher_dir: str, address: str, secret: str) -> None:
+    """Rank 0: leave the service address and secret for `unisonrun --status` (0600, atomic)."""
+    directory = Path(launcher_dir)
+    if not launcher_dir or not directory.is_dir():
+        return
+    try:
+        write_atomically(directory / SERVICE_FILE, json.dumps({"address": address, "secret": secret}),
+                         temporary=directory / f".{SERVICE_FILE}.{os.getpid()}", mode=0o600)
+    except OSError:
+        pass  # the launcher directory is gone or not ours: status lookups are a convenience
+
+
+def sign(key: str, payload: bytes) -> str:
+    """The relay's signature of `payload` under `key` (hex HMAC-SHA256)."""
+    return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest()
+
+
+def relay_line(key: str, name: str, text: str) -> bytes:
+    """The line that carries marker `name` with `text` to the relay: ``SIGNATURE JSON`` and a newline."""
+    payload = json.dumps({"name": name, "text": text}).encode()
+    return sign(key, payload).encode() + b" " + payload + b"\n"
+
+
+def send_marker(relay: str, name: str, text: str) -> bool:
+    """Send marker `name` with `text` to the relay ``KEY@HOST:PORT``; True once it is on the launcher's disk."""
+    key, _, address = relay.partition("@")
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=RELAY_TIMEOUT_SECONDS) as conn:
+            conn.sendall(relay_line(key, name, text))
+            return conn.makefile("rb").readline().strip() == b"OK"
+    except (OSError, ValueError):
+        return False  # the launcher is gone or unreachable: nobody is left to tell
