@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._contract import write_atomically
+
 __all__ = ["CommitId", "StateStore"]
 
 
@@ -90,10 +92,9 @@ class StateStore:
         else:
             self._unmap(slot)
             (self.path / f"slot-{slot}").write_bytes(b"")
-        temporary = self.path / f"current.{os.getpid()}"
-        temporary.write_text(json.dumps({"commit": commit.commit, "epoch": commit.epoch,
-                                         "slot": slot, "bytes": size}))
-        os.replace(temporary, self.path / "current")
+        write_atomically(self.path / "current", json.dumps({"commit": commit.commit, "epoch": commit.epoch,
+                                                            "slot": slot, "bytes": size}),
+                         temporary=self.path / f"current.{os.getpid()}")
         self.writes += 1
         self.bytes_written += size
 
