@@ -40,7 +40,7 @@ def launch(launcher: str, *args: str) -> list[str]:
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
 def test_a_rank_stuck_in_its_own_code_ends_the_stalled_job_named(tmp_path: Path, launcher: str) -> None:
-    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck", "1"), env=STALL_ENV)
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck", "1"), env=STALL_ENV, deadline=90)
     assert done.returncode != 0, done.output
     assert "StallError: Stall:" in done.output and "rank 1 has not submitted: allreduce.grad.3" in done.output
     if launcher == "unisonrun":
@@ -58,7 +58,7 @@ def test_a_rank_that_cannot_be_interrupted_after_a_stall_is_ended_with_mpi_abort
                                                                                   launcher: str) -> None:
     # The stuck rank ignores SIGINT and then holds the GIL in C: no interrupt and no timer thread can
     # end it. The waiting rank gives it GRACE_SECONDS to reach its exit, then calls MPI_Abort.
-    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck_in_c", "1"), env=STALL_ENV)
+    done = run_job(launch(launcher, SCENARIO, str(tmp_path), "stuck_in_c", "1"), env=STALL_ENV, deadline=90)
     assert done.returncode != 0, done.output
     assert "rank 1 has not submitted: allreduce.grad.3" in done.output
     assert "not every rank reached its exit within 5 s" in done.output, done.output
@@ -164,4 +164,57 @@ def test_a_torch_collective_failure_is_summarized_at_the_users_line(tmp_path: Pa
     assert summary, done.output
     assert "failed: MismatchError: Mismatched ALLREDUCE tensor shapes for 'allreduce.grad'" in summary[0]
     assert summary[0].endswith(f" at _torch_scenario.py:{line} in <module>"), summary[0]
+    assert_no_strays(tmp_path, 2)
+
+
+# -- 6. torch.distributed on the unison backend --------------------------------------------------------
+
+DDP_SCENARIO = str(HERE / "_ddp_scenario.py")
+
+
+def since_fault(pid_dir: Path, name: str = "") -> float:
+    """Seconds from the fault to now, or to when file `name` was written (torch's start-up on a loaded
+    machine takes longer than numpy's, so bounds count from the fault)."""
+    fault = float((pid_dir / "fault-time").read_text())
+    return (pid_dir / name).stat().st_mtime - fault if name else time.time() - fault
+
+
+def assert_raised_on_every_rank_within(pid_dir: Path, seconds: float) -> None:
+    """Every rank's finally: block ran within `seconds` of the fault: the error reached each one."""
+    for rank in (0, 1):
+        assert since_fault(pid_dir, f"finally-{rank}") < seconds, (rank, since_fault(pid_dir, f"finally-{rank}"))
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_ddp_rank_out_of_step_is_a_mismatch_named_on_every_rank(tmp_path: Path, launcher: str) -> None:
+    # gloo would reduce the metric with a gradient bucket or wait for its watchdog (30 minutes)
+    done = run_job(launch(launcher, DDP_SCENARIO, str(tmp_path), "extra", "1"), env=STALL_ENV, deadline=90)
+    assert done.returncode == 1, done.output
+    assert "MismatchError: Mismatched" in done.output and "torch.pg." in done.output, done.output
+    assert "[5]" in done.output and "rank [1]" in done.output, done.output
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
+    assert_raised_on_every_rank_within(tmp_path, 1.0)
+    assert since_fault(tmp_path) < BOUND_SECONDS
+    assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "unisonrun"])
+def test_a_ddp_rank_that_never_issues_its_collective_is_named_by_the_stall_inspector(tmp_path: Path,
+                                                                                    launcher: str) -> None:
+    done = run_job(launch(launcher, DDP_SCENARIO, str(tmp_path), "stuck", "1"), env=STALL_ENV, deadline=90)
+    assert done.returncode == 1, done.output
+    assert "StallError: Stall:" in done.output and "rank 1 has not submitted: allreduce.torch.pg." in done.output
+    if launcher == "unisonrun":
+        assert "unisonrun: the job stalled (found by rank 0" in done.output, done.output
+    assert_raised_on_every_rank_within(tmp_path, STALL_SECONDS + 1 + 1.0)
+    assert since_fault(tmp_path) < STALL_SECONDS + 1 + BOUND_SECONDS
+    assert_no_strays(tmp_path, 2)
+
+
+def test_a_ddp_rank_that_raises_ends_the_job_named(tmp_path: Path) -> None:
+    done = run_job(launch("unisonrun", DDP_SCENARIO, str(tmp_path), "raise", "1"), env=STALL_ENV, deadline=90)
+    assert done.returncode == 1, done.output
+    assert "unisonrun: rank 1 (" in done.output and "ValueError: injected failure at step 3" in done.output
+    assert_raised_on_every_rank_within(tmp_path, 2.0)
+    assert since_fault(tmp_path) < BOUND_SECONDS
     assert_no_strays(tmp_path, 2)

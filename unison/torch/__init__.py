@@ -73,6 +73,7 @@ from ..adapters.torch.sync_batch_norm import SyncBatchNorm
 from ..errors import GradientCountError, HorovodInternalError, MissingGradientError, UnisonError
 from ..ops import Adasum, Average, Max, Min, Product, Sum
 from ..process_sets import ProcessSet, global_process_set
+from . import distributed as _distributed  # noqa: F401 - registers torch.distributed's "unison" backend
 
 __all__ = [
     "Adasum",

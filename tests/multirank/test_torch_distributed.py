@@ -1,0 +1,346 @@
+"""torch.distributed on the "unison" backend across real processes: every collective against its
+definition, DDP (its options, no_sync, a comm hook, Join), ZeroRedundancyOptimizer and FSDP2 against one
+process on the global batch, a desynchronised rank named at once, and the calls it refuses."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import unison.torch as hvd  # noqa: E402
+from unison.errors import MismatchError, UnisonNotImplementedError  # noqa: E402
+
+torch.set_num_threads(1)
+GLOBAL_BATCH = 12  # divisible by 1, 2 and 3 ranks
+STEPS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def group():
+    hvd.init()
+    dist.init_process_group("unison")
+    yield
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def size() -> int:
+    return dist.get_world_size()
+
+
+def test_the_group_is_the_unison_job() -> None:
+    assert dist.get_backend() == "unison"
+    assert (dist.get_rank(), dist.get_world_size()) == (hvd.rank(), hvd.size())
+
+
+@pytest.mark.parametrize(("op", "expected"), [
+    (dist.ReduceOp.SUM, lambda values: sum(values)),
+    (dist.ReduceOp.AVG, lambda values: sum(values) / len(values)),
+    (dist.ReduceOp.PRODUCT, lambda values: torch.prod(torch.tensor(values)).item()),
+    (dist.ReduceOp.MIN, min),
+    (dist.ReduceOp.MAX, max),
+])
+def test_all_reduce_with_every_arithmetic_op(op, expected) -> None:
+    values = [float(r + 2) for r in range(size())]
+    tensor = torch.full((5,), values[rank()])
+    dist.all_reduce(tensor, op=op)
+    assert torch.equal(tensor, torch.full((5,), float(expected(values))))
+
+
+@pytest.mark.parametrize(("op", "fold"), [(dist.ReduceOp.BAND, int.__and__), (dist.ReduceOp.BOR, int.__or__),
+                                          (dist.ReduceOp.BXOR, int.__xor__)])
+def test_all_reduce_with_bitwise_ops(op, fold) -> None:
+    values = [0b1101 + 3 * r for r in range(size())]
+    tensor = torch.full((3,), values[rank()], dtype=torch.int64)
+    dist.all_reduce(tensor, op=op)
+    result = values[0]
+    for value in values[1:]:
+        result = fold(result, value)
+    assert tensor.tolist() == [result] * 3
+
+
+def test_premul_sum_scales_before_summing() -> None:
+    tensor = torch.full((4,), float(rank() + 1))
+    dist.all_reduce(tensor, op=dist._make_nccl_premul_sum(0.25))
+    assert torch.allclose(tensor, torch.full((4,), 0.25 * sum(range(1, size() + 1))))
+
+
+def test_all_reduce_coalesced_and_a_non_contiguous_tensor() -> None:
+    base = torch.arange(12.0).reshape(3, 4) * (rank() + 1)
+    column = base.t()  # not contiguous
+    dist.all_reduce(column)
+    total = sum(range(1, size() + 1))
+    assert torch.equal(base, torch.arange(12.0).reshape(3, 4) * total)
+    tensors = [torch.ones(2) * rank(), torch.ones(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dist.all_reduce_coalesced(tensors)
+    assert tensors[0].tolist() == [float(sum(range(size())))] * 2 and tensors[1].tolist() == [float(size())] * 3
+
+
+def test_gathers_and_scatters() -> None:
+    n, r = size(), rank()
+    outputs = [torch.empty(2) for _ in range(n)]
+    dist.all_gather(outputs, torch.full((2,), float(r)))
+    assert [o.tolist() for o in outputs] == [[float(i)] * 2 for i in range(n)]
+    into = torch.empty(2 * n)
+    dist.all_gather_into_tensor(into, torch.full((2,), float(r)))
+    assert into.tolist() == [float(i) for i in range(n) for _ in range(2)]
+    out = torch.empty(2)
+    dist.reduce_scatter_tensor(out, torch.arange(2.0 * n) + r)
+    assert out.tolist() == [float(n * (2 * r + k) + sum(range(n))) for k in range(2)]
+    out = torch.empty(2)
+    dist.reduce_scatter(out, [torch.full((2,), float(i + r)) for i in range(n)])
+    assert out.tolist() == [float(n * r + sum(range(n)))] * 2
+    gathered = [torch.empty(3) for _ in range(n)] if r == 0 else None
+    dist.gather(torch.full((3,), float(r)), gathered, dst=0)
+    if r == 0:
+        assert [g.tolist() for g in gathered] == [[float(i)] * 3 for i in range(n)]
+    out = torch.empty(3)
+    dist.scatter(out, [torch.full((3,), 10.0 * i) for i in range(n)] if r == n - 1 else None, src=n - 1)
+    assert out.tolist() == [10.0 * r] * 3
+
+
+def test_broadcast_reduce_and_all_to_all() -> None:
+    n, r = size(), rank()
+    tensor = torch.full((3,), float(r))
+    dist.broadcast(tensor, src=n - 1)
+    assert tensor.tolist() == [float(n - 1)] * 3
+    tensor = torch.full((3,), float(r + 1))
+    dist.reduce(tensor, dst=0)
+    assert tensor.tolist() == [float(sum(range(1, n + 1)) if r == 0 else r + 1)] * 3
+    out = torch.empty(n)
+    dist.all_to_all_single(out, torch.arange(float(n)) + 10 * r)
+    assert out.tolist() == [float(r + 10 * i) for i in range(n)]
+    # uneven splits: rank i sends i + 1 rows to each rank
+    sent = torch.full(((r + 1) * n, 2), float(r))
+    out = torch.empty((sum(i + 1 for i in range(n)), 2))
+    dist.all_to_all_single(out, sent, [i + 1 for i in range(n)], [r + 1] * n)
+    assert out[:, 0].tolist() == [float(i) for i in range(n) for _ in range(i + 1)]
+    outputs = [torch.empty(2) for _ in range(n)]
+    dist.all_to_all(outputs, [torch.full((2,), float(10 * r + i)) for i in range(n)])
+    assert [o.tolist() for o in outputs] == [[float(10 * i + r)] * 2 for i in range(n)]
+    dist.barrier()
+
+
+def test_async_work_completes_through_its_future() -> None:
+    tensor = torch.ones(4)
+    work = dist.all_reduce(tensor, async_op=True)
+    chained = work.get_future().then(lambda f: f.value()[0] * 2)
+    work.wait()
+    assert work.is_completed() and work.is_success()
+    assert chained.wait().tolist() == [2.0 * size()] * 4
+
+
+# -- training against one process on the global batch -----------------------------------------------
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(GLOBAL_BATCH, 6, generator=g), torch.randn(GLOBAL_BATCH, 3, generator=g)
+
+
+def shard(t: torch.Tensor) -> torch.Tensor:
+    per = GLOBAL_BATCH // size()
+    return t[rank() * per:(rank() + 1) * per]
+
+
+def reference(steps: int = STEPS) -> list[torch.Tensor]:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("options", [{}, {"gradient_as_bucket_view": True}, {"static_graph": True},
+                                     {"find_unused_parameters": True}, {"bucket_cap_mb": 0.0001}],
+                         ids=["default", "bucket_view", "static_graph", "find_unused", "tiny_buckets"])
+def test_ddp_equals_one_process_on_the_global_batch(options) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), **options)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+    for got, want in zip(model.parameters(), reference()):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_no_sync_accumulates_then_reduces() -> None:
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(step)
+        xs, ys = shard(x), shard(y)
+        half = xs.shape[0] // 2 if xs.shape[0] > 1 else 1
+        opt.zero_grad()
+        with model.no_sync():  # the first micro-batch stays local
+            (torch.nn.functional.mse_loss(model(xs[:half]), ys[:half], reduction="sum") / ys.numel()).backward()
+        (torch.nn.functional.mse_loss(model(xs[half:]), ys[half:], reduction="sum") / ys.numel()).backward()
+        opt.step()
+    for got, want in zip(model.parameters(), reference()):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_with_the_fp16_compression_hook() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+    for got, want in zip(model.parameters(), reference()):
+        torch.testing.assert_close(got.detach(), want, rtol=2e-3, atol=2e-3)  # gradients travel in float16
+
+
+def test_ddp_join_with_uneven_inputs() -> None:
+    from torch.distributed.algorithms.join import Join
+
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = 2 + rank()  # rank r has r more batches than rank 0
+    with Join([model]):
+        for step in range(batches):
+            x, y = data(step)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+            opt.step()
+    # every replica took the same steps (the joined ranks shadowed the others' reductions)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(size())]
+    dist.all_gather(gathered, flat)
+    for other in gathered:
+        torch.testing.assert_close(other, flat)
+
+
+def test_zero_redundancy_optimizer_equals_one_process() -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+    for got, want in zip(model.parameters(), reference()):
+        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp2_fully_shard_equals_one_process() -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model()
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+    full = [_unshard(p.to_local().detach()) for p in model.parameters()]
+    for got, want in zip(full, reference()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _unshard(local: torch.Tensor) -> torch.Tensor:
+    """A parameter sharded on dimension 0 (as FSDP2 shards it, unevenly at 3 ranks), gathered whole.
+
+    Not `full_tensor()`: DTensor's redistribution calls torch's functional collectives, which reach a
+    backend written in Python only in their `_out` forms (docs/torch.md, "Limits").
+    """
+    rows = torch.tensor([local.shape[0]])
+    counts = [torch.empty_like(rows) for _ in range(size())]
+    dist.all_gather(counts, rows)
+    pieces = [torch.empty((int(c), *local.shape[1:])) for c in counts]
+    dist.all_gather(pieces, local.contiguous())
+    return torch.cat(pieces)
+
+
+def test_a_device_mesh_of_one_dimension() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (size(),))
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor, group=mesh.get_group())
+    assert tensor.tolist() == [float(size())] * 2
+
+
+def test_mixed_with_unisons_own_api() -> None:
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    x, y = data(0)
+    loss = torch.nn.functional.mse_loss(model(shard(x)), shard(y))
+    loss.backward()
+    mean = hvd.allreduce(loss.detach(), name="metric.loss")
+    _, y_all = data(0)
+    assert mean.shape == ()
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.min_ranks(2)
+def test_a_rank_out_of_step_is_a_mismatch_named_on_every_rank_at_once() -> None:
+    shape = (3,) if rank() == 0 else (4,)
+    start = time.monotonic()
+    with pytest.raises(MismatchError, match=r"torch\.pg\.\d+") as caught:
+        dist.all_reduce(torch.ones(shape))
+    assert time.monotonic() - start < 5.0
+    text = str(caught.value)
+    assert "[3]" in text and "[4]" in text and "rank" in text
+    dist.barrier()  # the group goes on
+
+
+@pytest.mark.min_ranks(2)
+def test_a_different_collective_at_the_same_point_is_a_mismatch() -> None:
+    with pytest.raises(MismatchError, match=r"ALLREDUCE on rank \[0\]; BROADCAST on rank"):
+        if rank() == 0:
+            dist.all_reduce(torch.ones(2))
+        else:
+            dist.broadcast(torch.ones(2), src=0)
+    dist.barrier()
+
+
+@pytest.mark.min_ranks(2)
+def test_point_to_point_is_refused_with_what_to_use() -> None:
+    other = (rank() + 1) % size()
+    with pytest.raises(UnisonNotImplementedError, match=r"dist\.send .* not available on the unison backend"):
+        dist.send(torch.ones(1), dst=other)
+    with pytest.raises(UnisonNotImplementedError, match=r"dist\.recv"):
+        dist.recv(torch.ones(1), src=other)
+
+
+@pytest.mark.min_ranks(3)
+def test_a_group_of_some_ranks_is_refused_on_its_members() -> None:
+    if rank() in (0, 1):
+        with pytest.raises(UnisonNotImplementedError, match=r"dist\.new_group\(ranks=\[0, 1\]\) in a job of 3"):
+            dist.new_group([0, 1])
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert dist.new_group([0, 1]) == dist.GroupMember.NON_GROUP_MEMBER

@@ -1,0 +1,605 @@
+"""torch.distributed's ``"unison"`` backend: a Python ProcessGroup whose collectives run through unison.
+
+``dist.init_process_group("unison")`` (after ``import unison.torch``) makes a `UnisonProcessGroup`:
+DDP, ZeroRedundancyOptimizer, FSDP2 and plain ``dist.*`` calls then go through unison's engine, so the
+coordinator checks every collective before any data moves. torch's collectives carry no names; each
+call here is named from the group's sequence number (``torch.<group>.<n>``), the same on every rank
+that runs the same program. Two ranks at different points of their programs then ask for different
+collectives, shapes or dtypes under one name, and every rank gets a `MismatchError` naming the ranks
+and both calls from the work's ``wait()`` (out of DDP's ``backward()``), instead of a watchdog timeout.
+
+Every call returns at once with a `UnisonWork`; one completer thread per group waits for unison's
+handles in submission order and completes each work's future (DDP's communication hooks chain on
+it), or fails it with unison's error. Calls that unison has no collective for are composed exactly:
+``reduce`` and ``gather`` from the allreduce and allgather (the root keeps the result), ``scatter``
+from an alltoall in which only the root sends, the bitwise ops from an allgather reduced locally.
+Point-to-point calls and groups of a subset of the ranks raise an error that names the call.
+"""
+
+# torch's stubs declare ProcessGroup's methods as overloads of its C++ and Python forms; a Python
+# group overrides the form torch's c10d calls (tensor lists and an options object).
+# mypy: disable-error-code="override,assignment"
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from functools import reduce as fold
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ... import _runtime
+from ...errors import InvalidArgumentError, UnisonNotImplementedError
+from ...ops import ReduceOp
+from .collectives import (
+    allgather_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async_,
+    grouped_allreduce_async_,
+    reducescatter_async,
+    synchronize,
+)
+
+__all__ = ["BACKEND_NAME", "UnisonProcessGroup", "UnisonWork", "create_process_group", "job_store", "register"]
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "unison"
+_RED: Any = dist.ReduceOp.RedOpType  # its members are missing from torch's stubs
+_OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVERAGE, _RED.PRODUCT: ReduceOp.PRODUCT,
+        _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.PREMUL_SUM: ReduceOp.SUM}
+_BITWISE: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
+_group_count = [0]  # groups made in this process, in creation order (the same on every rank)
+_group_lock = threading.Lock()
+
+
+class _Failed:
+    """The value a work's inner future completes with when unison's collective failed."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _value(future: torch.futures.Future[Any]) -> Any:
+    """The inner future's value, raising unison's error in its place."""
+    value = future.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class UnisonWork(dist._Work):
+    """One call's completion: ``wait()`` returns once it finished (raising its error), ``get_future()``.
+
+    Two futures: the inner one, completed by the group's completer with the outputs or a `_Failed`, and
+    the one torch sees, chained on it. An error reaches torch's C++ side (DDP's reducer) only through
+    that chain, which turns it into an error C++ can hold: a Python exception set on a future that
+    DDP waits for directly crashed the process (torch 2.13, SIGSEGV).
+    """
+
+    def __init__(self, inner: torch.futures.Future[Any], what: str, waits: Sequence[Any] = ()) -> None:
+        super().__init__()
+        self._inner = inner
+        self._future = inner.then(_value)
+        self._what = what
+        self._waits = list(waits)  # unison's own handles: a wait on them counts as blocked in unison
+
+    def __repr__(self) -> str:
+        return f"<UnisonWork {self._what} {'done' if self._inner.done() else 'pending'}>"
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the call finished; raise its error (a `MismatchError`, a stall, an abort).
+
+        The wait is on unison's handles first, so that a main thread blocked here counts as blocked in
+        unison for the deadlock check (``UNISON_DEADLOCK_SECONDS``), as in unison's own synchronize.
+        """
+        for handle in self._waits:
+            handle.wait()
+        self._inner.wait()
+        _value(self._inner)
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the call finished (successfully or not)."""
+        return self._inner.done()
+
+    def is_success(self) -> bool:
+        """Whether the call finished without an error."""
+        return self._inner.done() and not isinstance(self._inner.value(), _Failed)
+
+    def exception(self) -> BaseException | None:
+        """The call's error once it failed, else None."""
+        value = self._inner.value() if self._inner.done() else None
+        return value.error if isinstance(value, _Failed) else None
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """The future the call completes with its output tensors (DDP's hooks chain on it)."""
+        return self._future
+
+    def result(self) -> Any:
+        """The output tensors, once finished."""
+        self.wait()
+        return _value(self._inner)
+
+
+class _Completer:
+    """One thread that completes works in submission order from unison's handles."""
+
+    def __init__(self, label: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[list[int], Callable[[list[Any]], Any],
+                                             torch.futures.Future[Any]] | None] = queue.SimpleQueue()
+        self._label = label
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def add(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"unison-{self._label}", daemon=True)
+                self._thread.start()
+        self._queue.put((handles, finish, future))
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handles, finish, future = item
+            try:
+                results = [synchronize(handle) for handle in handles]
+                value = finish(results)
+            except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
+                future.set_result(_Failed(exc))
+            else:
+                future.set_result(value)
+
+
+def _op(reduce_op: Any) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
+    """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    if kind in _BITWISE:
+        return None, _BITWISE[kind], 1.0
+    if kind not in _OPS:
+        raise UnisonNotImplementedError(f"The unison backend has no reduce op {kind}.")
+    factor = 1.0
+    if kind == _RED.PREMUL_SUM:
+        raw = getattr(reduce_op, "factor", 1.0)
+        factor = float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+    return _OPS[kind], None, factor
+
+
+class UnisonProcessGroup(dist.ProcessGroup):
+    """A torch ProcessGroup over every rank of the unison job; see the module docstring."""
+
+    def __init__(self, rank: int, size: int, label: str) -> None:
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
+        self._rank, self._size, self._label = rank, size, label
+        self._sequence = 0
+        self._lock = threading.Lock()
+        self._completer = _Completer(label)
+        self._group_name = self._group_desc = ""
+
+    def __repr__(self) -> str:
+        return f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} calls={self._sequence}>"
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    # torch names each group after making it; a Python group keeps the name itself
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def shutdown(self) -> None:
+        self._completer.stop()
+
+    def abort(self) -> None:
+        self._completer.stop()
+
+    # -- naming and completion -----------------------------------------------------------------------
+
+    def _name(self) -> str:
+        with self._lock:
+            self._sequence += 1
+            return f"torch.{self._label}.{self._sequence}"
+
+    def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], Any]) -> UnisonWork:
+        future: torch.futures.Future[Any] = torch.futures.Future()
+        table = _runtime.job().handles
+        waits = [waiter for handle in handles for waiter in table[handle][0]]
+        self._completer.add(handles, finish, future)
+        return UnisonWork(future, what, waits)
+
+    # -- reductions ----------------------------------------------------------------------------------
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._allreduce(list(tensors), op, self._name(), "allreduce")
+
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        return self._allreduce(list(tensors), op, self._name(), "allreduce_coalesced", grouped=True)
+
+    def _allreduce(self, tensors: list[torch.Tensor], reduce_op: Any, name: str, what: str,
+                   grouped: bool = False,
+                   after: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda tensors: tensors) -> UnisonWork:
+        op, bitwise, factor = _op(reduce_op)
+        if bitwise is not None:
+            handles = [allgather_async(t.reshape(1, *t.shape), name=f"{name}.{i}") for i, t in enumerate(tensors)]
+
+            def finish_bitwise(results: list[Any]) -> list[torch.Tensor]:
+                for tensor, gathered in zip(tensors, results):
+                    tensor.copy_(fold(bitwise, gathered.unbind(0)))
+                return after(tensors)
+            return self._work(what, handles, finish_bitwise)
+        work_tensors, copies = _contiguous(tensors)
+        if grouped or len(work_tensors) > 1:
+            handles = [grouped_allreduce_async_(work_tensors, name=name, op=op, prescale_factor=factor)]
+        else:
+            handles = [allreduce_async_(work_tensors[0], name=name, op=op, prescale_factor=factor)]
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            _copy_back(copies)
+            return after(tensors)
+        return self._work(what, handles, finish)
+
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any) -> UnisonWork:
+        # an allreduce out of place, kept by the root alone: exact, at the cost of the others' copy
+        name, root = self._name(), opts.rootRank
+        scratch = [t.detach().clone() for t in tensors]
+        keep = list(tensors)
+        return self._allreduce(scratch, opts.reduceOp, name, "reduce",
+                               after=lambda results: _keep_at_root(results, keep, self._rank == root))
+
+    def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
+                       opts: Any = None) -> UnisonWork:
+        if len(outputs) != 1 or len(inputs) != 1:
+            raise UnisonNotImplementedError("reduce_scatter with several tensors per rank: pass one output "
+                                            "and one input list.")
+        pieces = list(inputs[0])
+        _check_count("reduce_scatter", pieces, self._size)
+        stacked = torch.stack([p.reshape(outputs[0].shape) for p in pieces])
+        return self._reduce_scatter(outputs[0], stacked, opts, "reduce_scatter")
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> UnisonWork:
+        if input.numel() != output.numel() * self._size:
+            raise InvalidArgumentError(
+                f"reduce_scatter_tensor needs an input of size * output elements ({self._size} * "
+                f"{output.numel()}). Got {input.numel()}.")
+        return self._reduce_scatter(output, input.reshape(self._size, *output.shape), opts,
+                                    "reduce_scatter_tensor")
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def _reduce_scatter(self, output: torch.Tensor, stacked: torch.Tensor, opts: Any, what: str) -> UnisonWork:
+        op, bitwise, factor = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if bitwise is not None:
+            raise UnisonNotImplementedError(f"{what} with a bitwise op on the unison backend: use all_reduce.")
+        name = self._name()
+        handle = reducescatter_async(stacked.contiguous(), name=name, op=op, prescale_factor=factor)
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            output.copy_(results[0].reshape(output.shape))
+            return [output]
+        return self._work(what, [handle], finish)
+
+    # -- gathers ---------------------------------------------------------------------------------------
+
+    def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                  opts: Any = None) -> UnisonWork:
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise UnisonNotImplementedError("allgather with several tensors per rank: pass one input.")
+        targets = list(outputs[0])
+        _check_count("all_gather", targets, self._size)
+        source = inputs[0]
+        shapes = [tuple(t.shape) for t in targets]
+        if len(set(shapes)) == 1 and shapes[0] == tuple(source.shape):
+            return self._gather_into(targets, source, "all_gather")
+        return self._gather_uneven(targets, source)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> UnisonWork:
+        if output.numel() != input.numel() * self._size:
+            raise InvalidArgumentError(
+                f"all_gather_into_tensor needs an output of size * input elements ({self._size} * "
+                f"{input.numel()}). Got {output.numel()}.")
+        handle = allgather_async(input.reshape(1, *input.shape).contiguous(), name=self._name())
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            output.copy_(results[0].reshape(output.shape))
+            return [output]
+        return self._work("all_gather_into_tensor", [handle], finish)
+
+    all_gather_single = _allgather_base
+
+    def _gather_into(self, targets: list[torch.Tensor], source: torch.Tensor, what: str) -> UnisonWork:
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name())
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            for target, piece in zip(targets, results[0].unbind(0)):
+                target.copy_(piece)
+            return [targets]
+        return self._work(what, [handle], finish)
+
+    def _gather_uneven(self, targets: list[torch.Tensor], source: torch.Tensor) -> UnisonWork:
+        # every rank's tensor flattened, concatenated along dimension 0 (unison's allgather allows
+        # a different length per rank), then cut by the output shapes
+        handle = allgather_async(source.reshape(-1).contiguous(), name=self._name())
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            offset = 0
+            for target in targets:
+                count = target.numel()
+                target.copy_(results[0][offset:offset + count].reshape(target.shape))
+                offset += count
+            return [targets]
+        return self._work("all_gather", [handle], finish)
+
+    def gather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+               opts: Any) -> UnisonWork:
+        source, root = inputs[0], opts.rootRank
+        targets = list(outputs[0]) if outputs else []
+        if self._rank == root:
+            _check_count("gather", targets, self._size)
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name())
+
+        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+            if self._rank == root:
+                for target, piece in zip(targets, results[0].unbind(0)):
+                    target.copy_(piece)
+            return [targets]
+        return self._work("gather", [handle], finish)
+
+    # -- broadcast, scatter, alltoall ------------------------------------------------------------------
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+        root = opts.rootRank if opts is not None else 0
+        name = self._name()
+        work_tensors, copies = _contiguous(list(tensors))
+        handles = [broadcast_async_(t, root_rank=root, name=name if len(work_tensors) == 1 else f"{name}.{i}")
+                   for i, t in enumerate(work_tensors)]
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            _copy_back(copies)
+            return list(tensors)
+        return self._work("broadcast", handles, finish)
+
+    def scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
+                opts: Any) -> UnisonWork:
+        output, root = outputs[0], opts.rootRank
+        if self._rank == root:
+            pieces = list(inputs[0])
+            _check_count("scatter", pieces, self._size)
+            send = torch.stack([p.reshape(output.shape) for p in pieces])
+            splits = [1] * self._size
+        else:
+            send = output.new_empty((0, *output.shape))
+            splits = [0] * self._size
+        handle = alltoall_async(send.contiguous(), splits=splits, name=self._name())
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            received, _ = results[0]
+            output.copy_(received.reshape(output.shape))
+            return [output]
+        return self._work("scatter", [handle], finish)
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+        _check_count("all_to_all", list(inputs), self._size)
+        _check_count("all_to_all", list(outputs), self._size)
+        send = torch.cat([t.reshape(-1) for t in inputs])
+        splits = [t.numel() for t in inputs]
+        handle = alltoall_async(send, splits=splits, name=self._name())
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            received, _ = results[0]
+            offset = 0
+            for target in outputs:
+                target.copy_(received[offset:offset + target.numel()].reshape(target.shape))
+                offset += target.numel()
+            return list(outputs)
+        return self._work("all_to_all", [handle], finish)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+                      input_split_sizes: Sequence[int], opts: Any = None) -> UnisonWork:
+        rows = input.shape[0] if input.dim() else 1
+        splits = list(input_split_sizes) or [rows // self._size] * self._size
+        if not input_split_sizes and rows % self._size:
+            raise InvalidArgumentError(
+                f"all_to_all_single without split sizes needs dimension 0 ({rows}) divisible by the group's "
+                f"size ({self._size}).")
+        handle = alltoall_async(input.contiguous(), splits=splits, name=self._name())
+
+        def finish(results: list[Any]) -> list[torch.Tensor]:
+            received, _ = results[0]
+            output.copy_(received.reshape(output.shape))
+            return [output]
+        return self._work("all_to_all_single", [handle], finish)
+
+    all_to_all_single = alltoall_base
+
+    def barrier(self, opts: Any = None) -> UnisonWork:
+        handle = allreduce_async_(torch.zeros(1), name=self._name(), op=ReduceOp.SUM)
+        return self._work("barrier", [handle], lambda results: [])
+
+    # -- what unison cannot carry ------------------------------------------------------------------------
+
+    def send(self, tensors: Sequence[torch.Tensor], dst: int, tag: int = 0) -> UnisonWork:
+        raise _point_to_point("send")
+
+    def recv(self, tensors: Sequence[torch.Tensor], src: int, tag: int = 0) -> UnisonWork:
+        raise _point_to_point("recv")
+
+    def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> UnisonWork:
+        raise _point_to_point("recv")
+
+
+def _point_to_point(call: str) -> UnisonNotImplementedError:
+    return UnisonNotImplementedError(
+        f"dist.{call} (and isend, irecv, batch_isend_irecv) is not available on the unison backend: unison runs "
+        "collectives only. Use dist.broadcast or dist.scatter from the sending rank, or a gloo group for "
+        "point-to-point traffic: dist.new_group(backend='gloo')."
+    )
+
+
+def _check_count(call: str, tensors: Sequence[Any], size: int) -> None:
+    if len(tensors) != size:
+        raise InvalidArgumentError(f"{call} needs one tensor per rank of the group ({size}). Got {len(tensors)}.")
+
+
+def _contiguous(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Contiguous stand-ins for non-contiguous tensors, and the copies back to make at the end."""
+    out, copies = [], []
+    for tensor in tensors:
+        if tensor.is_contiguous():
+            out.append(tensor)
+        else:
+            stand_in = tensor.contiguous()
+            out.append(stand_in)
+            copies.append((tensor, stand_in))
+    return out, copies
+
+
+def _copy_back(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for tensor, stand_in in copies:
+        tensor.copy_(stand_in)
+
+
+def _keep_at_root(results: list[torch.Tensor], tensors: list[torch.Tensor], root: bool) -> list[torch.Tensor]:
+    if root:
+        for tensor, result in zip(tensors, results):
+            tensor.copy_(result)
+    return tensors
+
+
+def create_process_group(options: Any, backend_options: Any = None) -> UnisonProcessGroup:
+    """torch's factory for ``"unison"`` (its extended API): start unison if needed, check the group."""
+    if not _runtime.is_initialized():
+        _runtime.init()
+    ranks = list(getattr(options, "global_ranks_in_group", []) or [])
+    size = _runtime.size()
+    if ranks and sorted(ranks) != list(range(size)):
+        raise UnisonNotImplementedError(
+            f"dist.new_group(ranks={sorted(ranks)}) in a job of {size} ranks: the unison backend runs groups "
+            "of every rank only (torch calls a backend on the group's members alone, and a unison process "
+            "set is registered by every rank). Use unison's process sets (hvd.add_process_set) with unison's "
+            "own collectives, or dist.new_group(ranks, backend='gloo') for this group."
+        )
+    group_size = int(options.group_size)
+    if group_size != size or int(options.group_rank) != _runtime.rank():
+        raise InvalidArgumentError(
+            f"init_process_group('unison') was given rank={options.group_rank}, world_size={group_size}, but "
+            f"the unison job has rank {_runtime.rank()} of {size}. Leave rank and world_size out: the unison "
+            "backend takes them from the job."
+        )
+    _warn_timeout(getattr(options, "timeout", None))
+    with _group_lock:
+        _group_count[0] += 1
+        label = "pg" if _group_count[0] == 1 else f"pg{_group_count[0]}"
+    return UnisonProcessGroup(_runtime.rank(), size, label)
+
+
+def _warn_timeout(timeout: Any) -> None:
+    if not isinstance(timeout, timedelta):
+        return
+    settings = _runtime.job().settings
+    seconds = timeout.total_seconds()
+    limit = settings.stall_shutdown_seconds
+    if limit and seconds < limit:
+        log.warning(
+            "init_process_group(timeout=%g s) is not a per-call deadline on the unison backend: unison names "
+            "a rank that never issues a collective after UNISON_STALL_CHECK_TIME_SECONDS (%g s) and stops the "
+            "job after UNISON_STALL_SHUTDOWN_TIME_SECONDS (%g s); a provable deadlock after "
+            "UNISON_DEADLOCK_SECONDS (%g s). Set those for a shorter bound.",
+            seconds, settings.stall_check_seconds, limit, settings.deadlock_seconds)
+
+
+
+def job_store(timeout: timedelta) -> tuple[Any, int, int]:
+    """A torch store shared by the ranks of the unison job, with this rank and the job's size.
+
+    Rank 0 hosts a TCPStore on a free port and the others learn its address through unison (a
+    broadcast): no MASTER_ADDR or MASTER_PORT is needed. One process gets an in-memory store.
+    """
+    if not _runtime.is_initialized():
+        _runtime.init()
+    rank, size = _runtime.rank(), _runtime.size()
+    if size == 1:
+        return dist.HashStore(), rank, size
+    from ..._objects import broadcast_object
+
+    address = None
+    if rank == 0:
+        host = "127.0.0.1" if _runtime.local_size() == size else socket.getfqdn()
+        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+        address = (host, store.port)
+    address = broadcast_object(address, root_rank=0, name="torch.store.address")
+    if rank != 0:
+        store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=timeout)
+    return store, rank, size
+
+
+def _rendezvous_with_fallback(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's env:// rendezvous, unless MASTER_ADDR is unset: then the unison job's own (`job_store`).
+
+    torch reads its launch variables from the environment itself; so does this check, for the same ones.
+    """
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Any:
+        if os.environ.get("MASTER_ADDR"):
+            yield from original(url, timeout, **kwargs)
+            return
+        store, rank, size = job_store(timeout)
+        asked = dict(part.split("=", 1) for part in url.partition("?")[2].split("&") if "=" in part)
+        if int(asked.get("rank", rank)) != rank or int(asked.get("world_size", size)) != size:
+            raise InvalidArgumentError(
+                f"init_process_group was given rank={asked.get('rank')}, world_size={asked.get('world_size')}, "
+                f"but the unison job has rank {rank} of {size}. Leave rank and world_size out under unisonrun "
+                "or mpiexec: they come from the job.")
+        yield (store, rank, size)
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+    handler.unison_fallback = True  # type: ignore[attr-defined]
+    return handler
+
+
+def register() -> None:
+    """Register the ``"unison"`` backend with torch.distributed, once per process.
+
+    Also lets env:// (the default of ``init_process_group``) find the job's ranks through unison when
+    MASTER_ADDR is unset, as under unisonrun or mpiexec.
+    """
+    if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
+    rendezvous = sys.modules.get("torch.distributed.rendezvous")
+    handlers = getattr(rendezvous, "_rendezvous_handlers", None)
+    if isinstance(handlers, dict) and "env" in handlers and not getattr(handlers["env"], "unison_fallback", False):
+        handlers["env"] = _rendezvous_with_fallback(handlers["env"])
