@@ -86,7 +86,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
             "Communicator-based process sets can only be registered at init(process_sets=[...])."
         )
     assert ps.ranks is not None
-    for existing in current.engine.process_sets.values():
+    for existing in current.registered_sets().values():
         if tuple(existing) == tuple(ps.ranks):
             raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
     set_id = control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
@@ -106,7 +106,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
             "process sets after initialization."
         )
     set_id = process_set.process_set_id
-    if set_id is None or set_id == 0 or set_id not in current.engine.process_sets:
+    if set_id is None or set_id == 0 or current.set_members(set_id) is None:
         return False
     control(CollectiveKind.REMOVE_PROCESS_SET, f"remove_process_set.{current.next_name_index(0)}",
              target_set=set_id)

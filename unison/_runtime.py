@@ -11,7 +11,8 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from . import _failure
@@ -63,6 +64,18 @@ class Job:
     # the one thread that may submit unnamed collectives: the thread that called init()
     unnamed_thread: threading.Thread = dataclasses.field(default_factory=threading.current_thread)
     _names_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def set_members(self, set_id: int) -> tuple[int, ...] | None:
+        """The sorted global ranks of registered process set `set_id`, or None when it is not registered.
+
+        The engine keeps the table (add_process_set and remove_process_set change it in cycle order,
+        the same on every rank); everything outside the engine asks the job.
+        """
+        return self.engine.process_sets.get(set_id)
+
+    def registered_sets(self) -> Mapping[int, tuple[int, ...]]:
+        """The live table of registered process sets, read-only: set id -> sorted global ranks."""
+        return MappingProxyType(self.engine.process_sets)
 
     def next_name_index(self, key: Hashable) -> int:
         """A call counter per key (e.g. a process set id): default names that match when the members
@@ -393,7 +406,7 @@ def _finalize_mpi(mpi: Any) -> None:
     finalize_mpi(mpi)
 
 
-def _set_id_of(registered: dict[int, tuple[int, ...]], ranks: Sequence[int]) -> int | None:
+def _set_id_of(registered: Mapping[int, tuple[int, ...]], ranks: Sequence[int]) -> int | None:
     """The id of the registered set with exactly these ranks, or None."""
     wanted = tuple(ranks)
     for set_id, members in registered.items():
@@ -403,7 +416,7 @@ def _set_id_of(registered: dict[int, tuple[int, ...]], ranks: Sequence[int]) -> 
 
 
 def _duplicate_error(duplicates: list[tuple[ProcessSet, int]],
-                     registered: dict[int, tuple[int, ...]]) -> InvalidArgumentError:
+                     registered: Mapping[int, tuple[int, ...]]) -> InvalidArgumentError:
     ps, known = duplicates[0]
     where = "the global process set" if known == 0 else f"process set {known}"
     others = "; ".join(f"{set_id}: {list(ranks)}" for set_id, ranks in sorted(registered.items()))
@@ -417,7 +430,7 @@ def _duplicate_error(duplicates: list[tuple[ProcessSet, int]],
 def _bind_again(current: Job, process_sets: Sequence[ProcessSet]) -> None:
     """A repeated init(process_sets=[...]): bind each object to the registered set of its ranks."""
     _check_process_sets(process_sets, current.size)
-    registered = current.engine.process_sets
+    registered = current.registered_sets()
     duplicates: list[tuple[ProcessSet, int]] = []
     bound: dict[int, ProcessSet] = {}
     for ps in process_sets:

@@ -76,7 +76,7 @@ def check_adasum(set_id: int, members: Sequence[int], dtypes: Sequence[DType]) -
 def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, tuple[int, ...]]:
     """(set id, members) of a registered set this rank belongs to, or the Horovod-worded error."""
     set_id = process_set.process_set_id
-    members = current.engine.process_sets.get(set_id) if set_id is not None else None
+    members = current.set_members(set_id) if set_id is not None else None
     if set_id is None or members is None:
         raise InvalidArgumentError(
             f"{what}: Process set provided does not exist, or has not been registered."
@@ -92,14 +92,14 @@ def member_set(current: Job, process_set: ProcessSet, what: str) -> tuple[int, t
 def set_size(process_set: ProcessSet) -> int:
     """Number of ranks in a process set: the job's size for the global set or an unknown id."""
     current = job()
-    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    members = current.set_members(process_set.process_set_id or 0)
     return current.size if members is None else len(members)
 
 
 def set_rank(process_set: ProcessSet) -> int:
     """This process's rank inside a process set (its global rank where it is not a member)."""
     current = job()
-    members = current.engine.process_sets.get(process_set.process_set_id or 0)
+    members = current.set_members(process_set.process_set_id or 0)
     if members is None or current.rank not in members:
         return current.rank
     return list(members).index(current.rank)

@@ -250,3 +250,26 @@ def test_the_launcher_imports_only_what_the_elastic_package_shares() -> None:
                      and edge.target.startswith("unison.elastic._")
                      and (edge.source, edge.target) != ("unison.launcher._run", "unison.elastic._membership"))
     assert reaches == []
+
+
+# Modules that still read the engine's process-set table themselves instead of asking the job.
+KNOWN_SET_TABLE_READERS = frozenset({
+    "unison/adapters/keras/optimizer.py",
+    "unison/adapters/tensorflow/functions.py",
+    "unison/adapters/torch/optimizer.py",
+})
+
+
+def test_the_job_owns_process_set_membership() -> None:
+    # The engine keeps the table; everything else asks the job (Job.set_members, Job.registered_sets).
+    readers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        shown = str(path.relative_to(ROOT))
+        if shown.startswith("unison/engine/") or shown == "unison/_runtime.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=shown)):
+            if (isinstance(node, ast.Attribute) and node.attr == "process_sets"
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "engine"):
+                readers.add(shown)
+    assert readers - KNOWN_SET_TABLE_READERS == set(), "ask the job (Job.set_members) instead"
+    assert KNOWN_SET_TABLE_READERS - readers == set(), "remove these from KNOWN_SET_TABLE_READERS"
