@@ -15,8 +15,11 @@ The launcher directory holds one marker file per rank and event, named ``KIND-RA
 (``HOST PID``, at ``init()``), ``failed-R`` (the reason), ``finished-R`` (an orderly ``shutdown()``),
 all written by the rank, and ``ended-R`` (``PID CODE``, negative for a signal) by its keeper. Ranks on
 another host send them to the relay instead, one signed line each (`relay_line`). With the gRPC
-controller rank 0 also leaves `SERVICE_FILE` there (address and secret, mode 0600). Every file is
-written whole or not at all (`write_atomically`): the launcher polls the directory while ranks write.
+controller rank 0 also leaves `SERVICE_FILE` there (address and secret, mode 0600). For `unison.run`
+it also holds the call (`JOB_FILE`, pickled, with `META_FILE`: the caller's main script and
+``sys.path``) and each rank's outcome, `result_file` or `error_file`, under `epoch_directory` in an
+elastic job. Every file is written whole or not at all (`write_atomically`): the launcher polls the
+directory while ranks write.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from pathlib import Path
 
 __all__ = [
     "ELASTIC_DRIVER_VARIABLE", "ELASTIC_EPOCH_VARIABLE", "ELASTIC_HOSTS_VARIABLE", "ELASTIC_STORE_VARIABLE",
-    "HOSTS_UPDATED_EXIT", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE", "LAUNCHER_KEEP_GOING_VARIABLE",
-    "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "host_of",
-    "marker_name", "parse_hosts", "parse_marker_name", "relay_line", "send_marker", "sign",
+    "HOSTS_UPDATED_EXIT", "JOB_FILE", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE",
+    "LAUNCHER_KEEP_GOING_VARIABLE", "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "META_FILE",
+    "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "epoch_directory", "error_file", "host_of", "marker_name",
+    "parse_hosts", "parse_marker_name", "relay_line", "result_file", "send_marker", "sign",
     "write_atomically", "write_service_file",
 ]
 
@@ -49,6 +53,8 @@ ELASTIC_HOSTS_VARIABLE = "UNISON_ELASTIC_HOSTS"
 HOSTS_UPDATED_EXIT = 75  # a rank's exit status after committing for a host change
 
 SERVICE_FILE = "service.json"
+JOB_FILE = "job.pkl"
+META_FILE = "meta.json"
 MARKER_KINDS = ("started", "failed", "finished", "ended")
 RELAY_TIMEOUT_SECONDS = 2.0
 
@@ -74,6 +80,27 @@ def parse_marker_name(name: str) -> tuple[str, int] | None:
     if kind not in MARKER_KINDS or not rank.isdigit():
         return None
     return kind, int(rank)
+
+
+def result_file(rank: int) -> str:
+    """The file in which `rank` leaves the pickled return value of `unison.run`'s function."""
+    return f"result-{rank}.pkl"
+
+
+def error_file(rank: int) -> str:
+    """The file in which `rank` leaves the pickled error of `unison.run`'s function."""
+    return f"error-{rank}.pkl"
+
+
+def epoch_directory(number: int) -> str:
+    """The subdirectory of the outcomes of elastic membership epoch `number` (a rank is another
+    process in each epoch).
+
+    Example:
+        >>> epoch_directory(3)
+        'epoch-3'
+    """
+    return f"epoch-{number}"
 
 
 def parse_hosts(text: str, variable: str = LAUNCHER_HOSTS_VARIABLE) -> list[tuple[str, int]]:

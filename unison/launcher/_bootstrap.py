@@ -16,7 +16,15 @@ import types
 from pathlib import Path
 from typing import Any
 
-from .._contract import HOSTS_UPDATED_EXIT, write_atomically
+from .._contract import (
+    HOSTS_UPDATED_EXIT,
+    JOB_FILE,
+    META_FILE,
+    epoch_directory,
+    error_file,
+    result_file,
+    write_atomically,
+)
 
 
 def _rank() -> int:
@@ -38,7 +46,7 @@ def _outcome_directory(directory: Path) -> Path:
     settings = load_settings()
     if not settings.elastic_driver:
         return directory
-    path = directory / f"epoch-{settings.elastic_epoch}"
+    path = directory / epoch_directory(settings.elastic_epoch)
     path.mkdir(exist_ok=True)
     return path
 
@@ -55,7 +63,7 @@ def main(directory: Path) -> int:
         return HOSTS_UPDATED_EXIT
     except BaseException as exc:  # noqa: BLE001 - reported to the caller, then the job is stopped
         return _failed(out, exc)
-    _write(out, f"result-{_rank()}.pkl", result)
+    _write(out, result_file(_rank()), result)
     return 0
 
 
@@ -68,7 +76,7 @@ def _failed(directory: Path, exc: BaseException) -> int:
         info["exception"] = exc
     except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
         pass
-    _write(directory, f"error-{_rank()}.pkl", info)
+    _write(directory, error_file(_rank()), info)
     traceback.print_exc()
     from .._failure import abort_job
 
@@ -79,7 +87,7 @@ def _failed(directory: Path, exc: BaseException) -> int:
 def _load(directory: Path) -> dict[str, Any]:
     # The function may live in the caller's main script: restore the caller's sys.path and import
     # that script as __mp_main__ (so its `if __name__ == "__main__":` block stays off) before unpickling.
-    meta = json.loads((directory / "meta.json").read_text())
+    meta = json.loads((directory / META_FILE).read_text())
     for entry in reversed(meta["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -93,7 +101,7 @@ def _load(directory: Path) -> dict[str, Any]:
         def find_class(self, module: str, name: str) -> Any:
             return super().find_class("__mp_main__" if module == "__main__" else module, name)
 
-    with open(directory / "job.pkl", "rb") as f:
+    with open(directory / JOB_FILE, "rb") as f:
         job: dict[str, Any] = Loader(f).load()
     return job
 
