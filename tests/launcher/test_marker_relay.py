@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from unison._contract import send_marker, sign
 from unison.launcher import _keeper
 from unison.launcher._blame import read_markers
-from unison.launcher._keeper import send_marker, sign
 from unison.launcher._relay import RELAY_VARIABLE, MarkerRelay, accept
 
 pytestmark = pytest.mark.timeout(60)

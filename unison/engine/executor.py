@@ -26,10 +26,11 @@ from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .adasum import adasum_
-from .handles import Entry, main_thread_waits
+from .handles import Entry, Handle, main_thread_waits
 
-# Entry and main_thread_waits live in handles.py; engine/loop.py still imports them from here.
-__all__ = ["Entry", "Executor", "ExecutorStatistics", "main_thread_waits"]
+# Entry, Handle and main_thread_waits live in handles.py; engine/loop.py (Entry, main_thread_waits) and
+# benchmarks/gpu.py (Entry, Handle) still import them from here.
+__all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle", "main_thread_waits"]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
 

@@ -42,11 +42,9 @@ if __package__:  # imported as unison.launcher._keeper
         LAUNCHER_HOSTS_VARIABLE,
         LAUNCHER_KEEP_GOING_VARIABLE,
         LAUNCHER_RELAY_VARIABLE,
-        RELAY_TIMEOUT_SECONDS,
         marker_name,
         parse_hosts,
         send_marker,
-        sign,
         write_atomically,
     )
 else:  # run as ``python -I -S _keeper.py``: no package, so the contract is loaded from its file
@@ -59,8 +57,10 @@ else:  # run as ``python -I -S _keeper.py``: no package, so the contract is load
     _spec.loader.exec_module(_contract)
     globals().update({name: getattr(_contract, name) for name in _contract.__all__})
 
-__all__ = ["HOSTS_VARIABLE", "KEEP_GOING_VARIABLE", "RELAY_TIMEOUT_SECONDS", "RELAY_VARIABLE", "command",
-           "horovod_variables", "main", "placement", "send_marker", "sign"]
+# HOSTS_VARIABLE, KEEP_GOING_VARIABLE and RELAY_VARIABLE: the contract's names, which launcher/_cli.py
+# and launcher/_run.py still import from here.
+__all__ = ["HOSTS_VARIABLE", "KEEP_GOING_VARIABLE", "RELAY_VARIABLE", "command", "horovod_variables", "main",
+           "placement"]
 
 _PR_SET_PDEATHSIG = 1
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
