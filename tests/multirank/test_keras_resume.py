@@ -156,6 +156,7 @@ def test_rank_0_loads_the_others_start_fresh_and_training_goes_on_as_one_process
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.min_ranks(2)  # at one rank there is only the loaded model
 def test_fresh_models_without_an_input_shape_are_synced_after_the_first_batch(tmp_path) -> None:
     """Before the first batch a fresh model without an input shape has no variables yet, the loaded one
     has: the ranks skip the early broadcast together and sync everything after the first batch."""
