@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from _coordinator_watch import CoordinatorWatch
 
 import unison as hvd
 from unison.errors import HorovodInternalError, MismatchError
@@ -50,6 +51,28 @@ def fresh_job():
     hvd.shutdown()
 
 
+@pytest.fixture
+def watch() -> Iterator[Callable[[Callable[..., bool]], CoordinatorWatch]]:
+    """Start a CoordinatorWatch (after hvd.init(), on every rank); it ends with the test."""
+    started: list[CoordinatorWatch] = []
+
+    def start(reached: Callable[..., bool]) -> CoordinatorWatch:
+        started.append(CoordinatorWatch(reached, DEADLINE_SECONDS))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.close()
+
+
+def has_joined(coordinator) -> bool:
+    return coordinator.joined >= 1
+
+
+def has_pending(coordinator) -> bool:
+    return coordinator.pending >= 1
+
+
 def outcome_of(kind: str, size: int) -> tuple[str, str]:
     """Run collective `kind` and wait for it until the deadline: ('ok' | error class | 'timeout', text)."""
     name = f"while_joined.{kind}"
@@ -75,16 +98,17 @@ def outcome_of(kind: str, size: int) -> tuple[str, str]:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("joined_rank", ["first", "last"])
 @pytest.mark.parametrize("kind", list(CALLS))
-def test_callers_get_horovods_error_and_everyone_can_join(world, kind: str, joined_rank: str) -> None:
+def test_callers_get_horovods_error_and_everyone_can_join(world, watch, kind: str, joined_rank: str) -> None:
     rank, size = world
     hvd.init()
+    joined = watch(has_joined)
     joiner = 0 if joined_rank == "first" else size - 1
     started = time.monotonic()
     if rank == joiner:
         outcome: tuple[str, str] = ("joined", "")
         last = hvd.join()  # completes once the callers join after their error
     else:
-        time.sleep(0.2)  # submit after the join has reached the coordinator (and, below, before it)
+        joined.wait()  # submit after the join has reached the coordinator (and, below, before it)
         outcome = outcome_of(kind, size)
         last = hvd.join()
     seconds = time.monotonic() - started
@@ -103,12 +127,13 @@ def test_callers_get_horovods_error_and_everyone_can_join(world, kind: str, join
 
 @pytest.mark.min_ranks(2)
 @pytest.mark.timeout(90)
-def test_a_collective_already_waiting_fails_when_the_last_missing_rank_joins(world) -> None:
+def test_a_collective_already_waiting_fails_when_the_last_missing_rank_joins(world, watch) -> None:
     rank, size = world
     hvd.init()
+    waiting = watch(has_pending)
     joiner = size - 1
     if rank == joiner:
-        time.sleep(0.5)  # the others' allgather waits for this rank, which joins instead
+        waiting.wait()  # the others' allgather waits for this rank, which joins instead
         outcome: tuple[str, str] = ("joined", "")
         hvd.join()
     else:
@@ -121,15 +146,16 @@ def test_a_collective_already_waiting_fails_when_the_last_missing_rank_joins(wor
 
 @pytest.mark.min_ranks(3)
 @pytest.mark.timeout(90)
-def test_a_process_set_without_the_joined_rank_runs_every_collective(world) -> None:
+def test_a_process_set_without_the_joined_rank_runs_every_collective(world, watch) -> None:
     rank, size = world
     others = hvd.ProcessSet(range(size - 1))
     hvd.init(process_sets=[others])
+    joined = watch(has_joined)
     if rank == size - 1:
         last = hvd.join()
         assert hvd.allgather_object(last) == [last] * size and last < size - 1
         return
-    time.sleep(0.2)
+    joined.wait()  # submit while rank size - 1 has joined
     handles = [
         hvd.broadcast_async(np.full(2, float(rank)), root_rank=1, name="set.b", process_set=others),
         hvd.allgather_async(np.array([rank]), name="set.g", process_set=others),

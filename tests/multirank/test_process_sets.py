@@ -75,14 +75,14 @@ def test_dynamic_sets_need_opt_in() -> None:
 
 @pytest.mark.min_ranks(2)
 def test_unnamed_calls_of_different_sets_pending_at_the_same_time() -> None:
-    import time
-
+    from _coordinator_watch import CoordinatorWatch
     from mpi4py import MPI
 
     size = MPI.COMM_WORLD.Get_size()
     evens, odds = hvd.ProcessSet(range(0, size, 2)), hvd.ProcessSet(range(1, size, 2))
     hvd.init(process_sets=[evens, odds])
     mine = evens if hvd.rank() % 2 == 0 else odds
+    odds_waiting = CoordinatorWatch(lambda coordinator: coordinator.pending >= 1, deadline_seconds=20.0)
     if hvd.rank() % 2:
         # The odd ranks wait in the global barrier and allreduce while the even ranks pass their
         # own set's: the first unnamed call of each set is not the first of the global set.
@@ -91,16 +91,18 @@ def test_unnamed_calls_of_different_sets_pending_at_the_same_time() -> None:
         total = hvd.allreduce(np.ones(1), op=hvd.Sum)
         in_set = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=odds)
     else:
-        time.sleep(0.3)
+        odds_waiting.wait()  # the odd ranks' global barrier has reached the coordinator
         hvd.barrier(process_set=evens)
         in_set = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=evens)
         hvd.barrier()
         total = hvd.allreduce(np.ones(1), op=hvd.Sum)
+    odds_waiting.close()
     assert (total[0], in_set[0]) == (size, len(mine.ranks))
     for _ in range(3):  # and each set's barrier, both at once
         hvd.barrier(process_set=mine)
     out = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after.set.barriers", process_set=mine)
     assert out[0] == len(mine.ranks)
+    hvd.barrier()  # no rank shuts the job down while the other set still runs its calls
 
 
 @pytest.mark.min_ranks(2)
