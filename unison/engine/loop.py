@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..ops import Kind, TextEnum
 from ..protocol.autotune import AutotuneStatistics, Parameters, Proposal, split_tuning
-from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
+from ..protocol.cache import CacheStatistics, ResponseCache
 from ..protocol.cycle import bits, encode_status_row, needs_slow_path, read_votes, words_for
 from ..protocol.dispatch import ROUTES, Action
 from ..protocol.fusion import FusionPolicy, plan_fusion
@@ -47,6 +47,7 @@ from .autotuning import Autotuning, open_tune_log
 from .executor import Executor, ExecutorStatistics
 from .handles import Entry
 from .observer import CycleObserver, observe_all
+from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
 from .stall_feed import StallFeed
 
@@ -137,16 +138,11 @@ class Engine:
         # What the loop reports each step of a cycle to: rank 0's stall feed and timeline, if any.
         self._observer: CycleObserver = observe_all(self._stall_feed)
         self._queue = SubmissionQueue(self._stopped_error)
-        self._pending: dict[str, Entry] = {}  # drained from the queue, not yet executed
-        self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
+        self._work = PendingWork(self.rank, self.cache, self.process_sets)  # drained, not yet executed
         self._news: str = ""  # rank 0: a stall report to broadcast as a job stop
-        self._joined = False
-        self._invalid = 0  # slots this rank found stale this cycle
         self._progress = False
         self._backoff = 50e-6
         self._cycle_started = 0.0
-        self._foreign_version = -1
-        self._foreign_mask = 0
         self._stop_error: BaseException | None = None
         self._stopped = threading.Event()
         self._disowned = False  # a forked child's copy: never talks to peers
@@ -182,7 +178,7 @@ class Engine:
                        "responses": 0, "errors": 0}
 
     def __repr__(self) -> str:
-        return (f"<Engine rank={self.rank}/{self.size} state={self._state} pending={len(self._pending)} "
+        return (f"<Engine rank={self.rank}/{self.size} state={self._state} pending={len(self._work.entries)} "
                 f"cache={len(self.cache)}>")
 
     # -- public, called from framework threads ------------------------------------------------------
@@ -208,7 +204,7 @@ class Engine:
 
     def pending_names(self) -> list[str]:
         """Names this rank has submitted and the job has not run yet (a snapshot; any thread)."""
-        return list(self._pending)
+        return list(self._work.entries)
 
     @property
     def parameters(self) -> Parameters:
@@ -302,8 +298,7 @@ class Engine:
         self._state = EngineState.STOPPED
         self._stop_error = error
         self._queue.close(keep_batches=False)
-        self._pending.clear()
-        self._unsent = []
+        self._work.clear()
         self.on_stop = None
         self._disowned = True
 
@@ -347,10 +342,10 @@ class Engine:
             left = self._cycle_started + self.parameters.cycle_time_seconds - time.monotonic()
             if left > 0:
                 time.sleep(left)
-        if self._queue.has_work() or self._news or self._unsent or self.autotuning.due:
+        if self._queue.has_work() or self._news or self._work.unsent or self.autotuning.due:
             self._backoff = 50e-6
             return
-        if self._pending:
+        if self._work.entries:
             if self._progress:
                 self._backoff = 50e-6
                 return
@@ -361,58 +356,8 @@ class Engine:
             self._queue.wait(self.settings.idle_cycle_seconds)
         self._queue.clear_wake()
 
-    def _admit(self, group: list[Entry]) -> None:
-        """Classify newly drained entries against the cache."""
-        cache_on = self._cache_on()
-        slots: list[int] = []
-        any_miss = False
-        for entry in group:
-            self._pending[entry.request.name] = entry
-            if entry.request.kind is Kind.JOIN:
-                self._joined = True
-            if not cache_on or entry.request.kind is not _CACHEABLE:
-                slots.append(-1)
-                any_miss = True
-                continue
-            state, slot = self.cache.lookup(entry.request)
-            if state is CacheState.HIT:
-                slots.append(slot)
-            else:
-                if state is CacheState.INVALID:
-                    self._invalid |= 1 << slot
-                slots.append(-1)
-                any_miss = True
-        for entry, slot in zip(group, slots):
-            # A group is all cached or all negotiated, so it can only ever run whole.
-            entry.slot = -1 if any_miss else slot
-            if entry.slot < 0:
-                self._unsent.append(entry)
-
     def _cache_on(self) -> bool:
         return self.settings.cache_capacity > 0 and self.parameters.cache_enabled
-
-    def _foreign(self) -> int:
-        """Cache slots of process sets this rank is not in (it votes for them, never blocks them)."""
-        if self._foreign_version != self.cache.version:
-            mask = 0
-            for slot in self.cache.slots():
-                members = self.process_sets.get(self.cache.peek(slot).process_set_id, ())
-                if self.rank not in members:
-                    mask |= 1 << slot
-            self._foreign_mask = mask
-            self._foreign_version = self.cache.version
-        return self._foreign_mask
-
-    def _revalidate(self) -> None:
-        """After the cache changed, send through negotiation any pending hit whose slot is gone."""
-        lost: list[Entry] = []
-        for entry in self._pending.values():
-            if entry.slot >= 0 and self.cache.slot_of(entry.request.name) != entry.slot:
-                lost.extend(entry.group or [entry])
-        for entry in lost:
-            if entry.slot >= 0:
-                entry.slot = -1
-                self._unsent.append(entry)
 
     # -- one cycle: exchange, decide, act -----------------------------------------------------------
 
@@ -422,9 +367,7 @@ class Engine:
         observer = self._observer
         observer.cycle_started(now)
         drained = self._queue.take()
-        self._invalid = 0
-        for group in drained.groups:
-            self._admit(group)
+        self._work.admit(drained.groups, self._cache_on())
         progress = bool(drained.groups)
 
         # 1. Exchange status rows: flags, payload length, cache votes, invalidated slots.
@@ -462,7 +405,7 @@ class Engine:
             for response in cacheable:
                 self.cache.put(response)
         if votes.invalid or cacheable:
-            self._revalidate()
+            self._work.revalidate()
 
         # 5. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
         if tuning is not None:
@@ -472,27 +415,18 @@ class Engine:
 
     def _exchange_status(self, drained: Drained) -> tuple[bytes, int, list[list[int]]]:
         """Send this rank's status row and receive every rank's: return (payload, words, matrix)."""
-        unsent = self._unsent
-        self._unsent = []
-        requests = [e.request for e in unsent]
+        requests = self._work.take_unsent()
         if drained.abort_reason:
             requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank, reason=drained.abort_reason))
         elif drained.shutdown:
             requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank))
         payload = encode_requests(requests) if requests else b""
         words = words_for(self.cache.num_slots)
-        hits = 0
-        if self._joined:
-            hits = (1 << self.cache.num_slots) - 1
-        else:
-            for entry in self._pending.values():
-                if entry.slot >= 0:
-                    hits |= 1 << entry.slot
-            hits |= self._foreign()
+        work = self._work
         # A parameter change of the autotuner is news too: it travels with this cycle's responses.
         news = bool(self._news) or self.autotuning.due
-        row = encode_status_row(joined=self._joined, news=news, payload_bytes=len(payload),
-                                hits=hits, invalid=self._invalid, words=words, blocked=drained.blocked)
+        row = encode_status_row(joined=work.joined, news=news, payload_bytes=len(payload),
+                                hits=work.hits(), invalid=work.invalid, words=words, blocked=drained.blocked)
         matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
         return payload, words, matrix
 
@@ -554,7 +488,7 @@ class Engine:
             self.executor.set_chunk_bytes(new.chunk_bytes)
         if old.cache_enabled and not new.cache_enabled:
             self.cache.erase(self.cache.slots())
-            self._revalidate()
+            self._work.revalidate()
 
     # -- execution ----------------------------------------------------------------------------------
 
@@ -575,7 +509,7 @@ class Engine:
         return executed, reduced_bytes
 
     def _take(self, name: str) -> Entry | None:
-        entry = self._pending.pop(name, None)
+        entry = self._work.take(name)
         if entry is not None:
             self._queue.release(name)
         return entry
@@ -617,7 +551,7 @@ class Engine:
 
     def _end_join(self, response: Response) -> bool:
         entry = self._take("join.noname")
-        self._joined = False
+        self._work.joined = False
         if entry is not None:
             entry.handle.complete(response.last_joined)
         return True
@@ -677,11 +611,9 @@ class Engine:
             self._stop_error = error
         self._state = EngineState.STOPPED
         queued = self._queue.close()
-        waiting = list(self._pending.values()) + queued
+        waiting = self._work.clear() + queued
         for entry in waiting:
             entry.handle.fail(type(error)(str(error)))
-        self._pending.clear()
-        self._unsent = []
         if first:
             self._stopped.set()
             if self.on_stop is not None:
