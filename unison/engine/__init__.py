@@ -1,7 +1,8 @@
 """The engine: one thread per process that runs the protocol (`unison.protocol`) and the collectives.
 
 Here live the threaded parts: the loop (``loop.py``, the `Engine`: exchange, decide, act), the
-submission queue framework threads fill and the loop drains (``queue.py``), the executor that packs,
+submission queue framework threads fill and the loop drains (``queue.py``), this rank's pending work
+against the response cache (``pending.py``), the executor that packs,
 reduces and unpacks buffers (``executor.py``), the autotuner's run-time side (``autotuning.py``), and
 what watches the cycles without steering them (``observer.py``): rank 0's timeline writer
 (``timeline.py``) and stall feed (``stall_feed.py``). Every decision they act on comes from
@@ -10,7 +11,8 @@ the table in ``protocol/dispatch.py``.
 
 One cycle, as run by the engine thread of every rank (``loop.py``, `Engine._cycle`):
 
-1. **Drain.** Requests enqueued by framework threads since the last cycle (``queue.py``) are classified against the
+1. **Drain.** Requests enqueued by framework threads since the last cycle (``queue.py``) are classified
+   (``pending.py``) against the
    response cache (``protocol/cache.py``): a *hit* (same name and attributes as a response negotiated before)
    only needs a vote; a *miss* must go to the coordinator; an *invalid* entry (same name, other
    attributes) marks its slot for erasure on every rank.
