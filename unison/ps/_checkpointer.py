@@ -1,4 +1,4 @@
-"""A parameter server's checkpoints: resumed from at start, written on request and every few seconds when the shard changed.
+"""When a parameter server reads its checkpoint (at start) or writes it (on request, or every few seconds after a change).
 
 The files are `_checkpoint`'s; this module decides when to write, takes the shard's state under the
 server's lock, writes it outside the lock (one write at a time), and counts what it wrote.

@@ -1,4 +1,4 @@
-"""When a parameter server's work is over: a thread that watches its trainers, names the lost ones, and ends it.
+"""When a parameter server's work is over: a thread watching its trainers, naming the lost ones, ending the work.
 
 The rule is `_steps.server_end`, read through the shard's `Roster`; this module applies it as time
 passes and after the calls that change its answer (a trainer finished, or was told that a step

@@ -1,4 +1,4 @@
-"""What a request to a parameter server may carry, and its checks: limits, keys, declarations, gradient pieces.
+"""The checks of what a request to a parameter server carries: limits, keys, declarations, gradient pieces.
 
 The checks here need nothing of a shard's state but a block's size or a table's width; `shard.Shard`
 runs them and decides the rest. A malformed request raises `RequestError`, naming the field, the

@@ -1,4 +1,4 @@
-"""A parameter server: one shard of the dense blocks and sparse tables, served over authenticated gRPC.
+"""A parameter server: its shard of the dense blocks and sparse tables (`shard.Shard`) served over authenticated gRPC.
 
 The shard's state and every decision on it are `shard.Shard`'s (plain data, unit-tested without
 gRPC); this module is its shell: it listens, reads each call's frames, calls the shard under one

@@ -1,4 +1,4 @@
-"""One parameter server's shard and every decision on it, as plain data: no gRPC, no threads.
+"""A parameter server's shard as plain data, deciding each request without gRPC or threads.
 
 A `Shard` holds what one server serves: dense blocks (one row of values each, with the optimizer's
 state), table shards, the version (pushes applied in asynchronous mode, steps applied in
