@@ -308,12 +308,32 @@ def test_mixed_with_unisons_own_api() -> None:
 def test_a_rank_out_of_step_is_a_mismatch_named_on_every_rank_at_once() -> None:
     shape = (3,) if rank() == 0 else (4,)
     start = time.monotonic()
-    with pytest.raises(MismatchError, match=r"torch\.pg\.\d+") as caught:
+    with pytest.raises(MismatchError, match=r"torch\.pg\.(p\d+\.)?\d+") as caught:
         dist.all_reduce(torch.ones(shape))
     assert time.monotonic() - start < 5.0
     text = str(caught.value)
     assert "[3]" in text and "[4]" in text and "rank" in text
     dist.barrier()  # the group goes on
+
+
+@pytest.mark.min_ranks(2)
+def test_a_rank_out_of_step_in_a_repeating_program_is_caught_too() -> None:
+    # once the calls repeat, their names recur (unison's cache serves them); a rank that issues one
+    # more call still meets the others under one name
+    for _ in range(3 * 64):
+        dist.all_reduce(torch.ones(8))
+        dist.broadcast(torch.ones(2), src=0)
+    with pytest.raises(MismatchError, match=r"torch\.pg\.p\d+\.\d+"):
+        dist.all_reduce(torch.ones(5) if rank() == 1 else torch.ones(8))
+    dist.barrier()
+
+
+def test_more_calls_in_flight_than_the_names_window() -> None:
+    tensors = [torch.full((4,), float(i)) for i in range(3 * 64)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for work in works:
+        work.wait()
+    assert [t[0].item() for t in tensors] == [float(i * size()) for i in range(3 * 64)]
 
 
 @pytest.mark.min_ranks(2)

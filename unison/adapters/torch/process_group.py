@@ -3,8 +3,9 @@
 ``dist.init_process_group("unison")`` (after ``import unison.torch``) makes a `UnisonProcessGroup`:
 DDP, ZeroRedundancyOptimizer, FSDP2 and plain ``dist.*`` calls then go through unison's engine, so the
 coordinator checks every collective before any data moves. torch's collectives carry no names; each
-call here is named from the group's sequence number (``torch.<group>.<n>``), the same on every rank
-that runs the same program. Two ranks at different points of their programs then ask for different
+call here is named from the calls before it (`call_names`: ``torch.<group>.<n>``, and once the
+program repeats, names that recur with it so that unison's response cache serves them), the same on
+every rank that runs the same program. Two ranks at different points of their programs then ask for different
 collectives, shapes or dtypes under one name, and every rank gets a `MismatchError` naming the ranks
 and both calls from the work's ``wait()`` (out of DDP's ``backward()``), instead of a watchdog timeout.
 
@@ -28,7 +29,7 @@ import queue
 import socket
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from functools import reduce as fold
 from typing import Any
@@ -37,8 +38,9 @@ import torch
 import torch.distributed as dist
 
 from ... import _runtime
-from ...errors import InvalidArgumentError, UnisonNotImplementedError
+from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
+from .call_names import MIN_WINDOW, CallNames
 from .collectives import (
     allgather_async,
     allreduce_async_,
@@ -133,23 +135,30 @@ class UnisonWork(dist._Work):
         self.wait()
         return _value(self._inner)
 
+    def settle(self) -> None:
+        """Wait until finished, without raising (its error stays for its own wait)."""
+        for handle in self._waits:
+            handle.wait()
+        self._inner.wait()
+
 
 class _Completer:
     """One thread that completes works in submission order from unison's handles."""
 
     def __init__(self, label: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[list[int], Callable[[list[Any]], Any],
-                                             torch.futures.Future[Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[list[int], Callable[[list[Any]], Any], torch.futures.Future[Any],
+                                             Callable[[BaseException], None]] | None] = queue.SimpleQueue()
         self._label = label
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def add(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any]) -> None:
+    def add(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any],
+            on_error: Callable[[BaseException], None]) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"unison-{self._label}", daemon=True)
                 self._thread.start()
-        self._queue.put((handles, finish, future))
+        self._queue.put((handles, finish, future, on_error))
 
     def stop(self) -> None:
         with self._lock:
@@ -162,11 +171,12 @@ class _Completer:
             item = self._queue.get()
             if item is None:
                 return
-            handles, finish, future = item
+            handles, finish, future, on_error = item
             try:
                 results = [synchronize(handle) for handle in handles]
                 value = finish(results)
             except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
+                on_error(exc)
                 future.set_result(_Failed(exc))
             else:
                 future.set_result(value)
@@ -196,6 +206,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._completer = _Completer(label)
         self._group_name = self._group_desc = ""
+        self._names = CallNames()
+        self._naming = ""
+        self._call = 0
+        self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
 
     def __repr__(self) -> str:
         return f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} calls={self._sequence}>"
@@ -230,27 +244,46 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     # -- naming and completion -----------------------------------------------------------------------
 
-    def _name(self) -> str:
+    def _name(self, signature: Hashable) -> str:
+        """The next call's name (`CallNames`), once the last call under that name has finished here."""
         with self._lock:
             self._sequence += 1
-            return f"torch.{self._label}.{self._sequence}"
+            self._call = self._names.calls
+            name = f"torch.{self._label}.{self._names.next(signature)}"
+            self._naming = name
+            earlier = self._in_flight.pop(name, None)
+        if earlier is not None:
+            earlier.settle()  # only with more calls in flight than the names' window (64)
+        return name
 
     def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], Any]) -> UnisonWork:
         future: torch.futures.Future[Any] = torch.futures.Future()
         table = _runtime.job().handles
         waits = [waiter for handle in handles for waiter in table[handle][0]]
-        self._completer.add(handles, finish, future)
-        return UnisonWork(future, what, waits)
+        call, name = self._call, self._naming
+        self._completer.add(handles, finish, future, lambda error: self._failed(call, name, error))
+        work = UnisonWork(future, what, waits)
+        with self._lock:
+            self._in_flight[self._naming] = work
+            if len(self._in_flight) > 2 * MIN_WINDOW:
+                self._in_flight = {n: w for n, w in self._in_flight.items() if not w.is_completed()}
+        return work
+
+    def _failed(self, call: int, name: str, error: BaseException) -> None:
+        """A call failed on every rank (unison's errors are the job's): the same token in every history."""
+        if isinstance(error, UnisonError):
+            with self._lock:
+                self._names.replace(call, ("failed", name))
 
     # -- reductions ----------------------------------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._allreduce(list(tensors), op, self._name(), "allreduce")
+        return self._allreduce(list(tensors), op, self._name(("allreduce", _sig(tensors), _op_key(op))), "allreduce")
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._allreduce(list(tensors), op, self._name(), "allreduce_coalesced", grouped=True)
+        return self._allreduce(list(tensors), op, self._name(("allreduce_coalesced", _sig(tensors), _op_key(op))), "allreduce_coalesced", grouped=True)
 
     def _allreduce(self, tensors: list[torch.Tensor], reduce_op: Any, name: str, what: str,
                    grouped: bool = False,
@@ -277,7 +310,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors: Sequence[torch.Tensor], opts: Any) -> UnisonWork:
         # an allreduce out of place, kept by the root alone: exact, at the cost of the others' copy
-        name, root = self._name(), opts.rootRank
+        name, root = self._name(("reduce", _sig(tensors), _op_key(opts.reduceOp), opts.rootRank)), opts.rootRank
         scratch = [t.detach().clone() for t in tensors]
         keep = list(tensors)
         return self._allreduce(scratch, opts.reduceOp, name, "reduce",
@@ -307,7 +340,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         op, bitwise, factor = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if bitwise is not None:
             raise UnisonNotImplementedError(f"{what} with a bitwise op on the unison backend: use all_reduce.")
-        name = self._name()
+        name = self._name((what, _sig([output, stacked]), _op_key(opts.reduceOp if opts is not None else None)))
         handle = reducescatter_async(stacked.contiguous(), name=name, op=op, prescale_factor=factor)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
@@ -334,7 +367,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"all_gather_into_tensor needs an output of size * input elements ({self._size} * "
                 f"{input.numel()}). Got {output.numel()}.")
-        handle = allgather_async(input.reshape(1, *input.shape).contiguous(), name=self._name())
+        handle = allgather_async(input.reshape(1, *input.shape).contiguous(), name=self._name(("all_gather_into_tensor", _sig([output, input]))))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             output.copy_(results[0].reshape(output.shape))
@@ -344,7 +377,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def _gather_into(self, targets: list[torch.Tensor], source: torch.Tensor, what: str) -> UnisonWork:
-        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name())
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name((what, _sig([source, *targets]))))
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             for target, piece in zip(targets, results[0].unbind(0)):
@@ -355,7 +388,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def _gather_uneven(self, targets: list[torch.Tensor], source: torch.Tensor) -> UnisonWork:
         # every rank's tensor flattened, concatenated along dimension 0 (unison's allgather allows
         # a different length per rank), then cut by the output shapes
-        handle = allgather_async(source.reshape(-1).contiguous(), name=self._name())
+        handle = allgather_async(source.reshape(-1).contiguous(), name=self._name(("all_gather", _sig([source, *targets]))))
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             offset = 0
@@ -372,7 +405,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         targets = list(outputs[0]) if outputs else []
         if self._rank == root:
             _check_count("gather", targets, self._size)
-        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name())
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name(("gather", _sig([source]), root)))
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             if self._rank == root:
@@ -385,7 +418,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
         root = opts.rootRank if opts is not None else 0
-        name = self._name()
+        name = self._name(("broadcast", _sig(tensors), root))
         work_tensors, copies = _contiguous(list(tensors))
         handles = [broadcast_async_(t, root_rank=root, name=name if len(work_tensors) == 1 else f"{name}.{i}")
                    for i, t in enumerate(work_tensors)]
@@ -406,7 +439,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         else:
             send = output.new_empty((0, *output.shape))
             splits = [0] * self._size
-        handle = alltoall_async(send.contiguous(), splits=splits, name=self._name())
+        handle = alltoall_async(send.contiguous(), splits=splits, name=self._name(("scatter", _sig([output]), root)))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -419,7 +452,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         _check_count("all_to_all", list(outputs), self._size)
         send = torch.cat([t.reshape(-1) for t in inputs])
         splits = [t.numel() for t in inputs]
-        handle = alltoall_async(send, splits=splits, name=self._name())
+        handle = alltoall_async(send, splits=splits, name=self._name(("all_to_all", _sig([*inputs, *outputs]))))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -438,7 +471,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"all_to_all_single without split sizes needs dimension 0 ({rows}) divisible by the group's "
                 f"size ({self._size}).")
-        handle = alltoall_async(input.contiguous(), splits=splits, name=self._name())
+        handle = alltoall_async(input.contiguous(), splits=splits, name=self._name(("all_to_all_single", _sig([input, output]), tuple(splits))))
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -449,7 +482,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> UnisonWork:
-        handle = allreduce_async_(torch.zeros(1), name=self._name(), op=ReduceOp.SUM)
+        handle = allreduce_async_(torch.zeros(1), name=self._name(("barrier",)), op=ReduceOp.SUM)
         return self._work("barrier", [handle], lambda results: [])
 
     # -- what unison cannot carry ------------------------------------------------------------------------
@@ -462,6 +495,18 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors: Sequence[torch.Tensor], tag: int = 0) -> UnisonWork:
         raise _point_to_point("recv")
+
+
+def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
+    """What a call's tensors are, for `CallNames`: shape, dtype and device of each."""
+    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
+
+
+def _op_key(reduce_op: Any) -> tuple[Any, ...]:
+    if reduce_op is None:
+        return ()
+    kind = getattr(reduce_op, "op", reduce_op)
+    return (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)
 
 
 def _point_to_point(call: str) -> UnisonNotImplementedError:

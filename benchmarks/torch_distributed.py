@@ -1,0 +1,140 @@
+"""torch.distributed backends side by side: DDP on "unison", on "gloo", and on gloo in DETAIL debug mode.
+
+Run: mpiexec -n 2 python benchmarks/torch_distributed.py [--steps 40] [--quick] [--output PATH]
+
+Two DDP copies of one model, each on its own process group of every rank: ``unison`` (the unison
+backend) and ``gloo``. They take turns step by step (`turns.take_turns`), each rank on one thread; the
+table shows samples/s from each mode's median step and the ratio. A third group, ``gloo-detail``, is
+gloo wrapped as ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wraps it (a check of every collective's shape and
+type over a second gloo group before it runs: torch's own tool for the desynchronisation the unison
+backend reports by name). DDP does not run on it: in torch 2.13.0 DDP's construction crashes the
+process (SIGSEGV) in DETAIL mode, with gloo alone and no unison in the process. Then the latency of a
+4 KiB ``dist.all_reduce`` on each of the three groups (alternating, median), and the time until a rank learns of a collective issued with another shape on the other
+rank: unison raises at once; gloo may never notice (it waits for its own timeout, set to 10 s here,
+or reduces what it was given); DETAIL mode raises after its check. The groups get their store through
+unison (no MASTER_ADDR needed). Rank 0 writes everything to ``benchmarks/results/torch_distributed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from machine import cpu_times, percent, steal_share
+from train_torch import MODELS, loss_of
+from turns import take_turns
+
+import unison.torch as hvd
+
+MODES = ("unison", "gloo", "gloo-detail")
+DDP_MODES = ("unison", "gloo")
+MISMATCH_TIMEOUT = timedelta(seconds=10)
+
+
+def groups() -> dict[str, dist.ProcessGroup]:
+    """One group of every rank per mode (DETAIL mode wraps the gloo group it makes)."""
+    made = {"unison": dist.new_group(backend="unison"), "gloo": dist.new_group(backend="gloo")}
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    made["gloo-detail"] = dist.new_group(backend="gloo")
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    return made
+
+
+def make_step(name: str, group: dist.ProcessGroup, batch: int):
+    torch.manual_seed(0)
+    model = MODELS[name][0]()
+    x, y = MODELS[name][1](batch)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_of(name, ddp(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def latency(made: dict[str, dist.ProcessGroup], rounds: int) -> dict[str, float]:
+    """Median seconds of a 4 KiB all_reduce on each group, alternating the groups call by call."""
+    tensor = torch.ones(1024)
+    times = take_turns({mode: (lambda g=group: dist.all_reduce(tensor, group=g)) for mode, group in made.items()},
+                       rounds, warmup=5)
+    return {mode: statistics.median(values) for mode, values in (times or {}).items()}
+
+
+def time_to_error(backend: str, detail: bool) -> tuple[float, str]:
+    """Seconds until this rank's mismatched all_reduce returned or raised, and what happened."""
+    if detail:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+    group = dist.new_group(backend=backend, timeout=MISMATCH_TIMEOUT)
+    dist.set_debug_level(dist.DebugLevel.OFF)
+    dist.all_reduce(torch.ones(1), group=group)  # the group is up on every rank
+    tensor = torch.ones(3 if hvd.rank() == 0 else 4)
+    start = time.perf_counter()
+    try:
+        dist.all_reduce(tensor, group=group)
+        outcome = f"returned {tensor.tolist()}"
+    except Exception as exc:  # noqa: BLE001 - the outcome is what is measured
+        outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return time.perf_counter() - start, outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, help="timed steps per mode (default 40; 3 with --quick)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--models", default="mlp,convnet")
+    parser.add_argument("--quick", action="store_true", help="a few steps (smoke run)")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "torch_distributed.json"))
+    args = parser.parse_args()
+    steps = args.steps or (3 if args.quick else 40)
+    torch.set_num_threads(1)
+    hvd.init()
+    dist.init_process_group("unison")
+    made = groups()
+    load_before, cpu_before = os.getloadavg(), cpu_times()
+    names = args.models.split(",")
+    step_seconds = {name: take_turns({mode: make_step(name, made[mode], args.batch_size) for mode in DDP_MODES},
+                                     steps, warmup=1 if args.quick else 3) or {} for name in names}
+    small = latency(made, 20 if args.quick else 300)
+    errors = {mode: time_to_error("unison" if mode == "unison" else "gloo", mode == "gloo-detail")
+              for mode in MODES} if hvd.size() > 1 else {}
+    load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
+    if hvd.rank() == 0:
+        samples = hvd.size() * args.batch_size
+        print(f"{hvd.size()} ranks, 1 thread each, {steps} steps per mode taking turns step by step; load average "
+              f"before {load_before[0]:.2f}, after {load_after[0]:.2f} (1 min); CPU steal {percent(steal)}")
+        print(f"{'DDP on':<8} {'unison':>9} {'gloo':>9} {'unison/gloo':>12}")
+        models = {}
+        for name in names:
+            med = {m: samples / statistics.median(step_seconds[name][m]) for m in DDP_MODES}
+            print(f"{name:<8} {med['unison']:>9.1f} {med['gloo']:>9.1f} {med['unison'] / med['gloo']:>11.2f}x")
+            models[name] = {"step_seconds": step_seconds[name], "median_samples_per_second": med,
+                            "unison_over_gloo": med["unison"] / med["gloo"]}
+        print("(samples/s from the median step, global across ranks)")
+        print("4 KiB all_reduce, median: " + ", ".join(f"{m} {s * 1e6:.0f} us" for m, s in small.items()))
+        for mode, (seconds, outcome) in errors.items():
+            print(f"mismatched shapes, {mode}: {seconds:.3f} s, {outcome}")
+        path = Path(args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "ranks": hvd.size(), "threads_per_rank": 1, "steps": steps, "batch_size": args.batch_size,
+            "load_before": load_before, "load_after": load_after, "steal_share": steal, "models": models,
+            "allreduce_4kib_median_seconds": small,
+            "mismatch": {m: {"seconds": s, "outcome": o} for m, (s, o) in errors.items()}}, indent=2) + "\n")
+        print(f"wrote {path}")
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
