@@ -169,8 +169,9 @@ class Engine:
             Action.RUN: self._run_collective,
             Action.TUNE: self._ignore,
         }
-        self._dispatch: dict[Kind, tuple[Callable[[Response], bool], bool]] = {
-            kind: (actions[route.action], route.members_only) for kind, route in ROUTES.items()
+        # Keyed by the kind's string: a str hashes in C, an enum member through Python (per response).
+        self._dispatch: dict[str, tuple[Callable[[Response], bool], bool]] = {
+            kind.value: (actions[route.action], route.members_only) for kind, route in ROUTES.items()
         }
         if timeline is not None:
             self.set_timeline(timeline)
@@ -517,7 +518,7 @@ class Engine:
     def _execute(self, response: Response) -> bool:
         """Run one response as `unison.protocol.dispatch` routes it; return False when the job stops."""
         self._stats["responses"] += 1
-        action, members_only = self._dispatch[response.kind]
+        action, members_only = self._dispatch[response.kind._value_]
         if members_only and self.rank not in self.process_sets.get(response.process_set_id, ()):
             return True
         return action(response)
