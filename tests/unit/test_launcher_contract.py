@@ -1,4 +1,6 @@
-"""The contract between unisonrun and its ranks (unison/_contract.py): names, formats, atomic writes."""
+"""The contract between unisonrun and its ranks (unison/_contract.py): names, formats, atomic writes.
+
+Named apart from tests/unit/backends/test_contract.py (the Backend contract): pytest collects both."""
 
 from __future__ import annotations
 
