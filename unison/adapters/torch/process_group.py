@@ -9,9 +9,9 @@ every rank that runs the same program. Two ranks at different points of their pr
 collectives, shapes or dtypes under one name, and every rank gets a `MismatchError` naming the ranks
 and both calls from the work's ``wait()`` (out of DDP's ``backward()``), instead of a watchdog timeout.
 
-Every call returns at once with a `UnisonWork`; one completer thread per group waits for unison's
-handles in submission order and completes each work's future (DDP's communication hooks chain on
-it), or fails it with unison's error. Calls that unison has no collective for are composed exactly:
+Every call returns at once with a `UnisonWork`. A thread that waits for it finishes it (copies,
+unison's error); once torch asks for its future (DDP's communication hooks chain on it), one completer
+thread per group finishes it in submission order if no thread waits. Calls that unison has no collective for are composed exactly:
 ``reduce`` and ``gather`` from the allreduce and allgather (the root keeps the result), ``scatter``
 from an alltoall in which only the root sends, the bitwise ops from an allgather reduced locally.
 Point-to-point calls and groups of a subset of the ranks raise an error that names the call.
@@ -85,16 +85,18 @@ def _value(future: torch.futures.Future[Any]) -> Any:
 class UnisonWork(dist._Work):
     """One call's completion: ``wait()`` returns once it finished (raising its error), ``get_future()``.
 
-    Two futures: the inner one, completed by the group's completer with the outputs or a `_Failed`, and
-    the one torch sees, chained on it. An error reaches torch's C++ side (DDP's reducer) only through
+    Two futures: the inner one, completed with the outputs or a `_Failed` by the thread that waits or by
+    the group's completer, and the one torch sees (`get_future`), chained on it. An error reaches torch's C++ side (DDP's reducer) only through
     that chain, which turns it into an error C++ can hold: a Python exception set on a future that
     DDP waits for directly crashed the process (torch 2.13, SIGSEGV).
     """
 
-    def __init__(self, inner: torch.futures.Future[Any], what: str, waits: Sequence[Any] = ()) -> None:
+    def __init__(self, pending: _Pending, what: str, waits: Sequence[Any], completer: _Completer) -> None:
         super().__init__()
-        self._inner = inner
-        self._future = inner.then(_value)
+        self._pending = pending
+        self._inner = pending.future
+        self._completer = completer
+        self._future: torch.futures.Future[Any] | None = None  # made by get_future (a then() costs)
         self._what = what
         self._waits = list(waits)  # unison's own handles: a wait on them counts as blocked in unison
 
@@ -107,14 +109,14 @@ class UnisonWork(dist._Work):
         The wait is on unison's handles first, so that a main thread blocked here counts as blocked in
         unison for the deadlock check (``UNISON_DEADLOCK_SECONDS``), as in unison's own synchronize.
         """
-        for handle in self._waits:
-            handle.wait()
-        self._inner.wait()
+        self.settle()
         _value(self._inner)
         return True
 
     def is_completed(self) -> bool:
         """Whether the call finished (successfully or not)."""
+        if not self._inner.done() and all(handle.done() for handle in self._waits):
+            self._pending.run()
         return self._inner.done()
 
     def is_success(self) -> bool:
@@ -127,7 +129,13 @@ class UnisonWork(dist._Work):
         return value.error if isinstance(value, _Failed) else None
 
     def get_future(self) -> torch.futures.Future[Any]:
-        """The future the call completes with its output tensors (DDP's hooks chain on it)."""
+        """The future the call completes with its output tensors (DDP's hooks chain on it).
+
+        From here on the group's completer thread finishes the call if no thread waits for it.
+        """
+        if self._future is None:
+            self._future = self._inner.then(_value)
+            self._completer.add(self._pending)
         return self._future
 
     def result(self) -> Any:
@@ -139,26 +147,57 @@ class UnisonWork(dist._Work):
         """Wait until finished, without raising (its error stays for its own wait)."""
         for handle in self._waits:
             handle.wait()
+        self._pending.run()
         self._inner.wait()
+
+
+class _Pending:
+    """One call to complete: unison's handles, how to finish, and the inner future it completes.
+
+    Whoever comes first runs it: the group's completer thread, or a thread that waits for the work
+    (its handles are done, so finishing costs nothing more than the wait it was doing anyway; the
+    completer then finds it done). Exactly one of them synchronizes the handles.
+    """
+
+    __slots__ = ("_claimed", "_lock", "finish", "future", "handles", "on_error")
+
+    def __init__(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any],
+                 on_error: Callable[[BaseException], None]) -> None:
+        self.handles, self.finish, self.future, self.on_error = handles, finish, future, on_error
+        self._lock = threading.Lock()
+        self._claimed = False
+
+    def run(self) -> None:
+        """Complete the future, unless another thread did or is doing it (then return at once)."""
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        try:
+            results = [synchronize(handle) for handle in self.handles]
+            value = self.finish(results)
+        except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
+            self.on_error(exc)
+            self.future.set_result(_Failed(exc))
+        else:
+            self.future.set_result(value)
 
 
 class _Completer:
     """One thread that completes works in submission order from unison's handles."""
 
     def __init__(self, label: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[list[int], Callable[[list[Any]], Any], torch.futures.Future[Any],
-                                             Callable[[BaseException], None]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._label = label
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def add(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any],
-            on_error: Callable[[BaseException], None]) -> None:
+    def add(self, pending: _Pending) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"unison-{self._label}", daemon=True)
                 self._thread.start()
-        self._queue.put((handles, finish, future, on_error))
+        self._queue.put(pending)
 
     def stop(self) -> None:
         with self._lock:
@@ -168,18 +207,10 @@ class _Completer:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            pending = self._queue.get()
+            if pending is None:
                 return
-            handles, finish, future, on_error = item
-            try:
-                results = [synchronize(handle) for handle in handles]
-                value = finish(results)
-            except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
-                on_error(exc)
-                future.set_result(_Failed(exc))
-            else:
-                future.set_result(value)
+            pending.run()
 
 
 def _op(reduce_op: Any) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
@@ -261,8 +292,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         table = _runtime.job().handles
         waits = [waiter for handle in handles for waiter in table[handle][0]]
         call, name = self._call, self._naming
-        self._completer.add(handles, finish, future, lambda error: self._failed(call, name, error))
-        work = UnisonWork(future, what, waits)
+        pending = _Pending(handles, finish, future, lambda error: self._failed(call, name, error))
+        work = UnisonWork(pending, what, waits, self._completer)
         with self._lock:
             self._in_flight[self._naming] = work
             if len(self._in_flight) > 2 * MIN_WINDOW:
