@@ -104,7 +104,7 @@ def main() -> None:
     load_before, cpu_before = os.getloadavg(), cpu_times()
     names = args.models.split(",")
     step_seconds = {name: take_turns({mode: make_step(name, made[mode], args.batch_size) for mode in DDP_MODES},
-                                     steps, warmup=1 if args.quick else 3) or {} for name in names}
+                                     steps, warmup=1 if args.quick else 10) or {} for name in names}
     small = latency(made, 20 if args.quick else 300)
     errors = {mode: time_to_error("unison" if mode == "unison" else "gloo", mode == "gloo-detail")
               for mode in MODES} if hvd.size() > 1 else {}

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import unison.torch as hvd  # noqa: E402
+from unison.adapters.torch.call_names import MIN_WINDOW  # noqa: E402
 from unison.errors import MismatchError, UnisonNotImplementedError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -320,7 +321,7 @@ def test_a_rank_out_of_step_is_a_mismatch_named_on_every_rank_at_once() -> None:
 def test_a_rank_out_of_step_in_a_repeating_program_is_caught_too() -> None:
     # once the calls repeat, their names recur (unison's cache serves them); a rank that issues one
     # more call still meets the others under one name
-    for _ in range(3 * 64):
+    for _ in range(4 * MIN_WINDOW):
         dist.all_reduce(torch.ones(8))
         dist.broadcast(torch.ones(2), src=0)
     with pytest.raises(MismatchError, match=r"torch\.pg\.p\d+\.\d+"):
@@ -329,11 +330,11 @@ def test_a_rank_out_of_step_in_a_repeating_program_is_caught_too() -> None:
 
 
 def test_more_calls_in_flight_than_the_names_window() -> None:
-    tensors = [torch.full((4,), float(i)) for i in range(3 * 64)]
+    tensors = [torch.full((4,), float(i)) for i in range(4 * MIN_WINDOW)]
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
     for work in works:
         work.wait()
-    assert [t[0].item() for t in tensors] == [float(i * size()) for i in range(3 * 64)]
+    assert [t[0].item() for t in tensors] == [float(i * size()) for i in range(4 * MIN_WINDOW)]
 
 
 @pytest.mark.min_ranks(2)

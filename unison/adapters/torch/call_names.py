@@ -20,7 +20,7 @@ from collections.abc import Hashable
 __all__ = ["MAX_PERIOD", "MIN_WINDOW", "CallNames"]
 
 MAX_PERIOD = 256  # calls per repeating unit followed (a model with more buckets per step misses the cache)
-MIN_WINDOW = 64  # calls before a name recurs (at most MIN_WINDOW + MAX_PERIOD names: they fit the cache)
+MIN_WINDOW = 16  # calls before a name recurs (at most MIN_WINDOW + MAX_PERIOD names: they fit the cache)
 
 
 class CallNames:

@@ -284,7 +284,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             self._naming = name
             earlier = self._in_flight.pop(name, None)
         if earlier is not None:
-            earlier.settle()  # only with more calls in flight than the names' window (64)
+            earlier.settle()  # only with more calls in flight than the names' window (16)
         return name
 
     def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], Any]) -> UnisonWork:
