@@ -99,3 +99,17 @@ def test_ps_ctr_trains_on_parameter_servers() -> None:
     for trainer in (0, 1):
         after = accuracy(done.stdout, rf"trainer {trainer} final held-out log loss (\d\.\d+)")
         assert after < before - 0.1, done.stdout
+
+
+def test_pytorch_ddp_on_the_unison_backend_trains() -> None:
+    out = run2("examples/pytorch_ddp_digits.py", "--epochs", "6")
+    assert accuracy(out, r"test acc (\d\.\d+)") > 0.9
+
+
+def test_pytorch_ddp_example_names_a_rank_out_of_step() -> None:
+    done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "examples/pytorch_ddp_digits.py", "--epochs", "4",
+                           "--desync"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode != 0
+    errors = done.stdout + done.stderr
+    assert re.search(r"MismatchError: Mismatched ALLREDUCE tensor shapes for 'allreduce\.torch\.pg\.[\w.]+': "
+                     r"\[2\] on rank \[0\]; \[3\] on rank \[1\]", errors), errors[-3000:]
