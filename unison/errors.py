@@ -7,7 +7,9 @@
     │   ├── DuplicateNameError                         a name already in flight on this rank
     │   ├── UnnamedThreadError                         an unnamed collective from a second thread
     │   └── RequestError                               a parameter server refused a request
-    │       └── TableFullError                         a table's shard has no room for new ids
+    │       ├── TableFullError                         a table's shard has no room for new ids
+    │       ├── NotDeclaredError                       it names a block or table the server does not hold
+    │       └── ConflictError                          it disagrees with what the server holds
     ├── ConfigError                  (ValueError)      a bad keyword argument or UNISON_*/HOROVOD_* variable
     ├── MissingDependencyError       (ImportError)     an optional dependency is not installed
     ├── UnisonNotImplementedError    (NotImplementedError)
@@ -30,6 +32,7 @@ from __future__ import annotations
 __all__ = [
     "AbortedError",
     "ConfigError",
+    "ConflictError",
     "DuplicateNameError",
     "GradientCountError",
     "HorovodInternalError",
@@ -40,6 +43,7 @@ __all__ = [
     "MismatchError",
     "MissingDependencyError",
     "MissingGradientError",
+    "NotDeclaredError",
     "NotInitializedError",
     "RequestError",
     "ServerUnavailableError",
@@ -152,6 +156,14 @@ class RequestError(InvalidArgumentError):
 
 class TableFullError(RequestError):
     """A batch brought more new ids than a table's shard has room for."""
+
+
+class NotDeclaredError(RequestError):
+    """A request names a dense block or a table that the parameter server does not hold."""
+
+
+class ConflictError(RequestError):
+    """A request disagrees with what the parameter server holds, or with the job it was started for."""
 
 
 class ServerUnavailableError(UnisonError, RuntimeError):

@@ -12,23 +12,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import RequestError
+from ..errors import ConflictError, RequestError
 from ._wire import MAX_KEY_CHARS, floats, ids_of, sum_rows
 from .table import INITIALIZERS
 
-__all__ = ["MAX_DIM", "MAX_ELEMENTS", "ConflictError", "DenseDeclaration", "NotDeclaredError", "Piece",
-           "TableDeclaration", "agree", "check_declarations", "dense_gradient", "sparse_gradient", "wanted_ids"]
+__all__ = ["MAX_DIM", "MAX_ELEMENTS", "DenseDeclaration", "Piece", "TableDeclaration", "agree", "check_declarations", "dense_gradient", "sparse_gradient", "wanted_ids"]
 
 MAX_DIM = 1 << 16  # widest table row
 MAX_ELEMENTS = 1 << 34  # largest dense block, and most rows a table may declare
-
-
-class NotDeclaredError(RequestError):
-    """A request names a dense block or a table that the server does not hold."""
-
-
-class ConflictError(RequestError):
-    """A request disagrees with what the server holds, or with the job it was started for."""
 
 
 class Piece(Protocol):

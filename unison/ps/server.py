@@ -40,13 +40,13 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from ..errors import ConfigError, InvalidArgumentError, TrainerLostError
+from ..errors import ConfigError, ConflictError, InvalidArgumentError, NotDeclaredError, TrainerLostError
 from ..service.calls import Gate
 from ..service.server import CHANNEL_OPTIONS
 from . import ps_pb2 as pb
 from ._checkpointer import Checkpointer
 from ._liveness import Liveness
-from ._requests import MAX_DIM, MAX_ELEMENTS, ConflictError, NotDeclaredError
+from ._requests import MAX_DIM, MAX_ELEMENTS
 from ._wire import DEFAULT_CHUNK_BYTES, frames
 from .shard import MODES, Shard
 

@@ -43,11 +43,9 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..errors import ConfigError, RequestError
+from ..errors import ConfigError, ConflictError, NotDeclaredError, RequestError
 from ._requests import (
-    ConflictError,
     DenseDeclaration,
-    NotDeclaredError,
     Piece,
     TableDeclaration,
     agree,

@@ -9,10 +9,17 @@ import numpy as np
 import pytest
 
 from unison._version import __version__
-from unison.errors import ConfigError, InvalidArgumentError, RequestError, TableFullError, TrainerLostError
+from unison.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidArgumentError,
+    NotDeclaredError,
+    RequestError,
+    TableFullError,
+    TrainerLostError,
+)
 from unison.ps import _checkpoint
 from unison.ps import ps_pb2 as pb
-from unison.ps._requests import ConflictError, NotDeclaredError
 from unison.ps.optim import SGD, Adam
 from unison.ps.shard import Shard
 
