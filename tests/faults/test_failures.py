@@ -126,3 +126,13 @@ def test_ranks_with_different_job_wide_settings_are_refused_at_init(variable: st
     assert done.output.count(want) >= 2, done.output  # said on every rank
     assert "reduced" not in done.output
     assert done.seconds < BOUND_SECONDS, done.seconds
+
+
+@pytest.mark.parametrize("variant", ["exit", "_exit", "nowait"])
+def test_a_rank_that_forked_a_child_then_exits_mid_run_is_named(variant: str) -> None:
+    # the child's own exit must not stand for the rank's: the rank's keeper sees the rank end
+    scenario = str(Path(__file__).resolve().parent / "_fork_exit_scenario.py")
+    done = run_job(unisonrun("-np", "2", PYTHON, scenario, variant))
+    assert done.returncode == 1, done.output
+    assert "unisonrun: rank 1 (" in done.output, done.output
+    assert "ended without shutting unison down (exited with status 0) while the job was running" in done.output
