@@ -67,3 +67,20 @@ def test_troubleshooting_says_the_same_statuses() -> None:
             "or a rank froze; n when a rank exited with status n while the job ran; 128 + N when a rank was "
             "killed by signal N (137: SIGKILL, often the OOM killer); 124 after `--timeout`; 130 after Ctrl-C; "
             "2 when the job could not start.") in text
+
+
+def test_the_parameter_server_and_elastic_bounds_are_the_code_s() -> None:
+    import inspect
+
+    from unison.launcher._elastic_driver import DEFAULT_ELASTIC_TIMEOUT_SECONDS
+    from unison.ps.client import Client
+
+    ps = _flat((DOCS / "ps.md").read_text())
+    heartbeat = inspect.signature(Client.__init__).parameters["heartbeat_seconds"].default
+    assert heartbeat == 1.0  # "heartbeats every second"
+    assert (f"`UNISON_PS_TRAINER_TIMEOUT_SECONDS` ({DEFAULTS.ps_trainer_timeout_seconds:g} s; heartbeats every "
+            "second)") in ps
+    assert f"`UNISON_PS_RECONNECT_SECONDS`, {DEFAULTS.ps_reconnect_seconds:g} s" in ps
+    assert f"UNISON_PS_RECONNECT_SECONDS ({DEFAULTS.ps_reconnect_seconds:g} s)" in ps
+    elastic = _flat((DOCS / "elastic.md").read_text())
+    assert f"else {DEFAULT_ELASTIC_TIMEOUT_SECONDS:g} s" in elastic
