@@ -6,7 +6,7 @@ STAMP := $(VENV)/.unison-installed
 # The CPU build of this torch release (a bare `torch` would pull a multi-GB CUDA build).
 TORCH_PIN = torch==2.13.0
 
-.PHONY: venv demo test test-large lint bench bench-multihost proto clean distclean
+.PHONY: venv demo check test test-large lint bench bench-quick bench-multihost proto clean distclean
 
 venv: $(STAMP)
 
@@ -28,9 +28,23 @@ $(STAMP): pyproject.toml | $(VPY)
 demo: venv
 	$(VENV)/bin/mpiexec -n 2 $(VPY) examples/pytorch_mnist.py
 
-# The tests in two workers (a file stays in one worker); the fault and control-plane tests apart from
-# the heavy training tests, since they check how soon a failure is noticed, with bounds that hold on
-# a loaded 2-core machine. Then the multi-rank suite at 1 to 4 ranks, and on the gRPC control plane.
+# Day-to-day work, in under 5 minutes on 2 cores: lint; the unit tests in two workers, less the Keras 2
+# file and the Keras-on-torch 2-rank job (Keras jobs in child processes: 2-3 minutes of one worker);
+# the whole multi-rank suite at 1 rank; at 2 ranks the suite without the TensorFlow and Keras files
+# (they ran at 1 rank; 2 ranks add little but time) and without the convergence tests (hundreds of
+# training steps). `make test` runs all of them. Measured: 244 s, load average 5.4 at the start.
+check: lint
+	$(VPY) -m pytest tests/unit -q -n 2 --dist loadfile $(CHECK_LEAVES_OUT)
+	$(VPY) tests/run_multirank.py -n 1
+	$(VPY) tests/run_multirank.py -n 2 -m "not convergence" $(MULTIRANK_WITHOUT_TF)
+
+CHECK_LEAVES_OUT = --ignore=tests/unit/adapters/test_tf_keras_legacy.py \
+	--deselect=tests/unit/adapters/test_tf_keras_torch_backend.py::test_keras_torch_backend_two_ranks_match_one_process
+
+# The whole matrix, as CI runs it. The tests in two workers (a file stays in one worker); the fault
+# and control-plane tests apart from the heavy training tests, since they check how soon a failure is
+# noticed, with bounds that hold on a loaded 2-core machine. Then the multi-rank suite at 1 to 4
+# ranks, and on the gRPC control plane.
 test: venv
 	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps -q -n 2 --dist loadfile
 	$(VPY) -m pytest tests/service tests/faults -q -n 2 --dist loadfile
@@ -43,7 +57,13 @@ test: venv
 
 # The other control plane changes how requests and responses travel, not what the framework adapters
 # submit: its tiers leave out the TensorFlow and Keras files, which the MPI tiers run.
-CONTROL_PLANE_TESTS = $(filter-out tests/multirank/test_keras% tests/multirank/test_tf_% tests/multirank/test_compression_tf.py,$(wildcard tests/multirank/test_*.py))
+MULTIRANK_WITHOUT_TF = $(filter-out tests/multirank/test_keras% tests/multirank/test_tf_% tests/multirank/test_compression_tf.py,$(wildcard tests/multirank/test_*.py))
+CONTROL_PLANE_TESTS = $(MULTIRANK_WITHOUT_TF)
+
+# The benchmarks' quick runs (benchmarks/run_all.py --quick) and their checks alone: `make test` runs
+# them once, in its first tier; `make check` leaves them out.
+bench-quick: venv
+	$(VPY) -m pytest tests/examples/test_benchmarks.py -q
 
 # Tensors over 2 GiB (32-bit MPI counts): about 9 GiB of memory and a minute and a half.
 test-large: venv
