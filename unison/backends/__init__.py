@@ -7,7 +7,7 @@ line here.
 
 Example:
     >>> sorted(registered_backends())
-    ['grpc', 'loopback', 'mpi']
+    ['gloo', 'grpc', 'loopback', 'mpi']
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def _grpc(comm: Any, settings: Settings, local_size: int) -> Backend:
     return backend
 
 
+def _gloo(comm: Any, settings: Settings, local_size: int) -> Backend:
+    from .gloo import GlooBackend
+
+    return GlooBackend(comm, settings.chunk_bytes)
+
+
 def _loopback(comm: Any, settings: Settings, local_size: int) -> Backend:
     from .loopback import LoopbackBackend
 
@@ -75,3 +81,4 @@ def _loopback(comm: Any, settings: Settings, local_size: int) -> Backend:
 register_backend("mpi", _mpi)
 register_backend("grpc", _grpc)
 register_backend("loopback", _loopback)
+register_backend("gloo", _gloo)  # comm: a `gloo.GlooWorld` (a torch store, rank, size)

@@ -28,7 +28,7 @@ def test_loopback_is_made_by_name_and_works() -> None:
 
 
 def test_unknown_name_is_refused_with_the_registered_names() -> None:
-    with pytest.raises(ValueError, match=r"No backend named 'nccl'; registered: \['grpc', 'loopback', 'mpi'\]"):
+    with pytest.raises(ValueError, match=r"No backend named 'nccl'; registered: \['gloo', 'grpc', 'loopback', 'mpi'\]"):
         create_backend("nccl", None, load_settings({}))
 
 

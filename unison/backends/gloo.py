@@ -1,0 +1,230 @@
+"""A transport over torch's gloo: every exchange of the Backend contract on a gloo process group.
+
+For jobs without MPI (a job launched by torchrun): the ranks meet through a torch store, and gloo,
+torch's own maintained CPU transport, carries the bytes. NumPy buffers are handed to gloo as torch
+tensors over the same memory (``torch.from_numpy``), so nothing is copied on the way in or out;
+status rows (uint64) travel as int64 bit patterns, half-precision buffers as 16-bit integers inside
+`allreduce_pieces_`. Waits poll the work, so `abandon` can end them. Each process set is a gloo group
+of its members, made from the store under a prefix of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from ..ops import ReduceOp
+from ..protocol.partition import split_counts
+from .base import Abandoned
+
+__all__ = ["GlooBackend", "GlooWorld"]
+
+_SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
+_MAX_SLEEP_SECONDS = 0.002
+
+
+@dataclasses.dataclass(frozen=True)
+class GlooWorld:
+    """Where the ranks meet: a torch store every rank reaches, this rank, the job's size."""
+
+    store: Any
+    rank: int
+    size: int
+    timeout_seconds: float = 1800.0
+
+
+class GlooBackend:
+    """The Backend contract over gloo groups made from one torch store."""
+
+    name = "gloo"
+
+    def __init__(self, world: GlooWorld, chunk_bytes: int = 4 * 1024 * 1024) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._torch, self._dist = torch, dist
+        self.rank, self.size = world.rank, world.size
+        self._world = world
+        self._chunk_bytes = chunk_bytes
+        self._abandoned = False
+        self._groups: dict[int, Any] = {0: self._group(0, list(range(world.size)))}
+        self._members: dict[int, list[int]] = {0: list(range(world.size))}
+        self._ops: dict[ReduceOp, Any] = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
+                     ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+        self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
+
+    def __repr__(self) -> str:
+        return f"<GlooBackend rank={self.rank} size={self.size} sets={sorted(self._groups)}>"
+
+    def _group(self, set_id: int, ranks: list[int]) -> Any:
+        dist = self._dist
+        store = dist.PrefixStore(f"unison.gloo.set{set_id}", self._world.store)
+        rank = ranks.index(self.rank)
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=self._world.timeout_seconds)
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+        return dist.ProcessGroupGloo(store, rank, len(ranks), options)
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def _wait(self, work: Any) -> None:
+        """Wait for a gloo work, polling so that `abandon` ends the wait; raise gloo's error."""
+        start = time.perf_counter()
+        sleep = 0.0
+        while not work.is_completed():
+            if self._abandoned:
+                raise Abandoned()
+            if time.perf_counter() - start > _SPIN_SECONDS:
+                sleep = min(_MAX_SLEEP_SECONDS, sleep * 2 or 0.00005)
+                time.sleep(sleep)
+        work.wait()
+        self._stats["wait_seconds"] += time.perf_counter() - start
+
+    def _tensor(self, array: np.ndarray) -> Any:
+        if array.dtype == np.uint64:
+            array = array.view(np.int64)
+        elif array.dtype == np.float16:
+            array = array.view(np.int16)
+        return self._torch.from_numpy(array)
+
+    # -- control plane -------------------------------------------------------------------------
+
+    def allgather_status(self, row: np.ndarray) -> np.ndarray:
+        self._stats["control_calls"] += 1
+        row = np.ascontiguousarray(row, dtype=np.uint64)
+        out = np.empty((self.size, row.size), dtype=np.uint64)
+        self._wait(self._groups[0]._allgather_base(self._tensor(out.reshape(-1)), self._tensor(row)))
+        return out
+
+    def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+        self._stats["control_calls"] += 1
+        counts = [int(n) for n in lengths]
+        recv = np.empty(sum(counts), dtype=np.uint8)
+        self.allgatherv(np.frombuffer(payload, dtype=np.uint8).copy(), recv, counts, 0)
+        if self.rank != 0:
+            return None
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(int)
+        return [recv[offsets[r]:offsets[r + 1]].tobytes() for r in range(self.size)]
+
+    def broadcast_bytes(self, payload: bytes | None) -> bytes:
+        self._stats["control_calls"] += 1
+        length = np.array([len(payload) if self.rank == 0 and payload is not None else 0], dtype=np.int64)
+        self.broadcast_(length, 0, 0)
+        buf = (np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == 0 and payload is not None
+               else np.empty(int(length[0]), dtype=np.uint8))
+        if buf.size:
+            self.broadcast_(buf, 0, 0)
+        return buf.tobytes()
+
+    # -- data plane ----------------------------------------------------------------------------
+
+    def _chunk_elements(self, buf: np.ndarray) -> int:
+        if self._chunk_bytes <= 0 or buf.size == 0:
+            return max(buf.size, 1)
+        return max(1, self._chunk_bytes // buf.itemsize)
+
+    def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                   after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
+        group = self._groups[process_set_id]
+        step = self._chunk_elements(buf)
+        options = self._dist.AllreduceOptions()
+        options.reduceOp = self._ops[op]
+        for start in range(0, buf.size, step):
+            chunk = buf[start:start + step]
+            self._wait(group.allreduce([self._tensor(chunk)], options))
+            self._stats["data_calls"] += 1
+            if after_chunk is not None:
+                after_chunk(chunk)
+        self._stats["data_bytes"] += buf.nbytes
+
+    def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
+                          process_set_id: int) -> None:
+        group = self._groups[process_set_id]
+        members, me = len(self._members[process_set_id]), self._members[process_set_id].index(self.rank)
+        step = self._chunk_elements(buf)
+        for start in range(0, buf.size, step):
+            chunk = buf[start:start + step]
+            counts = split_counts(chunk.size, members)
+            mine = counts[me]
+            recv = np.empty((members, mine), dtype=buf.dtype)
+            self._wait(group.alltoall_base(self._tensor(recv.reshape(-1)), self._tensor(chunk), [mine] * members,
+                                           counts, self._dist.AllToAllOptions()))
+            combined = np.ascontiguousarray(combine(recv), dtype=buf.dtype)
+            self._allgatherv(group, combined, chunk, counts)
+            self._stats["data_calls"] += 2
+        self._stats["data_bytes"] += buf.nbytes
+
+    def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                   process_set_id: int) -> None:
+        self._allgatherv(self._groups[process_set_id], send, recv, [int(c) for c in counts])
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += recv.nbytes
+
+    def _allgatherv(self, group: Any, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        # gloo gathers equal pieces: pad each member's to the longest, then cut
+        widest = max(counts) if counts else 0
+        if widest == 0:
+            return
+        padded = np.zeros(widest, dtype=send.dtype)
+        padded[:send.size] = send
+        out = np.empty(widest * len(counts), dtype=send.dtype)
+        self._wait(group._allgather_base(self._tensor(out), self._tensor(padded)))
+        offset = 0
+        for index, count in enumerate(counts):
+            recv[offset:offset + count] = out[index * widest:index * widest + count]
+            offset += count
+
+    def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        options = self._dist.BroadcastOptions()
+        options.rootRank = root
+        if buf.size:
+            self._wait(self._groups[process_set_id].broadcast([self._tensor(buf)], options))
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += buf.nbytes
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int], process_set_id: int) -> None:
+        self._wait(self._groups[process_set_id].alltoall_base(
+            self._tensor(recv), self._tensor(send), [int(c) for c in recv_counts], [int(c) for c in send_counts],
+            self._dist.AllToAllOptions()))
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += send.nbytes
+
+    def reducescatter(self, send: np.ndarray, recv: np.ndarray, recv_counts: Sequence[int],
+                      op: ReduceOp, process_set_id: int) -> None:
+        # an allreduce of the whole buffer, each member keeping its rows: exact, twice the bytes
+        whole = send.copy()
+        self.allreduce_(whole, op, process_set_id)
+        me = self._members[process_set_id].index(self.rank)
+        start = sum(int(c) for c in recv_counts[:me])
+        recv[:] = whole[start:start + int(recv_counts[me])]
+
+    # -- process sets, lifecycle ---------------------------------------------------------------
+
+    def add_process_set(self, process_set_id: int, ranks: Sequence[int]) -> None:
+        members = sorted(int(r) for r in ranks)
+        if self.rank in members:
+            self._groups[process_set_id] = self._group(process_set_id, members)
+            self._members[process_set_id] = members
+
+    def remove_process_set(self, process_set_id: int) -> None:
+        if process_set_id != 0:
+            self._groups.pop(process_set_id, None)
+            self._members.pop(process_set_id, None)
+
+    def set_chunk_bytes(self, chunk_bytes: int) -> None:
+        self._chunk_bytes = chunk_bytes
+
+    def abandon(self) -> None:
+        self._abandoned = True
+
+    def close(self) -> None:
+        self._groups.clear()
+
+    def statistics(self) -> dict[str, float]:
+        return dict(self._stats)
