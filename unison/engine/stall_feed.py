@@ -68,7 +68,11 @@ class StallFeed(Silent):
             lambda slot: process_sets.get(cache.peek(slot).process_set_id, ()),
         )
         for slot, (submitted, expected) in waits.items():
-            pending[cache.peek(slot).names[0]] = (submitted, expected)
+            # a rank may have sent as a request (its cache entry was invalid) the tensor that others
+            # wait for in the cache: it did submit it, so both views count
+            name = cache.peek(slot).names[0]
+            earlier, _ = pending.get(name, (frozenset(), frozenset()))
+            pending[name] = (submitted | earlier, expected)
         report = self.inspector.observe(now, pending, blocked)
         if report is None:
             return

@@ -96,3 +96,23 @@ def test_the_timeline_records_a_cycle_it_observes(tmp_path) -> None:
     assert events[-1]["args"] == {"dtype": "float32", "shape": "[2]"}
     assert any(e.get("name") == "CYCLE_START" for e in events)
     assert not any(e.get("args", {}).get("name") == "shutdown" for e in events)
+
+
+def test_a_rank_that_sent_as_a_request_what_others_wait_for_in_the_cache_counts_as_submitted() -> None:
+    # rank 1's cache entry was invalid, so it sent the tensor to the coordinator; rank 0 voted its
+    # cached slot. Both submitted: neither view alone may make rank 1 "not submitted" (a false deadlock).
+    coordinator = Coordinator(2, {0: (0, 1)})
+    request = Request("allreduce.x", Kind.ALLREDUCE, 0, DType.FLOAT32, (1,))
+    assert coordinator.handle([[], [request]], 0.0) == []
+    cache = ResponseCache(4)
+    slot = cache.put(Response(Kind.ALLREDUCE, ("allreduce.x",), DType.FLOAT32, ((1,),)))
+    words = words_for(cache.num_slots)
+    matrix = [encode_status_row(joined=False, news=False, payload_bytes=0, hits=(1 << slot) if rank == 0 else 0,
+                                invalid=0, words=words, blocked=True) for rank in range(2)]
+    votes = read_votes(matrix, words)
+    stops: list[str] = []
+    feed = StallFeed(StallInspector(check_seconds=1.0, shutdown_seconds=100.0, deadlock_seconds=1.0), coordinator,
+                     cache, {0: (0, 1)}, stop=stops.append)
+    for now in (1.0, 3.0, 5.0, 7.0):
+        feed.voted(now, votes, matrix)
+    assert stops == []
