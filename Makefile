@@ -47,7 +47,7 @@ CHECK_LEAVES_OUT = --ignore=tests/unit/adapters/test_tf_keras_legacy.py \
 # ranks, and on the gRPC control plane.
 test: venv
 	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps -q -n 2 --dist loadfile
-	$(VPY) -m pytest tests/service tests/faults -q -n 2 --dist loadfile
+	$(VPY) -m pytest tests/service tests/faults tests/torchrun -q -n 2 --dist loadfile
 	$(VPY) tests/run_multirank.py -n 1
 	$(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3

@@ -436,6 +436,11 @@ def _finish_broken_job() -> None:
     comm, mpi = _state.comm, _state.mpi
     engine_busy = _state.last_engine is not None and _state.last_engine.thread_alive
     usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
+    if mpi is None and _state.size > 1:
+        # A job without MPI (launched by torchrun): there is no MPI to finalize or abort, and the
+        # error was reported; end now, and torchrun stops the ranks that are left.
+        _flush_stdio()
+        os._exit(1)
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
         if not _state.aborted_reason and not _state.failure_recorded:
             _write_marker(marker_name("finished", _state.rank), "\n")

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _failure
 from ._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
+from ._torch_launch import check_settings_agree, torch_backend, torch_launch
 from .backends import create_backend
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .engine.loop import Engine, EngineStatistics
@@ -287,7 +288,18 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         )
         mpi = None
         timeline = tune_log = None
-        if importlib.util.find_spec("mpi4py") is not None and (
+        launch = torch_launch() if comm is None else None
+        if launch is not None:  # torchrun: the store it hosts, the gloo transport; no MPI
+            if problem is not None:
+                raise problem
+            backend: Any = torch_backend(launch, settings)
+            check_settings_agree(backend, settings)
+            _check_process_sets(process_sets, backend.size)
+            timeline = _open_timeline(settings, backend.rank)
+            tune_log = _open_tune_log(settings, backend.rank)
+            _configure_logging(settings, backend.rank, backend.size)
+            topology = launch.topology
+        elif importlib.util.find_spec("mpi4py") is not None and (
             comm is not None or _launcher_size() > 1 or mpi_built()
         ):
             from .backends.mpi import import_mpi
@@ -323,7 +335,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _configure_logging(settings, the_comm.Get_rank(), the_comm.Get_size())
             topology = _topology(mpi, the_comm)
             _check_settings_agree(the_comm, settings)
-            backend: Any = create_backend(settings.controller, the_comm, settings, local_size=topology[1])
+            backend = create_backend(settings.controller, the_comm, settings, local_size=topology[1])
         else:
             if problem is not None:
                 raise problem

@@ -408,7 +408,8 @@ def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
             "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
             "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
             # torch's env:// variables (torchrun, and the tools that start torch jobs the same way)
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+            "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
     return {k: env[k] for k in keys if k in env}
 
 

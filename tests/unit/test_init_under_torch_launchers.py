@@ -1,13 +1,13 @@
 """init() in processes that torch's launchers started: never a silent job of one process each.
 
-torchrun (and the tools that set torch's env:// variables) starts N processes without MPI; before,
-each `hvd.init()` made a job of size 1 that trained alone on all the data and exited 0.
+torchrun (and the tools that set torch's env:// variables) starts N processes without MPI; once, each
+`hvd.init()` made a job of size 1 that trained alone on all the data and exited 0. Now they make one job
+through torch's store (tests/torchrun has the rest), and without a store to meet through they refuse.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def _clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_", "HYDRA_", "UNISON_"))}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
@@ -35,7 +35,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(180)
-def test_torchrun_with_two_processes_is_refused_on_each(tmp_path: Path) -> None:
+def test_torchrun_with_two_processes_makes_one_job_of_two(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT + "\n")
@@ -44,22 +44,16 @@ def test_torchrun_with_two_processes_is_refused_on_each(tmp_path: Path) -> None:
          "--master-port", str(_free_port()), str(script)],
         capture_output=True, text=True, timeout=150, cwd=tmp_path, env=_clean_env())
     output = done.stdout + done.stderr
-    assert done.returncode != 0, output
+    assert done.returncode == 0, output
+    assert "rank 0 of 2" in output and "rank 1 of 2" in output, output
     assert "rank 0 of 1" not in output, output  # no process went on to train alone
-    # Each process refuses, unless torchrun already stopped it (SIGTERM) because the other one failed
-    # first: on a loaded machine the second may not have reached init() by then.
-    refused = [rank for rank in (0, 1) if (f"This process was started by torchrun as rank {rank} of "
-                                           "WORLD_SIZE=2, but unison's job has only this process") in output]
-    assert refused, output
-    for rank in {0, 1} - set(refused):
-        assert re.search(rf"rank +: {rank} \(local_rank: {rank}\)\s+exitcode +: -15", output), output
-    assert "unisonrun -np 2 python <script>" in output
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", ["1", "3"])
 def test_torchs_variables_without_torchrun(world: str) -> None:
-    """Any launcher of torch's env:// variables: WORLD_SIZE over 1 is refused, 1 is a job of one."""
+    """torch's env:// variables without MASTER_ADDR and MASTER_PORT (nothing to meet through): WORLD_SIZE
+    over 1 is refused, 1 is a job of one."""
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=100,
                           env=_clean_env(RANK="2", WORLD_SIZE=world, LOCAL_RANK="0"))
     if world == "1":

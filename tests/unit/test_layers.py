@@ -32,7 +32,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpu", ("unison.gpu",)),
     ("job", ("unison._collectives", "unison._elastic", "unison._exit_watch", "unison._failure",
              "unison._gpu_available", "unison._gradients", "unison._objects", "unison._runtime",
-             "unison._startup", "unison._submit", "unison._summary", "unison.compression")),
+             "unison._startup", "unison._submit", "unison._summary", "unison._torch_launch", "unison.compression")),
     ("elastic", ("unison.elastic",)),
     ("adapters", ("unison.adapters",)),
     ("parameter servers", ("unison.ps",)),

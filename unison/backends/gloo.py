@@ -6,11 +6,17 @@ tensors over the same memory (``torch.from_numpy``), so nothing is copied on the
 status rows (uint64) travel as int64 bit patterns, half-precision buffers as 16-bit integers inside
 `allreduce_pieces_`. Waits poll the work, so `abandon` can end them. Each process set is a gloo group
 of its members, made from the store under a prefix of its own.
+
+Liveness: each rank's heartbeat thread advances a counter in the store every `HEARTBEAT_SECONDS`. A
+wait that lasts `peer_timeout_seconds`, or that gloo ends with an error (a peer's connection closed),
+reads the counters twice, `probe_window` apart: a peer whose counter did not move is frozen or gone,
+and the wait raises `AbortedError` naming it, as the MPI transport's liveness probe does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,14 +24,20 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import AbortedError
 from ..ops import ReduceOp
 from ..protocol.partition import split_counts
+from ._liveness import probe_window
 from .base import Abandoned
 
 __all__ = ["GlooBackend", "GlooWorld"]
 
 _SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
 _MAX_SLEEP_SECONDS = 0.002
+HEARTBEAT_SECONDS = 0.5
+_RETIRED: list[Any] = []  # closed backends' gloo groups (see GlooBackend.close)
+_STAND_INS = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16,
+              np.dtype(np.float16): np.int16, np.dtype(np.bool_): np.uint8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +48,7 @@ class GlooWorld:
     rank: int
     size: int
     timeout_seconds: float = 1800.0
+    peer_timeout_seconds: float = 0.0  # 0: no liveness checks (a test's second backend)
 
 
 class GlooBackend:
@@ -57,6 +70,10 @@ class GlooBackend:
         self._ops: dict[ReduceOp, Any] = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
                      ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
         self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
+        self._beats = 0
+        self._closed = threading.Event()
+        if world.peer_timeout_seconds > 0 and world.size > 1:
+            threading.Thread(target=self._heartbeat, name="unison-gloo-heartbeat", daemon=True).start()
 
     def __repr__(self) -> str:
         return f"<GlooBackend rank={self.rank} size={self.size} sets={sorted(self._groups)}>"
@@ -73,24 +90,62 @@ class GlooBackend:
     # -- waiting -------------------------------------------------------------------------------
 
     def _wait(self, work: Any) -> None:
-        """Wait for a gloo work, polling so that `abandon` ends the wait; raise gloo's error."""
+        """Wait for a gloo work, polling so that `abandon` ends the wait; name a lost peer; raise gloo's error."""
         start = time.perf_counter()
         sleep = 0.0
+        timeout = self._world.peer_timeout_seconds
+        checked_at = start
         while not work.is_completed():
             if self._abandoned:
                 raise Abandoned()
-            if time.perf_counter() - start > _SPIN_SECONDS:
+            now = time.perf_counter()
+            if now - start > _SPIN_SECONDS:
                 sleep = min(_MAX_SLEEP_SECONDS, sleep * 2 or 0.00005)
                 time.sleep(sleep)
-        work.wait()
+            if timeout > 0 and now - checked_at > timeout:
+                self._check_peers(now - start)
+                checked_at = time.perf_counter()
+        try:
+            work.wait()
+        except RuntimeError:
+            if timeout > 0:
+                self._check_peers(time.perf_counter() - start)
+            raise
         self._stats["wait_seconds"] += time.perf_counter() - start
 
+    def _heartbeat(self) -> None:
+        key = f"unison.alive.{self.rank}"
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            try:
+                self._beats = self._world.store.add(key, 1)
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending
+                return
+
+    def _counters(self) -> dict[int, int]:
+        store = self._world.store
+        return {r: store.add(f"unison.alive.{r}", 0) for r in range(self.size) if r != self.rank}
+
+    def _check_peers(self, waited_seconds: float) -> None:
+        """Raise AbortedError naming the peers whose heartbeat stopped (frozen or gone); return if all beat."""
+        window = max(probe_window(self._world.peer_timeout_seconds), 2 * HEARTBEAT_SECONDS)
+        before = self._counters()
+        time.sleep(window)
+        after = self._counters()
+        lost = [r for r in sorted(before) if after[r] == before[r]]
+        if not lost:
+            return
+        who = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
+        raise AbortedError(
+            f"{who} stopped answering: rank {self.rank} waited {waited_seconds:.0f} s for {who} and {who} sent "
+            f"no heartbeat for {window:g} s. The process is frozen (stopped by a signal, a debugger), dead, or "
+            "its host is unreachable. Stopping the job (UNISON_PEER_TIMEOUT_SECONDS)."
+        )
+
     def _tensor(self, array: np.ndarray) -> Any:
-        if array.dtype == np.uint64:
-            array = array.view(np.int64)
-        elif array.dtype == np.float16:
-            array = array.view(np.int16)
-        return self._torch.from_numpy(array)
+        """The buffer as a torch tensor on its memory; gloo's missing types as the signed integers of
+        their width (the same bits: sums wrap alike; min and max of unsigned values over 2**63 do not)."""
+        stand_in = _STAND_INS.get(array.dtype)
+        return self._torch.from_numpy(array.view(stand_in) if stand_in is not None else array)
 
     # -- control plane -------------------------------------------------------------------------
 
@@ -224,7 +279,11 @@ class GlooBackend:
         self._abandoned = True
 
     def close(self) -> None:
-        self._groups.clear()
+        self._closed.set()
+        # A gloo group's destructor waits for its pending work, which may involve a frozen peer:
+        # the groups are kept until the process ends instead (a broken job ends with os._exit).
+        _RETIRED.extend(self._groups.values())
+        self._groups = {}
 
     def statistics(self) -> dict[str, float]:
         return dict(self._stats)

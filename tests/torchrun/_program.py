@@ -1,0 +1,52 @@
+"""A rank program for the torchrun tests: `torchrun --nproc-per-node N _program.py OUT MODE`.
+
+Modes: api (unison's Horovod-style API and torch.distributed on the "unison" backend, results written
+to OUT/result-R), raise (rank 1 raises after one step), frozen (rank 1 stops itself with SIGSTOP),
+restart (rank 1 raises in the launch's first attempt only). Every rank writes OUT/pid-R.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import unison.torch as hvd
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+(out / f"pid-{rank}").write_text(str(os.getpid()))
+if mode == "api":
+    total = hvd.allreduce(torch.full((3,), float(rank + 1)), op=hvd.Sum, name="total")
+    gathered = hvd.allgather(torch.full((rank + 1,), float(rank)), name="gathered")
+    dist.init_process_group("unison")
+    plain = torch.ones(2)
+    dist.all_reduce(plain)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model(torch.ones(3, 4) * (rank + 1)).sum().backward()
+    (out / f"result-{rank}").write_text(json.dumps({
+        "rank": rank, "size": size, "local_rank": hvd.local_rank(), "total": total.tolist(),
+        "gathered": gathered.tolist(), "plain": plain.tolist(), "grad": model.module.weight.grad[0].tolist(),
+        "mpi4py": "mpi4py" in sys.modules}))
+    dist.destroy_process_group()
+    hvd.shutdown()
+    sys.exit(0)
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+for step in range(30):
+    if step == 2 and rank == 1:
+        if mode == "raise" or (mode == "restart" and attempt == 0):
+            raise ValueError(f"injected failure at step {step}")
+        if mode == "frozen":
+            (out / "fault-time").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+    hvd.allreduce(torch.ones(4), name=f"grad.{step % 3}")
+    time.sleep(0.02)
+(out / f"done-{rank}-{attempt}").write_text("ok")
+hvd.shutdown()

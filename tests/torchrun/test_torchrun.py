@@ -1,0 +1,63 @@
+"""unison in jobs started by torchrun, without MPI: the Horovod-style API and the "unison" backend over
+torch's store and gloo, the failures named, a restart that starts a fresh job (real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(240)
+
+PROGRAM = str(Path(__file__).resolve().parent / "_program.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun(n: int, out: Path, mode: str, *extra: str, env: dict[str, str] | None = None,
+             deadline: float = 150.0) -> subprocess.CompletedProcess[str]:
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *extra, PROGRAM, str(out), mode]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "UNISON_LAUNCHER"))}
+    environment.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=deadline, env=environment)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_api_and_the_backend_run_under_torchrun_without_mpi(tmp_path: Path, n: int) -> None:
+    done = torchrun(n, tmp_path, "api")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result-{r}").read_text()) for r in range(n)]
+    total = float(sum(range(1, n + 1)))
+    for r, result in enumerate(results):
+        assert (result["rank"], result["size"], result["local_rank"]) == (r, n, r)
+        assert result["total"] == [total] * 3
+        assert result["gathered"] == [float(i) for i in range(n) for _ in range(i + 1)]
+        assert result["plain"] == [float(n)] * 2
+        assert result["mpi4py"] is False  # no MPI anywhere
+    assert len({tuple(result["grad"]) for result in results}) == 1  # DDP averaged the same gradient
+
+
+def test_a_rank_that_raises_ends_the_job_named(tmp_path: Path) -> None:
+    done = torchrun(2, tmp_path, "raise")
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "unison: rank 1 (" in output and "ValueError: injected failure at step 2" in output, output[-3000:]
+    assert "AbortedError: rank 1 (" in output, output[-3000:]  # rank 0 learned who, and why
+
+
+def test_a_frozen_rank_is_named_on_the_others(tmp_path: Path) -> None:
+    done = torchrun(2, tmp_path, "frozen", env={"UNISON_PEER_TIMEOUT_SECONDS": "2"})
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert "AbortedError: rank 1 stopped answering: rank 0 waited" in output, output[-3000:]
+    assert "rank 1 sent no heartbeat" in output
+
+
+def test_a_restart_starts_a_fresh_job(tmp_path: Path) -> None:
+    done = torchrun(2, tmp_path, "restart", "--max-restarts", "1")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("done-*")) == ["done-0-1", "done-1-1"]
