@@ -7,7 +7,9 @@
 - ``cache.py``: the response cache, identical on every rank.
 - ``partition.py``: how counts split among ranks (reducescatter rows, the pieces of a half-precision sum).
 - ``fusion.py``: which responses run fused, and in what order.
+- ``dispatch.py``: what each response kind does, and which ranks act on it.
 - ``stall.py``: the stall inspector.
+- ``autotune.py``: the autotuner's search.
 
 `unison.engine` runs them: its package docstring walks one cycle through these files in order.
 """
