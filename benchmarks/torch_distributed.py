@@ -10,8 +10,8 @@ type over a second gloo group before it runs: torch's own tool for the desynchro
 backend reports by name). DDP does not run on it: in torch 2.13.0 DDP's construction crashes the
 process (SIGSEGV) in DETAIL mode, with gloo alone and no unison in the process. Then the latency of a
 4 KiB ``dist.all_reduce`` on each of the three groups (alternating, median), and the time until a rank learns of a collective issued with another shape on the other
-rank: unison raises at once; gloo may never notice (it waits for its own timeout, set to 10 s here,
-or reduces what it was given); DETAIL mode raises after its check. The groups get their store through
+rank, on each rank: unison raises at once on both; gloo may return a wrong result on one rank and wait
+for its own timeout (10 s here) on the other; DETAIL mode raises after its check. The groups get their store through
 unison (no MASTER_ADDR needed). Rank 0 writes everything to ``benchmarks/results/torch_distributed.json``.
 """
 
@@ -22,12 +22,12 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from machine import cpu_times, percent, steal_share
 from train_torch import MODELS, loss_of
 from turns import take_turns
@@ -66,8 +66,11 @@ def make_step(name: str, group: dist.ProcessGroup, batch: int):
 def latency(made: dict[str, dist.ProcessGroup], rounds: int) -> dict[str, float]:
     """Median seconds of a 4 KiB all_reduce on each group, alternating the groups call by call."""
     tensor = torch.ones(1024)
-    times = take_turns({mode: (lambda g=group: dist.all_reduce(tensor, group=g)) for mode, group in made.items()},
-                       rounds, warmup=5)
+
+    def call(group: dist.ProcessGroup) -> Callable[[], object]:
+        return lambda: dist.all_reduce(tensor, group=group)
+
+    times = take_turns({mode: call(group) for mode, group in made.items()}, rounds, warmup=20)
     return {mode: statistics.median(values) for mode, values in (times or {}).items()}
 
 
@@ -85,7 +88,9 @@ def time_to_error(backend: str, detail: bool) -> tuple[float, str]:
         outcome = f"returned {tensor.tolist()}"
     except Exception as exc:  # noqa: BLE001 - the outcome is what is measured
         outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    return time.perf_counter() - start, outcome
+    seconds = time.perf_counter() - start
+    hvd.barrier()  # a rank that gloo left waiting rejoins before the next group is made
+    return seconds, outcome
 
 
 def main() -> None:
@@ -106,7 +111,8 @@ def main() -> None:
     step_seconds = {name: take_turns({mode: make_step(name, made[mode], args.batch_size) for mode in DDP_MODES},
                                      steps, warmup=1 if args.quick else 10) or {} for name in names}
     small = latency(made, 20 if args.quick else 300)
-    errors = {mode: time_to_error("unison" if mode == "unison" else "gloo", mode == "gloo-detail")
+    errors = {mode: hvd.allgather_object(time_to_error("unison" if mode == "unison" else "gloo",
+                                                       mode == "gloo-detail"))
               for mode in MODES} if hvd.size() > 1 else {}
     load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:
@@ -122,15 +128,17 @@ def main() -> None:
                             "unison_over_gloo": med["unison"] / med["gloo"]}
         print("(samples/s from the median step, global across ranks)")
         print("4 KiB all_reduce, median: " + ", ".join(f"{m} {s * 1e6:.0f} us" for m, s in small.items()))
-        for mode, (seconds, outcome) in errors.items():
-            print(f"mismatched shapes, {mode}: {seconds:.3f} s, {outcome}")
+        for mode, per_rank in errors.items():
+            for rank, (seconds, outcome) in enumerate(per_rank):
+                print(f"mismatched shapes, {mode}, rank {rank}: {seconds:.3f} s, {outcome}")
         path = Path(args.output)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "ranks": hvd.size(), "threads_per_rank": 1, "steps": steps, "batch_size": args.batch_size,
             "load_before": load_before, "load_after": load_after, "steal_share": steal, "models": models,
             "allreduce_4kib_median_seconds": small,
-            "mismatch": {m: {"seconds": s, "outcome": o} for m, (s, o) in errors.items()}}, indent=2) + "\n")
+            "mismatch": {m: [{"rank": r, "seconds": s, "outcome": o} for r, (s, o) in enumerate(per_rank)]
+                         for m, per_rank in errors.items()}}, indent=2) + "\n")
         print(f"wrote {path}")
     dist.destroy_process_group()
     hvd.shutdown()
