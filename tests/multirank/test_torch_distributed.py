@@ -171,19 +171,29 @@ def reference(steps: int = STEPS) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def train_on_shards(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """`STEPS` steps, each rank on its shard of the global batch."""
+    for step in range(STEPS):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
+        opt.step()
+
+
+def assert_equals_reference(parameters: list[torch.Tensor], tolerance: float = 1e-5) -> None:
+    """The parameters equal one process's on the global batch (to float32 rounding by default)."""
+    for got, want in zip(parameters, reference()):
+        torch.testing.assert_close(got.detach(), want, rtol=tolerance, atol=tolerance / 10 if tolerance < 1e-4 else tolerance)
+
+
 @pytest.mark.parametrize("options", [{}, {"gradient_as_bucket_view": True}, {"static_graph": True},
                                      {"find_unused_parameters": True}, {"bucket_cap_mb": 0.0001}],
                          ids=["default", "bucket_view", "static_graph", "find_unused", "tiny_buckets"])
 def test_ddp_equals_one_process_on_the_global_batch(options) -> None:
     model = torch.nn.parallel.DistributedDataParallel(make_model(), **options)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x, y = data(step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
-        opt.step()
-    for got, want in zip(model.parameters(), reference()):
-        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    train_on_shards(model, opt)
+    assert_equals_reference(list(model.parameters()))
 
 
 def test_ddp_no_sync_accumulates_then_reduces() -> None:
@@ -198,8 +208,7 @@ def test_ddp_no_sync_accumulates_then_reduces() -> None:
             (torch.nn.functional.mse_loss(model(xs[:half]), ys[:half], reduction="sum") / ys.numel()).backward()
         (torch.nn.functional.mse_loss(model(xs[half:]), ys[half:], reduction="sum") / ys.numel()).backward()
         opt.step()
-    for got, want in zip(model.parameters(), reference()):
-        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    assert_equals_reference(list(model.parameters()))
 
 
 def test_ddp_with_the_fp16_compression_hook() -> None:
@@ -208,13 +217,8 @@ def test_ddp_with_the_fp16_compression_hook() -> None:
     model = torch.nn.parallel.DistributedDataParallel(make_model())
     model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x, y = data(step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
-        opt.step()
-    for got, want in zip(model.parameters(), reference()):
-        torch.testing.assert_close(got.detach(), want, rtol=2e-3, atol=2e-3)  # gradients travel in float16
+    train_on_shards(model, opt)
+    assert_equals_reference(list(model.parameters()), tolerance=2e-3)  # gradients travel in float16
 
 
 def test_ddp_join_with_uneven_inputs() -> None:
@@ -242,13 +246,8 @@ def test_zero_redundancy_optimizer_equals_one_process() -> None:
 
     model = torch.nn.parallel.DistributedDataParallel(make_model())
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x, y = data(step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
-        opt.step()
-    for got, want in zip(model.parameters(), reference()):
-        torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    train_on_shards(model, opt)
+    assert_equals_reference(list(model.parameters()))
 
 
 def test_fsdp2_fully_shard_equals_one_process() -> None:
@@ -259,14 +258,8 @@ def test_fsdp2_fully_shard_equals_one_process() -> None:
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for step in range(STEPS):
-        x, y = data(step)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(shard(x)), shard(y)).backward()
-        opt.step()
-    full = [_unshard(p.to_local().detach()) for p in model.parameters()]
-    for got, want in zip(full, reference()):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    train_on_shards(model, opt)
+    assert_equals_reference([_unshard(p.to_local().detach()) for p in model.parameters()])
 
 
 def _unshard(local: torch.Tensor) -> torch.Tensor:
