@@ -253,11 +253,7 @@ def test_the_launcher_imports_only_what_the_elastic_package_shares() -> None:
 
 
 # Modules that still read the engine's process-set table themselves instead of asking the job.
-KNOWN_SET_TABLE_READERS = frozenset({
-    "unison/adapters/keras/optimizer.py",
-    "unison/adapters/tensorflow/functions.py",
-    "unison/adapters/torch/optimizer.py",
-})
+KNOWN_SET_TABLE_READERS: frozenset[str] = frozenset()
 
 
 def test_the_job_owns_process_set_membership() -> None:

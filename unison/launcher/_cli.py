@@ -11,7 +11,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .._failure import LAUNCHER_DIR_VARIABLE
+from .._contract import LAUNCHER_DIR_VARIABLE
+from .._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
+from .._contract import LAUNCHER_KEEP_GOING_VARIABLE as KEEP_GOING_VARIABLE
+from .._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
 from ..config import load_settings
 from ..errors import ConfigError, InvalidArgumentError, LaunchError
 from ._elastic_driver import add_arguments as add_elastic_arguments
@@ -19,14 +22,13 @@ from ._elastic_driver import options_from as elastic_options
 from ._elastic_driver import run_elastic
 from ._environment import env_pairs, hide_values
 from ._host_exec import address_seen_from
+from ._hostfile import parse_hosts, read_hostfile
 from ._jobs import register, show_status
-from ._keeper import HOSTS_VARIABLE, KEEP_GOING_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._program import check_program
 from ._reaper import JobDirectory
-from ._relay import RELAY_VARIABLE, MarkerRelay
-from ._run_options import parse_hosts, read_hostfile
+from ._relay import MarkerRelay
 from ._supervise import exit_status, report, supervise
 
 __all__ = ["main", "parser"]

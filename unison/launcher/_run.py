@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._failure import LAUNCHER_DIR_VARIABLE
-from ..elastic._membership import Epoch
+from .._contract import LAUNCHER_DIR_VARIABLE
+from .._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
+from ..elastic.membership import Epoch
 from ..errors import AbortedError, LaunchError, ShutdownError
 from ._elastic_driver import ElasticOptions, run_elastic
-from ._keeper import HOSTS_VARIABLE
 from ._keeper import command as keeper_command
 from ._mpiexec import find_mpiexec
 from ._reaper import JobDirectory

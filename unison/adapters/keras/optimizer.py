@@ -125,7 +125,7 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
                       local: list[bool]) -> list[Any]:
     policy = settings.policy
     current = job()
-    size = len(current.engine.process_sets.get(policy.process_set.process_set_id or 0, ())) or current.size
+    size = len(current.set_members(policy.process_set.process_set_id or 0) or ()) or current.size
     out = list(grads)
     chosen, kept = split_local([g is not None for g in grads], local)
     divisor = local_divisor(policy, size)

@@ -88,7 +88,7 @@ def _int_op(value: Any, name: str | None) -> tf.Tensor:
 @_no_autograph
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """The size of a process set (default: the whole job) as an int32 tensor."""
-    return _int_op(lambda: len(job().engine.process_sets[process_set_id]), name)
+    return _int_op(lambda: len(job().registered_sets()[process_set_id]), name)
 
 
 @_no_autograph
@@ -112,4 +112,4 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 @_no_autograph
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """1 if this process belongs to the process set, else 0, as an int32 tensor."""
-    return _int_op(lambda: int(job().rank in job().engine.process_sets.get(process_set_id, ())), name)
+    return _int_op(lambda: int(job().rank in (job().set_members(process_set_id) or ())), name)

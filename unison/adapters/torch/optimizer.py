@@ -103,7 +103,7 @@ class _DistributedOptimizer:
         self._unison_stats = {"steps": 0, "allreduces": 0, "grouped_allreduces": 0, "missing_filled": 0,
                               "partial_windows": 0, "wait_seconds": 0.0, "dense_bytes": 0,
                               "payload_bytes": 0}
-        set_members = current.engine.process_sets.get(process_set.process_set_id or 0, ())
+        set_members = current.set_members(process_set.process_set_id or 0) or ()
         self._unison_enabled = current.size > 1 and current.rank in set_members
         self._unison_adasum = policy.op is ReduceOp.ADASUM and current.size > 1
         if self._unison_adasum:
