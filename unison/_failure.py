@@ -438,8 +438,7 @@ def _finish_broken_job() -> None:
     usable = comm is not None and mpi is not None and (not engine_busy or mpi.Query_thread() == mpi.THREAD_MULTIPLE)
     if mpi is None and _state.size > 1:
         # A job without MPI (launched by torchrun): there is no MPI to finalize or abort, and the
-        # error was reported; end now, and torchrun stops the ranks that are left.
-        _flush_stdio()
+        # error was reported (stdio is flushed above); end now, and torchrun stops the ranks left.
         os._exit(1)
     if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
         if not _state.aborted_reason and not _state.failure_recorded:

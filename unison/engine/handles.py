@@ -17,14 +17,14 @@ from ..protocol.messages import Request
 __all__ = ["Entry", "Handle", "main_thread_waits"]
 
 _MAIN_THREAD = threading.main_thread().ident
-_main_waits: list[Handle | None] = [None]  # the handle the main thread waits for: written by it alone
+_main_waiting: list[Handle | None] = [None]  # the handle the main thread waits for: written by it alone
 
 
 def main_thread_waits() -> bool:
     """True while the main thread is blocked in `Handle.wait` on a handle not yet done (the engine's
     deadlock flag reads it). A done handle's waiter is about to run on, however long the machine
     takes to schedule it: it is not blocked."""
-    waiting = _main_waits[0]
+    waiting = _main_waiting[0]
     return waiting is not None and not waiting._done
 
 
@@ -59,13 +59,13 @@ class Handle:
             return True
         main = threading.get_ident() == _MAIN_THREAD
         if main:
-            _main_waits[0] = self
+            _main_waiting[0] = self
         try:
             if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
                 return False
         finally:
             if main:
-                _main_waits[0] = None
+                _main_waiting[0] = None
         self._lock.release()
         return True
 

@@ -233,17 +233,15 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, label: str) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
         self._rank, self._size, self._label = rank, size, label
-        self._sequence = 0
         self._lock = threading.Lock()
         self._completer = _Completer(label)
         self._group_name = self._group_desc = ""
         self._names = CallNames()
-        self._naming = ""
-        self._call = 0
+        self._naming = threading.local()  # the call this thread named last: (index, name), for _work
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
 
     def __repr__(self) -> str:
-        return f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} calls={self._sequence}>"
+        return f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} calls={self._names.calls}>"
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -278,11 +276,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def _name(self, signature: Hashable) -> str:
         """The next call's name (`CallNames`), once the last call under that name has finished here."""
         with self._lock:
-            self._sequence += 1
-            self._call = self._names.calls
+            call = self._names.calls
             name = f"torch.{self._label}.{self._names.next(signature)}"
-            self._naming = name
             earlier = self._in_flight.pop(name, None)
+        self._naming.last = (call, name)  # per thread: DDP's device threads and the main thread both call
         if earlier is not None:
             earlier.settle()  # only with more calls in flight than the names' window (16)
         return name
@@ -291,11 +288,11 @@ class UnisonProcessGroup(dist.ProcessGroup):
         future: torch.futures.Future[Any] = torch.futures.Future()
         table = _runtime.job().handles
         waits = [waiter for handle in handles for waiter in table[handle][0]]
-        call, name = self._call, self._naming
+        call, name = self._naming.last
         pending = _Pending(handles, finish, future, lambda error: self._failed(call, name, error))
         work = UnisonWork(pending, what, waits, self._completer)
         with self._lock:
-            self._in_flight[self._naming] = work
+            self._in_flight[name] = work
             if len(self._in_flight) > 2 * MIN_WINDOW:
                 self._in_flight = {n: w for n, w in self._in_flight.items() if not w.is_completed()}
         return work
