@@ -1,9 +1,14 @@
 """torch.distributed on the "unison" backend across real processes: every collective against its
 definition, DDP (its options, no_sync, a comm hook, Join), ZeroRedundancyOptimizer and FSDP2 against one
-process on the global batch, a desynchronised rank named at once, and the calls it refuses."""
+process on the global batch, a desynchronised rank named at once, and the calls it refuses.
+
+``UNISON_TEST_TORCH_DEVICE=cuda`` runs every case on CUDA tensors (tests/gpu/test_torch_distributed_cuda.py
+does, on the GPU data plane): the group's fixture makes the local GPU torch's default device.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -17,6 +22,7 @@ from unison.adapters.torch.call_names import MIN_WINDOW  # noqa: E402
 from unison.errors import MismatchError, UnisonNotImplementedError  # noqa: E402
 
 torch.set_num_threads(1)
+DEVICE = torch.device(os.environ.get("UNISON_TEST_TORCH_DEVICE", "cpu"))
 GLOBAL_BATCH = 12  # divisible by 1, 2 and 3 ranks
 STEPS = 3
 
@@ -24,9 +30,13 @@ STEPS = 3
 @pytest.fixture(scope="module", autouse=True)
 def group():
     hvd.init()
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    torch.set_default_device(DEVICE)
     dist.init_process_group("unison")
     yield
     dist.destroy_process_group()
+    torch.set_default_device("cpu")
     hvd.shutdown()
 
 
@@ -151,8 +161,9 @@ def make_model(seed: int = 0) -> torch.nn.Module:
 
 
 def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(GLOBAL_BATCH, 6, generator=g), torch.randn(GLOBAL_BATCH, 3, generator=g)
+    g = torch.Generator().manual_seed(100 + step)  # on the CPU: the same numbers on every device
+    x, y = torch.randn(GLOBAL_BATCH, 6, generator=g, device="cpu"), torch.randn(GLOBAL_BATCH, 3, generator=g, device="cpu")
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def shard(t: torch.Tensor) -> torch.Tensor:
@@ -279,10 +290,21 @@ def _unshard(local: torch.Tensor) -> torch.Tensor:
 def test_a_device_mesh_of_one_dimension() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (size(),))
+    mesh = init_device_mesh(DEVICE.type, (size(),))
     tensor = torch.ones(2)
     dist.all_reduce(tensor, group=mesh.get_group())
     assert tensor.tolist() == [float(size())] * 2
+
+
+def test_a_cpu_tensor_beside_the_devices_in_one_job() -> None:
+    """Under CUDA the two go to different data planes, one after the other, in one group."""
+    on_device, on_host = torch.full((3,), float(rank() + 1)), torch.full((2,), float(rank() + 1), device="cpu")
+    works = [dist.all_reduce(on_device, async_op=True), dist.all_reduce(on_host, async_op=True)]
+    for work in works:
+        work.wait()
+    total = float(sum(range(1, size() + 1)))
+    assert on_device.device == DEVICE and on_host.device.type == "cpu"
+    assert on_device.tolist() == [total] * 3 and on_host.tolist() == [total] * 2
 
 
 def test_mixed_with_unisons_own_api() -> None:

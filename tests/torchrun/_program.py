@@ -1,7 +1,7 @@
-"""A rank program for the torchrun tests: `torchrun --nproc-per-node N _program.py OUT MODE`.
+"""A rank program for the torchrun tests: `torchrun --nproc-per-node N _program.py OUT MODE [DEVICE]`.
 
-Modes: api (unison's Horovod-style API and torch.distributed on the "unison" backend, results written
-to OUT/result-R), raise (rank 1 raises after one step), frozen (rank 1 stops itself with SIGSTOP),
+Modes: api (unison's Horovod-style API and torch.distributed on the "unison" backend, on tensors of
+DEVICE, cpu unless given (tests/gpu gives cuda); results written to OUT/result-R), raise (rank 1 raises after one step), frozen (rank 1 stops itself with SIGSTOP),
 restart (rank 1 raises in the launch's first attempt only). Every rank writes OUT/pid-R.
 """
 
@@ -18,19 +18,24 @@ import torch.distributed as dist
 import unison.torch as hvd
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
+device = torch.device(sys.argv[3] if len(sys.argv) > 3 else "cpu")
 torch.set_num_threads(1)
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
+if device.type == "cuda":
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    device = torch.device("cuda", torch.cuda.current_device())
 (out / f"pid-{rank}").write_text(str(os.getpid()))
 if mode == "api":
-    total = hvd.allreduce(torch.full((3,), float(rank + 1)), op=hvd.Sum, name="total")
-    gathered = hvd.allgather(torch.full((rank + 1,), float(rank)), name="gathered")
+    total = hvd.allreduce(torch.full((3,), float(rank + 1), device=device), op=hvd.Sum, name="total")
+    gathered = hvd.allgather(torch.full((rank + 1,), float(rank), device=device), name="gathered")
     dist.init_process_group("unison")
-    plain = torch.ones(2)
+    plain = torch.ones(2, device=device)
     dist.all_reduce(plain)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
-    model(torch.ones(3, 4) * (rank + 1)).sum().backward()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(device))
+    model(torch.ones(3, 4, device=device) * (rank + 1)).sum().backward()
+    assert {total.device, gathered.device, plain.device, model.module.weight.grad.device} == {device}
     (out / f"result-{rank}").write_text(json.dumps({
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "total": total.tolist(),
         "gathered": gathered.tolist(), "plain": plain.tolist(), "grad": model.module.weight.grad[0].tolist(),

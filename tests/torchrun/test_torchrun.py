@@ -19,8 +19,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def torchrun(n: int, out: Path, mode: str, *extra: str, env: dict[str, str] | None = None,
-             deadline: float = 150.0) -> subprocess.CompletedProcess[str]:
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *extra, PROGRAM, str(out), mode]
+             deadline: float = 150.0, device: str = "cpu") -> subprocess.CompletedProcess[str]:
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", str(n), *extra, PROGRAM, str(out), mode, device]
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "UNISON_LAUNCHER"))}
     environment.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=deadline, env=environment)
@@ -28,7 +28,11 @@ def torchrun(n: int, out: Path, mode: str, *extra: str, env: dict[str, str] | No
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_api_and_the_backend_run_under_torchrun_without_mpi(tmp_path: Path, n: int) -> None:
-    done = torchrun(n, tmp_path, "api")
+    check_api_results(torchrun(n, tmp_path, "api"), tmp_path, n)
+
+
+def check_api_results(done: subprocess.CompletedProcess[str], tmp_path: Path, n: int) -> None:
+    """What every rank of an `api` run wrote (tests/gpu runs the same on CUDA tensors)."""
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = [json.loads((tmp_path / f"result-{r}").read_text()) for r in range(n)]
     total = float(sum(range(1, n + 1)))
