@@ -1,6 +1,6 @@
 """The PyTorch examples' --device option: refuse cuda without a GPU, and give each rank its local GPU.
 
-Shared by examples/pytorch_mnist.py and examples/pytorch_synthetic_benchmark.py, which import it from
+Shared by examples/pytorch_mnist.py, pytorch_ddp_digits.py and pytorch_synthetic_benchmark.py, which import it from
 this directory (``python examples/NAME.py`` puts it on the path).
 """
 

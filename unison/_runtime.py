@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _failure
 from ._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
-from ._torch_launch import check_settings_agree, torch_backend, torch_launch
+from ._torch_launch import check_settings_agree, torch_backend, torch_launch, torch_launched_alone
 from .backends import create_backend
 from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
 from .engine.loop import Engine, EngineStatistics
@@ -300,8 +300,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _configure_logging(settings, backend.rank, backend.size)
             topology = launch.topology
         elif importlib.util.find_spec("mpi4py") is not None and (
-            comm is not None or _launcher_size() > 1 or mpi_built()
-        ):
+            comm is not None or _launcher_size() > 1 or (mpi_built() and not torch_launched_alone())
+        ):  # a torch launch of one process (torchrun --nproc-per-node 1) starts no MPI, as one of several
             from .backends.mpi import import_mpi
 
             if settings.mpi_threads_disable:

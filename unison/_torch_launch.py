@@ -21,7 +21,7 @@ import numpy as np
 from .config import Settings, process_environment
 from .errors import ConfigError, MissingDependencyError
 
-__all__ = ["TorchLaunch", "check_settings_agree", "torch_backend", "torch_launch"]
+__all__ = ["TorchLaunch", "check_settings_agree", "torch_backend", "torch_launch", "torch_launched_alone"]
 
 _VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _MPI_LAUNCHERS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_RANK")
@@ -70,6 +70,21 @@ def torch_launch(env: Mapping[str, str] | None = None) -> TorchLaunch | None:
     if not 0 <= rank < size:
         raise ConfigError(f"RANK must be in range(WORLD_SIZE={size}). Got RANK={rank}.")
     return TorchLaunch(rank, size, local_rank, local_size, restart)
+
+
+def torch_launched_alone(env: Mapping[str, str] | None = None) -> bool:
+    """Whether torch's env:// variables describe a job of this one process (``torchrun --nproc-per-node 1``)
+    and no MPI launcher started it: `init()` then makes a job of one without starting MPI.
+
+    Example:
+        >>> torch_launched_alone({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29500"})
+        True
+        >>> torch_launched_alone({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1", "PMI_SIZE": "1"})
+        False
+    """
+    env = process_environment() if env is None else env
+    return (all(name in env for name in _VARIABLES) and not any(name in env for name in _MPI_LAUNCHERS)
+            and env["WORLD_SIZE"].strip() == "1")
 
 
 def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:

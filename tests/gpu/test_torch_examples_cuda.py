@@ -34,6 +34,15 @@ def test_mnist_trains_on_the_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(360)
+def test_the_ddp_example_on_the_unison_backend_trains_on_the_gpu() -> None:
+    done = run(min(2, torch.cuda.device_count()), "examples/pytorch_ddp_digits.py", "--device", "cuda",
+               "--epochs", "4")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    accuracy = float(re.findall(r"test acc (\d\.\d+)", done.stdout)[-1])
+    assert accuracy > 0.85, done.stdout
+
+
+@pytest.mark.timeout(360)
 def test_synthetic_benchmark_on_the_gpu() -> None:
     done = run(min(2, torch.cuda.device_count()), "examples/pytorch_synthetic_benchmark.py", "--device", "cuda",
                "--num-warmup-batches", "1", "--num-batches-per-iter", "2", "--num-iters", "2")

@@ -220,11 +220,22 @@ def _op(reduce_op: Any) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.
         return None, _BITWISE[kind], 1.0
     if kind not in _OPS:
         raise UnisonNotImplementedError(f"The unison backend has no reduce op {kind}.")
-    factor = 1.0
-    if kind == _RED.PREMUL_SUM:
-        raw = getattr(reduce_op, "factor", 1.0)
-        factor = float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+    factor = _premul_factor(reduce_op) if kind == _RED.PREMUL_SUM else 1.0
     return _OPS[kind], None, factor
+
+
+def _premul_factor(reduce_op: Any) -> float:
+    """PREMUL_SUM's factor: ``ReduceOp.factor`` from torch 2.12 on, the pickled state before (2.11 has no
+    ``factor``); never 1.0 by default, which would sum unscaled without a word."""
+    raw = getattr(reduce_op, "factor", None)
+    if raw is None:
+        state = getattr(reduce_op, "__getstate__", lambda: ())()
+        raw = state[1] if isinstance(state, tuple) and len(state) == 2 else None
+    if raw is None:
+        raise UnisonNotImplementedError(
+            f"The unison backend cannot read the factor of {reduce_op!r} (PREMUL_SUM) in torch {torch.__version__}; "
+            "scale the tensor and use ReduceOp.SUM instead.")
+    return float(raw.item() if isinstance(raw, torch.Tensor) else raw)
 
 
 class UnisonProcessGroup(dist.ProcessGroup):
