@@ -51,7 +51,7 @@ test: venv
 	$(VPY) tests/run_multirank.py -n 1
 	$(VPY) tests/run_multirank.py -n 2
 	$(VPY) tests/run_multirank.py -n 3
-	$(VPY) tests/run_multirank.py -n 4 tests/multirank/test_adasum.py
+	$(VPY) tests/run_multirank.py -n 4 tests/multirank/test_adasum.py tests/multirank/test_torch_distributed.py::test_a_two_dimensional_device_mesh
 	UNISON_CONTROLLER=grpc UNISON_SERVICE_HOST_AGGREGATION=0 $(VPY) tests/run_multirank.py -n 2 $(CONTROL_PLANE_TESTS)
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3 $(CONTROL_PLANE_TESTS)
 

@@ -15,7 +15,7 @@ from .errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind
 from .process_sets import ProcessSet, bind, global_process_set, unbind
 
-__all__ = ["add_process_set", "allgather_object", "broadcast_object", "remove_process_set"]
+__all__ = ["add_process_set", "allgather_object", "broadcast_object", "process_set_of", "remove_process_set"]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -89,6 +89,28 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     for existing in current.registered_sets().values():
         if tuple(existing) == tuple(ps.ranks):
             raise InvalidArgumentError(f"Attempted to add a duplicate process set: {ps}")
+    return _register(ps)
+
+
+def process_set_of(ranks: Sequence[int]) -> ProcessSet:
+    """The registered process set of exactly `ranks`, registered now if there is none.
+
+    Collective over every rank, in the same order, like `add_process_set`, but needs no dynamic
+    process sets: it serves callers whose own contract is collective (torch's ``dist.new_group``).
+    """
+    current = job()
+    wanted = tuple(sorted(int(r) for r in ranks))
+    if wanted == tuple(range(current.size)):
+        return global_process_set
+    for set_id, members in current.registered_sets().items():
+        if tuple(members) == wanted and set_id in current.process_sets:
+            return current.process_sets[set_id]
+    return _register(ProcessSet(list(wanted)))
+
+
+def _register(ps: ProcessSet) -> ProcessSet:
+    current = job()
+    assert ps.ranks is not None
     set_id = control(CollectiveKind.ADD_PROCESS_SET, f"add_process_set.{current.next_name_index(0)}",
                       ranks=ps.ranks, target_set=0)
     bind(ps, int(set_id), list(ps.ranks), current.rank)

@@ -287,6 +287,54 @@ def _unshard(local: torch.Tensor) -> torch.Tensor:
     return torch.cat(pieces)
 
 
+@pytest.mark.min_ranks(2)
+def test_groups_of_some_ranks_run_on_unison_process_sets() -> None:
+    n, r = size(), rank()
+    others, ends = list(range(1, n)), [0, n - 1]  # at 2 ranks: a group of one, and the whole job
+    sub, again, pair = dist.new_group(others), dist.new_group(others), dist.new_group(ends)
+    if r in others:
+        for group in (sub, again):  # two torch groups on one unison set: their calls' names differ
+            tensor = torch.full((2,), float(r))
+            dist.all_reduce(tensor, group=group)
+            assert tensor.tolist() == [float(sum(others))] * 2
+        tensor = torch.full((3,), float(r))
+        dist.broadcast(tensor, src=n - 1, group=sub)  # torch's src is a global rank
+        assert tensor.tolist() == [float(n - 1)] * 3
+        outputs = [torch.empty(1) for _ in others]
+        dist.all_gather(outputs, torch.full((1,), float(r)), group=sub)
+        assert [o.item() for o in outputs] == [float(i) for i in others]
+        out = torch.empty(len(others))
+        dist.all_to_all_single(out, torch.arange(float(len(others))) + 10 * r, group=sub)
+        assert out.tolist() == [float(others.index(r) + 10 * i) for i in others]
+    else:
+        assert sub == dist.GroupMember.NON_GROUP_MEMBER
+    if r in ends:
+        out = torch.empty(2)
+        dist.scatter(out, [torch.full((2,), 10.0 * i) for i in ends] if r == n - 1 else None, src=n - 1, group=pair)
+        assert out.tolist() == [10.0 * r] * 2
+        tensor = torch.full((1,), float(r + 1))
+        dist.reduce(tensor, dst=n - 1, group=pair)
+        assert tensor.item() == (float(n + 1) if r == n - 1 else 1.0)
+    dist.barrier()
+
+
+@pytest.mark.min_ranks(3)
+def test_a_rank_out_of_step_in_a_group_of_some_ranks_is_named() -> None:
+    members = [1, 2]
+    group = dist.new_group(members)
+    if rank() in members:
+        with pytest.raises(MismatchError, match=r"torch\.s\d+\.\d+") as caught:
+            dist.all_reduce(torch.ones(3 if rank() == 1 else 4), group=group)
+        assert "[3]" in str(caught.value) and "[4]" in str(caught.value)
+    dist.barrier()
+
+
+@pytest.mark.min_ranks(2)
+def test_a_group_made_on_its_members_alone_is_refused_on_every_rank() -> None:
+    with pytest.raises(UnisonNotImplementedError, match="use_local_synchronization=True"):
+        dist.new_group([rank()], use_local_synchronization=True)
+
+
 def test_a_device_mesh_of_one_dimension() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -305,6 +353,24 @@ def test_a_cpu_tensor_beside_the_devices_in_one_job() -> None:
     total = float(sum(range(1, size() + 1)))
     assert on_device.device.type == DEVICE.type and on_host.device.type == "cpu"
     assert on_device.tolist() == [total] * 3 and on_host.tolist() == [total] * 2
+
+
+@pytest.mark.min_ranks(4)
+def test_a_two_dimensional_device_mesh() -> None:
+    """Its groups of some ranks (rows and columns of a 2 x n/2 grid) run on unison process sets."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    n, r = size(), rank()
+    columns = n // 2
+    if n % 2:
+        pytest.skip("a 2 x n/2 mesh needs an even number of ranks")
+    mesh = init_device_mesh(DEVICE.type, (2, columns), mesh_dim_names=("dp", "tp"))
+    row, column = divmod(r, columns)
+    across_row, down_column = torch.full((1,), float(r)), torch.full((1,), float(r))
+    dist.all_reduce(across_row, group=mesh.get_group("tp"))
+    dist.all_reduce(down_column, group=mesh.get_group("dp"))
+    assert across_row.item() == float(sum(range(row * columns, (row + 1) * columns)))
+    assert down_column.item() == float(column + column + columns)
 
 
 def test_mixed_with_unisons_own_api() -> None:
@@ -372,11 +438,11 @@ def test_point_to_point_is_refused_with_what_to_use() -> None:
 
 
 @pytest.mark.min_ranks(3)
-def test_a_group_of_some_ranks_is_refused_on_its_members() -> None:
-    if rank() in (0, 1):
-        with pytest.raises(UnisonNotImplementedError, match=r"dist\.new_group\(ranks=\[0, 1\]\) in a job of 3"):
-            dist.new_group([0, 1])
+def test_a_group_in_another_order_than_its_ranks_is_refused_on_its_members() -> None:
+    if rank() in (0, 2):
+        with pytest.raises(UnisonNotImplementedError, match=r"dist\.new_group\(ranks=\[2, 0\]\) .* increasing order"):
+            dist.new_group([2, 0], sort_ranks=False)
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            assert dist.new_group([0, 1]) == dist.GroupMember.NON_GROUP_MEMBER
+            assert dist.new_group([2, 0], sort_ranks=False) == dist.GroupMember.NON_GROUP_MEMBER

@@ -36,9 +36,13 @@ if mode == "api":
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to(device))
     model(torch.ones(3, 4, device=device) * (rank + 1)).sum().backward()
     assert {total.device, gathered.device, plain.device, model.module.weight.grad.device} == {device}
+    part = torch.full((2,), float(rank), device=device)  # a group of every rank but 0
+    sub = dist.new_group(list(range(1, size))) if size > 1 else None
+    if rank > 0:
+        dist.all_reduce(part, group=sub)
     (out / f"result-{rank}").write_text(json.dumps({
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "total": total.tolist(),
-        "gathered": gathered.tolist(), "plain": plain.tolist(), "grad": model.module.weight.grad[0].tolist(),
+        "gathered": gathered.tolist(), "plain": plain.tolist(), "part": part.tolist(), "grad": model.module.weight.grad[0].tolist(),
         "mpi4py": "mpi4py" in sys.modules}))
     dist.destroy_process_group()
     hvd.shutdown()

@@ -41,6 +41,7 @@ def check_api_results(done: subprocess.CompletedProcess[str], tmp_path: Path, n:
         assert result["total"] == [total] * 3
         assert result["gathered"] == [float(i) for i in range(n) for _ in range(i + 1)]
         assert result["plain"] == [float(n)] * 2
+        assert result["part"] == [float(sum(range(1, n)) if r else 0.0)] * 2
         assert result["mpi4py"] is False  # no MPI anywhere
     assert len({tuple(result["grad"]) for result in results}) == 1  # DDP averaged the same gradient
 

@@ -14,7 +14,11 @@ unison's error); once torch asks for its future (DDP's communication hooks chain
 thread per group finishes it in submission order if no thread waits. Calls that unison has no collective for are composed exactly:
 ``reduce`` and ``gather`` from the allreduce and allgather (the root keeps the result), ``scatter``
 from an alltoall in which only the root sends, the bitwise ops from an allgather reduced locally.
-Point-to-point calls and groups of a subset of the ranks raise an error that names the call.
+Point-to-point calls raise an error that names the call.
+
+``dist.new_group(ranks)`` of a subset runs on a unison process set of those ranks: torch calls the
+backend on the group's members only, but every rank calls ``new_group`` (torch's contract), so
+`register` wraps torch's group creation to register the set on every rank first (`process_set_of`).
 """
 
 # torch's stubs declare ProcessGroup's methods as overloads of its C++ and Python forms; a Python
@@ -23,6 +27,7 @@ Point-to-point calls and groups of a subset of the ranks raise an error that nam
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import queue
@@ -38,8 +43,10 @@ import torch
 import torch.distributed as dist
 
 from ... import _runtime
+from ..._objects import process_set_of
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
 from .call_names import MIN_WINDOW, CallNames
 from .collectives import (
     allgather_async,
@@ -61,7 +68,7 @@ _OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVERAGE, _RED.PRODUCT: Reduce
         _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.PREMUL_SUM: ReduceOp.SUM}
 _BITWISE: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
-_group_count = [0]  # groups made in this process, in creation order (the same on every rank)
+_group_count: dict[int, int] = {}  # process set id -> groups made on it here (the same on every member)
 _group_lock = threading.Lock()
 
 
@@ -241,9 +248,12 @@ def _premul_factor(reduce_op: Any) -> float:
 class UnisonProcessGroup(dist.ProcessGroup):
     """A torch ProcessGroup over every rank of the unison job; see the module docstring."""
 
-    def __init__(self, rank: int, size: int, label: str) -> None:
+    def __init__(self, rank: int, size: int, label: str, process_set: ProcessSet = global_process_set,
+                 members: Sequence[int] | None = None) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
         self._rank, self._size, self._label = rank, size, label
+        self._set = process_set
+        self._members = list(members) if members is not None else list(range(size))  # group rank -> global
         self._lock = threading.Lock()
         self._completer = _Completer(label)
         self._group_name = self._group_desc = ""
@@ -252,7 +262,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
 
     def __repr__(self) -> str:
-        return f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} calls={self._names.calls}>"
+        return (f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} ranks={self._members} "
+                f"calls={self._names.calls}>")
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
@@ -329,7 +340,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
                    after: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda tensors: tensors) -> UnisonWork:
         op, bitwise, factor = _op(reduce_op)
         if bitwise is not None:
-            handles = [allgather_async(t.reshape(1, *t.shape), name=f"{name}.{i}") for i, t in enumerate(tensors)]
+            handles = [allgather_async(t.reshape(1, *t.shape), name=f"{name}.{i}", process_set=self._set)
+                       for i, t in enumerate(tensors)]
 
             def finish_bitwise(results: list[Any]) -> list[torch.Tensor]:
                 for tensor, gathered in zip(tensors, results):
@@ -338,9 +350,11 @@ class UnisonProcessGroup(dist.ProcessGroup):
             return self._work(what, handles, finish_bitwise)
         work_tensors, copies = _contiguous(tensors)
         if grouped or len(work_tensors) > 1:
-            handles = [grouped_allreduce_async_(work_tensors, name=name, op=op, prescale_factor=factor)]
+            handles = [grouped_allreduce_async_(work_tensors, name=name, op=op, prescale_factor=factor,
+                                                process_set=self._set)]
         else:
-            handles = [allreduce_async_(work_tensors[0], name=name, op=op, prescale_factor=factor)]
+            handles = [allreduce_async_(work_tensors[0], name=name, op=op, prescale_factor=factor,
+                                        process_set=self._set)]
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             _copy_back(copies)
@@ -380,7 +394,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         if bitwise is not None:
             raise UnisonNotImplementedError(f"{what} with a bitwise op on the unison backend: use all_reduce.")
         name = self._name((what, _sig([output, stacked]), _op_key(opts.reduceOp if opts is not None else None)))
-        handle = reducescatter_async(stacked.contiguous(), name=name, op=op, prescale_factor=factor)
+        handle = reducescatter_async(stacked.contiguous(), name=name, op=op, prescale_factor=factor,
+                                     process_set=self._set)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             output.copy_(results[0].reshape(output.shape))
@@ -406,7 +421,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"all_gather_into_tensor needs an output of size * input elements ({self._size} * "
                 f"{input.numel()}). Got {output.numel()}.")
-        handle = allgather_async(input.reshape(1, *input.shape).contiguous(), name=self._name(("all_gather_into_tensor", _sig([output, input]))))
+        handle = allgather_async(input.reshape(1, *input.shape).contiguous(),
+                                 name=self._name(("all_gather_into_tensor", _sig([output, input]))), process_set=self._set)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             output.copy_(results[0].reshape(output.shape))
@@ -416,7 +432,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def _gather_into(self, targets: list[torch.Tensor], source: torch.Tensor, what: str) -> UnisonWork:
-        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name((what, _sig([source, *targets]))))
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(),
+                                 name=self._name((what, _sig([source, *targets]))), process_set=self._set)
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             for target, piece in zip(targets, results[0].unbind(0)):
@@ -427,7 +444,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def _gather_uneven(self, targets: list[torch.Tensor], source: torch.Tensor) -> UnisonWork:
         # every rank's tensor flattened, concatenated along dimension 0 (unison's allgather allows
         # a different length per rank), then cut by the output shapes
-        handle = allgather_async(source.reshape(-1).contiguous(), name=self._name(("all_gather", _sig([source, *targets]))))
+        handle = allgather_async(source.reshape(-1).contiguous(), name=self._name(("all_gather", _sig([source, *targets]))),
+                                 process_set=self._set)
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             offset = 0
@@ -444,7 +462,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         targets = list(outputs[0]) if outputs else []
         if self._rank == root:
             _check_count("gather", targets, self._size)
-        handle = allgather_async(source.reshape(1, *source.shape).contiguous(), name=self._name(("gather", _sig([source]), root)))
+        handle = allgather_async(source.reshape(1, *source.shape).contiguous(),
+                                 name=self._name(("gather", _sig([source]), root)), process_set=self._set)
 
         def finish(results: list[Any]) -> list[list[torch.Tensor]]:
             if self._rank == root:
@@ -459,7 +478,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         root = opts.rootRank if opts is not None else 0
         name = self._name(("broadcast", _sig(tensors), root))
         work_tensors, copies = _contiguous(list(tensors))
-        handles = [broadcast_async_(t, root_rank=root, name=name if len(work_tensors) == 1 else f"{name}.{i}")
+        handles = [broadcast_async_(t, root_rank=self._members[root], name=name if len(work_tensors) == 1 else f"{name}.{i}",
+                                    process_set=self._set)  # unison's roots are global ranks, torch's the group's
                    for i, t in enumerate(work_tensors)]
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
@@ -478,7 +498,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         else:
             send = output.new_empty((0, *output.shape))
             splits = [0] * self._size
-        handle = alltoall_async(send.contiguous(), splits=splits, name=self._name(("scatter", _sig([output]), root)))
+        handle = alltoall_async(send.contiguous(), splits=splits, name=self._name(("scatter", _sig([output]), root)),
+                                process_set=self._set)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -491,7 +512,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         _check_count("all_to_all", list(outputs), self._size)
         send = torch.cat([t.reshape(-1) for t in inputs])
         splits = [t.numel() for t in inputs]
-        handle = alltoall_async(send, splits=splits, name=self._name(("all_to_all", _sig([*inputs, *outputs]))))
+        handle = alltoall_async(send, splits=splits, name=self._name(("all_to_all", _sig([*inputs, *outputs]))),
+                                process_set=self._set)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -510,7 +532,9 @@ class UnisonProcessGroup(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"all_to_all_single without split sizes needs dimension 0 ({rows}) divisible by the group's "
                 f"size ({self._size}).")
-        handle = alltoall_async(input.contiguous(), splits=splits, name=self._name(("all_to_all_single", _sig([input, output]), tuple(splits))))
+        handle = alltoall_async(input.contiguous(), splits=splits,
+                                name=self._name(("all_to_all_single", _sig([input, output]), tuple(splits))),
+                                process_set=self._set)
 
         def finish(results: list[Any]) -> list[torch.Tensor]:
             received, _ = results[0]
@@ -521,7 +545,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: Any = None) -> UnisonWork:
-        handle = allreduce_async_(torch.zeros(1), name=self._name(("barrier",)), op=ReduceOp.SUM)
+        handle = allreduce_async_(torch.zeros(1), name=self._name(("barrier",)), op=ReduceOp.SUM, process_set=self._set)
         return self._work("barrier", [handle], lambda results: [])
 
     # -- what unison cannot carry ------------------------------------------------------------------------
@@ -592,13 +616,8 @@ def create_process_group(options: Any, backend_options: Any = None) -> UnisonPro
         _runtime.init()
     ranks = list(getattr(options, "global_ranks_in_group", []) or [])
     size = _runtime.size()
-    if ranks and sorted(ranks) != list(range(size)):
-        raise UnisonNotImplementedError(
-            f"dist.new_group(ranks={sorted(ranks)}) in a job of {size} ranks: the unison backend runs groups "
-            "of every rank only (torch calls a backend on the group's members alone, and a unison process "
-            "set is registered by every rank). Use unison's process sets (hvd.add_process_set) with unison's "
-            "own collectives, or dist.new_group(ranks, backend='gloo') for this group."
-        )
+    if ranks and ranks != list(range(size)):
+        return _subset_group(ranks, options)
     group_size = int(options.group_size)
     if group_size != size or int(options.group_rank) != _runtime.rank():
         raise InvalidArgumentError(
@@ -607,10 +626,38 @@ def create_process_group(options: Any, backend_options: Any = None) -> UnisonPro
             "backend takes them from the job."
         )
     _warn_timeout(getattr(options, "timeout", None))
+    return UnisonProcessGroup(_runtime.rank(), size, _label(global_process_set))
+
+
+def _label(process_set: ProcessSet) -> str:
+    """The group's part of its calls' names: ``pg``, ``pg2``... on the whole job, ``s<set id>`` (``.2``...) on a
+    set; counted per set, so that every member names a group alike whatever groups it is not in."""
+    set_id = int(process_set.process_set_id or 0)
     with _group_lock:
-        _group_count[0] += 1
-        label = "pg" if _group_count[0] == 1 else f"pg{_group_count[0]}"
-    return UnisonProcessGroup(_runtime.rank(), size, label)
+        count = _group_count[set_id] = _group_count.get(set_id, 0) + 1
+    base = "pg" if set_id == 0 else f"s{set_id}"
+    return base if count == 1 else (f"pg{count}" if set_id == 0 else f"{base}.{count}")
+
+
+def _subset_group(ranks: list[int], options: Any) -> UnisonProcessGroup:
+    """The group of a `dist.new_group(ranks)` on the unison process set that `_registering_sets` registered."""
+    size = _runtime.size()
+    current = _runtime.job()
+    wanted = tuple(ranks)
+    found = [set_id for set_id, members in current.registered_sets().items()
+             if members == wanted and set_id in current.process_sets]
+    if ranks != sorted(ranks) or not found:
+        why = ("its ranks are not in increasing order (sort_ranks=False): a unison process set orders its "
+               "members by rank" if ranks != sorted(ranks) else
+               "no unison process set of those ranks was registered on every rank (new_group with "
+               "use_local_synchronization=True, or a torch without the group creation unison wraps)")
+        raise UnisonNotImplementedError(
+            f"dist.new_group(ranks={ranks}) in a job of {size} ranks on the unison backend: {why}. Call "
+            "dist.new_group(ranks) on every rank with sorted ranks, or use dist.new_group(ranks, backend='gloo') "
+            "for this group.")
+    process_set = current.process_sets[found[0]]
+    _warn_timeout(getattr(options, "timeout", None))
+    return UnisonProcessGroup(int(options.group_rank), len(ranks), _label(process_set), process_set, ranks)
 
 
 def _warn_timeout(timeout: Any) -> None:
@@ -675,14 +722,58 @@ def _rendezvous_with_fallback(original: Callable[..., Any]) -> Callable[..., Any
     return handler
 
 
+def _registering_sets(original: Callable[..., Any]) -> Callable[..., Any]:
+    """torch's group creation (behind ``new_group``, ``new_subgroups`` and DeviceMesh), registering the
+    unison process set of a subset group's ranks on every rank first when the group is unison's.
+
+    torch runs it on every rank for ``new_group`` (its contract), and calls the backend on the members
+    only; unison registers a process set on every rank, in the same order. Calls made on the members
+    alone (a tag of functional collectives, ``use_local_synchronization``) register nothing: their
+    backend then says why it cannot run the group.
+    """
+    signature = inspect.signature(original)
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        call = signature.bind_partial(*args, **kwargs).arguments
+        ranks, backend = call.get("ranks"), call.get("backend")
+        if (ranks is not None and call.get("pg_tag") is None and _is_unison(backend)
+                and sorted(ranks) != list(range(dist.get_world_size()))):
+            if call.get("use_local_synchronization"):
+                raise UnisonNotImplementedError(
+                    f"dist.new_group(ranks={list(ranks)}, use_local_synchronization=True) on the unison backend: "
+                    "unison registers a group's process set on every rank. Leave use_local_synchronization out "
+                    "(every rank calls new_group), or use backend='gloo' for this group.")
+            if call.get("sort_ranks", True) or list(ranks) == sorted(ranks):
+                if not _runtime.is_initialized():
+                    _runtime.init()
+                process_set_of(sorted(int(r) for r in ranks))
+        return original(*args, **kwargs)
+    create.unison_sets = True  # type: ignore[attr-defined]
+    return create
+
+
+def _is_unison(backend: Any) -> bool:
+    """Whether a group made with `backend` (None: the default group's) runs on the unison backend."""
+    if backend is None or backend == "":
+        if not dist.is_initialized():
+            return False
+        backend = dist.get_backend()
+    return BACKEND_NAME in str(backend).lower()
+
+
 def register() -> None:
     """Register the ``"unison"`` backend with torch.distributed, once per process.
 
     Also lets env:// (the default of ``init_process_group``) find the job's ranks through unison when
-    MASTER_ADDR is unset, as under unisonrun or mpiexec.
+    MASTER_ADDR is unset, as under unisonrun or mpiexec, and subset groups register their unison process
+    sets on every rank (`_registering_sets`).
     """
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    creator = getattr(c10d, "_new_group_with_tag", None)
+    if callable(creator) and not getattr(creator, "unison_sets", False):
+        c10d._new_group_with_tag = _registering_sets(creator)  # type: ignore[union-attr]
     rendezvous = sys.modules.get("torch.distributed.rendezvous")
     handlers = getattr(rendezvous, "_rendezvous_handlers", None)
     if isinstance(handlers, dict) and "env" in handlers and not getattr(handlers["env"], "unison_fallback", False):
