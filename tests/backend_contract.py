@@ -114,6 +114,52 @@ def check_allgatherv_broadcast_alltoallv_reducescatter(backend: Backend) -> None
     np.testing.assert_array_equal(out, total[start : start + rows[rank]])
 
 
+_INTEGERS = (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64)
+
+
+def check_every_dtype(backend: Backend) -> None:
+    """Every integer type reduced exactly (the extremes of its range for MIN and MAX), every type moved
+    bit for bit, and 2-byte pieces (the half-precision wire) through `allreduce_pieces_`."""
+    rank, size = backend.rank, backend.size
+    for dtype in _INTEGERS:
+        info = np.iinfo(dtype)
+        low = np.array([info.min + rank, info.max - 3 * rank, rank], dtype=dtype)
+        everyone = np.stack([np.array([info.min + r, info.max - 3 * r, r], dtype=dtype) for r in range(size)])
+        for op, combine in ((ReduceOp.MIN, np.min), (ReduceOp.MAX, np.max)):
+            buf = low.copy()
+            backend.allreduce_(buf, op, 0)
+            np.testing.assert_array_equal(buf, combine(everyone, axis=0), err_msg=f"{op} of {np.dtype(dtype)}")
+        small = np.arange(1, 4, dtype=dtype) + rank
+        backend.allreduce_(small, ReduceOp.SUM, 0)
+        np.testing.assert_array_equal(small, sum(np.arange(1, 4) + r for r in range(size)).astype(dtype),
+                                      err_msg=f"SUM of {np.dtype(dtype)}")
+    moved = [*_INTEGERS, np.float16, np.float32, np.float64, np.bool_]
+    for dtype in moved:
+        mine = (np.arange(4) + 5 * rank).astype(dtype)
+        if np.dtype(dtype) == np.float16:
+            mine.view(np.uint16)[0] = 0x7E01 + rank  # a NaN with a payload: its bits must survive
+        recv = np.empty(4 * size, dtype=dtype)
+        backend.allgatherv(mine, recv, [4] * size, 0)
+        expected = np.concatenate([_bits_of(dtype, r) for r in range(size)])
+        assert recv.tobytes() == expected.tobytes(), f"allgatherv of {np.dtype(dtype)}"
+        buf = _bits_of(dtype, rank)
+        backend.broadcast_(buf, 0, 0)
+        assert buf.tobytes() == _bits_of(dtype, 0).tobytes(), f"broadcast of {np.dtype(dtype)}"
+        recv = np.empty(4 * size, dtype=dtype)
+        backend.alltoallv(np.concatenate([_bits_of(dtype, rank)] * size), [4] * size, recv, [4] * size, 0)
+        assert recv.tobytes() == expected.tobytes(), f"alltoallv of {np.dtype(dtype)}"
+    bits = np.arange(6, dtype=np.uint16) + 10 * rank
+    backend.allreduce_pieces_(bits, lambda matrix: matrix.max(axis=0), 0)
+    np.testing.assert_array_equal(bits, np.arange(6, dtype=np.uint16) + 10 * (size - 1))
+
+
+def _bits_of(dtype: type, rank: int) -> np.ndarray:
+    values = (np.arange(4) + 5 * rank).astype(dtype)
+    if np.dtype(dtype) == np.float16:
+        values.view(np.uint16)[0] = 0x7E01 + rank
+    return values
+
+
 def check_process_sets(backend: Backend) -> None:
     rank, size = backend.rank, backend.size
     members = list(range(0, size, 2))  # every other rank: 0, 2, ...
@@ -141,6 +187,7 @@ CHECKS: list[Callable[[Backend], None]] = [
     check_chunk_size_changes_no_result,
     check_allreduce_pieces,
     check_allgatherv_broadcast_alltoallv_reducescatter,
+    check_every_dtype,
     check_process_sets,
     check_statistics,
 ]

@@ -2,9 +2,11 @@
 
 For jobs without MPI (a job launched by torchrun): the ranks meet through a torch store, and gloo,
 torch's own maintained CPU transport, carries the bytes. NumPy buffers are handed to gloo as torch
-tensors over the same memory (``torch.from_numpy``), so nothing is copied on the way in or out;
-status rows (uint64) travel as int64 bit patterns, half-precision buffers as 16-bit integers inside
-`allreduce_pieces_`. Waits poll the work, so `abandon` can end them. Each process set is a gloo group
+tensors over the same memory (``torch.from_numpy``), so nothing is copied on the way in or out.
+gloo has no 16-bit integers and no unsigned type but uint8: what only moves (gathers, broadcasts,
+all-to-alls, half-precision pieces) travels as a type of the same width that gloo has, bit for bit
+(2-byte values as float16, which gloo copies without reading); what is reduced is widened where the
+bits alone would not reduce alike (16-bit integers and uint32 in int32 and int64 copies). Waits poll the work, so `abandon` can end them. Each process set is a gloo group
 of its members, made from the store under a prefix of its own.
 
 Liveness: each rank's heartbeat thread advances a counter in the store every `HEARTBEAT_SECONDS`. A
@@ -36,8 +38,13 @@ _SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
 _MAX_SLEEP_SECONDS = 0.002
 HEARTBEAT_SECONDS = 0.5
 _RETIRED: list[Any] = []  # closed backends' gloo groups (see GlooBackend.close)
-_STAND_INS = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.int16,
-              np.dtype(np.float16): np.int16, np.dtype(np.bool_): np.uint8}
+# same width, a type gloo has: for buffers that are only moved
+_STAND_INS = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.float16,
+              np.dtype(np.int16): np.float16, np.dtype(np.bool_): np.uint8}
+# for buffers that are reduced: wider copies where the same bits would not reduce alike (MIN and MAX of
+# unsigned values, any 16-bit integer); uint64 keeps its int64 bits (sums and products wrap alike, MIN
+# and MAX of values over 2**63 do not: documented)
+_WIDER = {np.dtype(np.uint32): np.int64, np.dtype(np.uint16): np.int32, np.dtype(np.int16): np.int32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +149,7 @@ class GlooBackend:
         )
 
     def _tensor(self, array: np.ndarray) -> Any:
-        """The buffer as a torch tensor on its memory; gloo's missing types as the signed integers of
-        their width (the same bits: sums wrap alike; min and max of unsigned values over 2**63 do not)."""
+        """The buffer as a torch tensor on its memory; gloo's missing types as a type of their width."""
         stand_in = _STAND_INS.get(array.dtype)
         return self._torch.from_numpy(array.view(stand_in) if stand_in is not None else array)
 
@@ -189,9 +195,15 @@ class GlooBackend:
         step = self._chunk_elements(buf)
         options = self._dist.AllreduceOptions()
         options.reduceOp = self._ops[op]
+        wider = _WIDER.get(buf.dtype)
         for start in range(0, buf.size, step):
             chunk = buf[start:start + step]
-            self._wait(group.allreduce([self._tensor(chunk)], options))
+            if wider is None:
+                self._wait(group.allreduce([self._tensor(chunk)], options))
+            else:  # reduced in a wider copy, written back with the narrow type's wrap-around
+                widened = chunk.astype(wider)
+                self._wait(group.allreduce([self._tensor(widened)], options))
+                chunk[...] = widened.astype(buf.dtype)
             self._stats["data_calls"] += 1
             if after_chunk is not None:
                 after_chunk(chunk)
