@@ -44,7 +44,7 @@ CHECK_LEAVES_OUT = --ignore=tests/unit/adapters/test_tf_keras_legacy.py \
 # The whole matrix, as CI runs it. The tests in two workers (a file stays in one worker); the fault
 # and control-plane tests apart from the heavy training tests, since they check how soon a failure is
 # noticed, with bounds that hold on a loaded 2-core machine. Then the multi-rank suite at 1 to 4
-# ranks, and on the gRPC control plane.
+# ranks, on the gRPC control plane, and started by torchrun.
 test: venv
 	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps -q -n 2 --dist loadfile
 	$(VPY) -m pytest tests/service tests/faults tests/torchrun -q -n 2 --dist loadfile
@@ -54,11 +54,19 @@ test: venv
 	$(VPY) tests/run_multirank.py -n 4 tests/multirank/test_adasum.py tests/multirank/test_torch_distributed.py::test_a_two_dimensional_device_mesh
 	UNISON_CONTROLLER=grpc UNISON_SERVICE_HOST_AGGREGATION=0 $(VPY) tests/run_multirank.py -n 2 $(CONTROL_PLANE_TESTS)
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3 $(CONTROL_PLANE_TESTS)
+	$(VPY) tests/run_multirank.py --torchrun -n 2 $(TORCHRUN_TESTS)
+	$(VPY) tests/run_multirank.py --torchrun -n 3 $(TORCHRUN_TESTS)
 
 # The other control plane changes how requests and responses travel, not what the framework adapters
 # submit: its tiers leave out the TensorFlow and Keras files, which the MPI tiers run.
 MULTIRANK_WITHOUT_TF = $(filter-out tests/multirank/test_keras% tests/multirank/test_tf_% tests/multirank/test_compression_tf.py,$(wildcard tests/multirank/test_*.py))
 CONTROL_PLANE_TESTS = $(MULTIRANK_WITHOUT_TF)
+# Jobs started by torchrun (no MPI: the gloo transport, the plugin's barrier over torch's store): the
+# collectives, the torch adapter and torch.distributed files. Files that call mpi4py themselves (the
+# MPI contract, Adasum's sizes, the harness's own MPI checks, timelines sent over MPI) stay in the MPI tiers.
+TORCHRUN_TESTS = $(addprefix tests/multirank/,test_collectives.py test_torch_collectives.py \
+	test_torch_optimizer.py test_torch_state.py test_torch_join.py test_compression_torch.py test_errors.py \
+	test_naming.py test_join_collectives.py test_torch_distributed.py test_gpu_arrays_engine.py test_gloo_backend.py)
 
 # The benchmarks' quick runs (benchmarks/run_all.py --quick) and their checks alone: `make test` runs
 # them once, in its first tier; `make check` leaves them out.

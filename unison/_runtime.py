@@ -683,13 +683,13 @@ def mpi_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    """Always False: unison has no Gloo backend."""
-    return False
+    """Whether this job's transport is torch's gloo (a job launched by torchrun, docs/torch.md)."""
+    return _job is not None and getattr(_job.engine.backend, "name", "") == "gloo"
 
 
 def gloo_built() -> bool:
-    """Always False: unison has no Gloo backend."""
-    return False
+    """Whether the gloo transport can be used: torch is installed (callable before init; imports nothing)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 def nccl_built() -> int:

@@ -25,6 +25,7 @@ __all__ = ["TorchLaunch", "check_settings_agree", "torch_backend", "torch_launch
 
 _VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _MPI_LAUNCHERS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_RANK")
+_jobs = [0]  # jobs this process started on torch's store (every rank starts the same ones, in order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +102,8 @@ def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
 
     timeout = timedelta(seconds=settings.start_timeout_seconds or 1800.0)
     store, rank, size = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size, timeout=timeout))
-    world = GlooWorld(dist.PrefixStore(f"unison/{launch.restart}", store), rank, size,
+    _jobs[0] += 1  # init() after shutdown() starts a fresh job: keys of its own, as a restart's
+    world = GlooWorld(dist.PrefixStore(f"unison/{launch.restart}/{_jobs[0]}", store), rank, size,
                       peer_timeout_seconds=settings.peer_timeout_seconds)
     return create_backend("gloo", world, settings)
 

@@ -23,12 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from mpi4py import MPI
+    from unison.testing.pytest_plugin import world_size
 
-    size = MPI.COMM_WORLD.Get_size()
+    size = world_size(config)
     reason = ""
-    if os.environ.get("UNISON_CONTROLLER", "").lower() == "grpc":
-        # The grpc runs exist to exercise the control plane; long training runs that check an
+    if os.environ.get("UNISON_CONTROLLER", "").lower() == "grpc" or "TORCHELASTIC_RUN_ID" in os.environ:
+        # The grpc and torchrun runs exist to exercise the control plane; long training runs that check an
         # adapter's numerics already ran over MPI and would only double the suite's time.
         reason = "convergence tests run in the MPI-controller suite"
     elif size > 2:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -40,13 +42,14 @@ def expected_reduction(dtype: np.dtype, op: str, size: int, n: int = 6) -> np.nd
     return result
 
 
-def test_topology() -> None:
-    from mpi4py import MPI
-
-    assert (hvd.rank(), hvd.size()) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
+def test_topology(world: tuple[int, int]) -> None:
+    assert (hvd.rank(), hvd.size()) == world
     assert hvd.local_size() == hvd.size() and hvd.local_rank() == hvd.rank()
     assert (hvd.cross_size(), hvd.cross_rank()) == (1, 0)
-    assert hvd.is_homogeneous() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun: the gloo transport, no MPI
+        assert not hvd.mpi_enabled() and hvd.gloo_enabled()
+    else:
+        assert hvd.is_homogeneous() and hvd.mpi_enabled() and hvd.mpi_threads_supported()
 
 
 @pytest.mark.parametrize("op", list(OPS))

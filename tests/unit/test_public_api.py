@@ -61,7 +61,8 @@ def test_build_probes_work_before_init(hide_mpi4py: bool, built: str) -> None:
     assert out.stdout.split() == [built, "False"]
     if importlib.util.find_spec("cupy") is None:  # with CuPy installed it is NCCL's version
         assert unison.nccl_built() == 0
-    assert unison.gloo_built() is False and unison.ccl_built() is False
+    assert unison.gloo_built() is (importlib.util.find_spec("torch") is not None)  # the torchrun transport
+    assert unison.gloo_enabled() is False and unison.ccl_built() is False
 
 
 def test_log_lines_carry_the_rank_and_obey_hide_time(tmp_path) -> None:

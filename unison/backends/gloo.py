@@ -166,7 +166,7 @@ class GlooBackend:
         self._stats["control_calls"] += 1
         counts = [int(n) for n in lengths]
         recv = np.empty(sum(counts), dtype=np.uint8)
-        self.allgatherv(np.frombuffer(payload, dtype=np.uint8).copy(), recv, counts, 0)
+        self._allgatherv(self._groups[0], np.frombuffer(payload, dtype=np.uint8).copy(), recv, counts)
         if self.rank != 0:
             return None
         offsets = np.concatenate(([0], np.cumsum(counts))).astype(int)
@@ -175,12 +175,11 @@ class GlooBackend:
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         self._stats["control_calls"] += 1
         length = np.array([len(payload) if self.rank == 0 and payload is not None else 0], dtype=np.int64)
-        self.broadcast_(length, 0, 0)
+        self._broadcast(length, 0, 0)
         buf = (np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == 0 and payload is not None
                else np.empty(int(length[0]), dtype=np.uint8))
-        if buf.size:
-            self.broadcast_(buf, 0, 0)
-        return buf.tobytes()
+        self._broadcast(buf, 0, 0)
+        return buf.tobytes()  # control traffic: counted in control_calls, not in the data plane's bytes
 
     # -- data plane ----------------------------------------------------------------------------
 
@@ -247,12 +246,15 @@ class GlooBackend:
             offset += count
 
     def broadcast_(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
+        self._broadcast(buf, root, process_set_id)
+        self._stats["data_calls"] += 1
+        self._stats["data_bytes"] += buf.nbytes
+
+    def _broadcast(self, buf: np.ndarray, root: int, process_set_id: int) -> None:
         options = self._dist.BroadcastOptions()
         options.rootRank = root
         if buf.size:
             self._wait(self._groups[process_set_id].broadcast([self._tensor(buf)], options))
-        self._stats["data_calls"] += 1
-        self._stats["data_bytes"] += buf.nbytes
 
     def alltoallv(self, send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
                   recv_counts: Sequence[int], process_set_id: int) -> None:

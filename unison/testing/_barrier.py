@@ -180,3 +180,81 @@ class NamedBarrier:
 
         MPI.COMM_WORLD.Abort(1)
 
+
+
+class StoreBarrier:
+    """The same named barrier over torch's store, for a suite run by torchrun (no MPI).
+
+    Every rank writes the name of the point it has reached under ``<count>/<rank>`` and waits for
+    the others' keys of that count, as the MPI barrier's k-th messages meet: a rank that ran fewer
+    tests meets the others' next point, and the mismatch names both.
+    """
+
+    def __init__(self, store: Any, rank: int, size: int) -> None:
+        self.store, self.rank, self.size = store, rank, size
+        store.set(f"id/{rank}", f"{socket.gethostname()} {os.getpid()}")
+        store.wait([f"id/{r}" for r in range(size)])
+        pairs = [store.get(f"id/{r}").decode().rsplit(" ", 1) for r in range(size)]
+        self.identities: list[tuple[str, int]] = [(host, int(pid)) for host, pid in pairs]
+        self.count = 0
+
+    def __repr__(self) -> str:
+        return f"StoreBarrier(rank={self.rank}, size={self.size}, barriers={self.count})"
+
+    def wait(self, name: str, timeout_seconds: float) -> dict[int, str]:
+        """Wait until every rank reaches a barrier; return the name each rank gave it.
+
+        Raises:
+            BarrierTimeout: some ranks did not arrive within ``timeout_seconds``.
+        """
+        from datetime import timedelta
+
+        self.count += 1
+        outgoing = encode_name(name)
+        self.store.set(f"{self.count}/{self.rank}", outgoing)
+        keys = {rank: f"{self.count}/{rank}" for rank in range(self.size) if rank != self.rank}
+        try:
+            self.store.wait(list(keys.values()), timedelta(seconds=timeout_seconds))
+        except Exception:  # noqa: BLE001 - torch raises its own timeout (a RuntimeError or DistStoreError)
+            missing = [rank for rank, key in keys.items() if not self.store.check([key])]
+            if not missing:  # arrived just as the wait gave up
+                return self._names(keys, outgoing)
+            raise BarrierTimeout(describe_timeout(missing, name, timeout_seconds), missing, []) from None
+        return self._names(keys, outgoing)
+
+    def _names(self, keys: Mapping[int, str], outgoing: bytes) -> dict[int, str]:
+        names = {rank: decode_name(self.store.get(key)) for rank, key in keys.items()}
+        names[self.rank] = decode_name(outgoing)
+        return names
+
+    def abort(self, message: str, missing_ranks: Sequence[int]) -> None:
+        """Report ``message``, ask the missing ranks on this host for their stacks, and end this rank:
+        torchrun then stops the others."""
+        print(f"\nFATAL (rank {self.rank}): {message}; aborting the job", file=sys.stderr, flush=True)
+        host = socket.gethostname()
+        for rank in missing_ranks:
+            rank_host, pid = self.identities[rank]
+            if rank_host == host:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(1.0)  # let the stack dumps reach the logs
+        os._exit(1)
+
+
+def torch_store_barrier(environ: Mapping[str, str]) -> StoreBarrier | None:
+    """The store barrier of a job launched by torchrun (torch's env:// variables, no MPI launcher),
+    on torch's store under a prefix of its own; None for any other launch."""
+    from .._torch_launch import torch_launch
+
+    launch = torch_launch(environ)
+    if launch is None:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store, rank, size = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size,
+                                             timeout=timedelta(seconds=300)))
+    return StoreBarrier(dist.PrefixStore(f"unison-test/{launch.restart}", store), rank, size)

@@ -4,7 +4,7 @@ Usage (under mpiexec; `unison.testing.run` starts it): python -m unison.testing.
 -m MODULE [ARGS...]
 
 The rank comes from the launcher's environment (PMI_RANK for MPICH, OMPI_COMM_WORLD_RANK for Open
-MPI, PMIX_RANK for PMIx launchers). Besides redirecting output, the wrapper writes the module's exit
+MPI, PMIX_RANK for PMIx launchers, RANK for torchrun). Besides redirecting output, the wrapper writes the module's exit
 status to LOGDIR/rank-<r>.exit (absent if the process was killed) and dumps every thread's stack to
 the log on SIGTERM (sent by mpiexec when the runner terminates the job) until the module takes over
 the signal (the pytest plugin does, for SIGUSR1 too).
@@ -20,7 +20,7 @@ import signal
 import sys
 import traceback
 
-_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK")  # RANK: torchrun's
 
 
 def _rank() -> int:

@@ -27,6 +27,12 @@ Module- and session-scoped fixtures run outside these barriers. At size 1 (plain
   and ``mpiexec`` then ends the other ranks;
 - provides the ``world`` fixture: ``(rank, size)`` of ``MPI.COMM_WORLD``.
 
+Under torchrun (torch's env:// variables, no MPI launcher) the ranks meet over torch's store instead
+of MPI, with the same messages; a rank that times out ends itself and torchrun stops the others::
+
+    torchrun --standalone --nproc-per-node 2 -m pytest -p unison.testing.pytest_plugin tests/mpi
+    python -m unison.testing.run --torchrun -n 2 tests/mpi   # the same, with one log per rank
+
 Example (``test_sum.py``, run with ``mpiexec -n 2 python -m pytest -p unison.testing.pytest_plugin
 test_sum.py``)::
 
@@ -67,7 +73,7 @@ import pytest
 
 from . import _barrier
 
-__all__ = ["pytest_collection_modifyitems", "pytest_configure", "pytest_sessionfinish", "world"]
+__all__ = ["pytest_collection_modifyitems", "pytest_configure", "pytest_sessionfinish", "world", "world_size"]
 
 _STATE = pytest.StashKey["_State"]()
 
@@ -75,15 +81,30 @@ _STATE = pytest.StashKey["_State"]()
 class _State:
     """What the plugin keeps for one pytest session on one rank."""
 
-    def __init__(self, comm: Any, barrier_seconds: float) -> None:
-        self.comm = comm
-        self.rank: int = comm.Get_rank()
-        self.size: int = comm.Get_size()
+    def __init__(self, rank: int, size: int, barrier: _barrier.NamedBarrier | _barrier.StoreBarrier | None,
+                 barrier_seconds: float) -> None:
+        self.rank, self.size, self.barrier = rank, size, barrier
         self.barrier_seconds = barrier_seconds
-        # Collective, and without a timeout: every rank builds it while configuring pytest.
-        self.barrier = _barrier.NamedBarrier(comm) if self.size > 1 else None
         self.own_basetemp: str | None = None
         self.dumps: IO[str] | None = None
+
+
+def _join(barrier_seconds: float) -> _State:
+    """This rank's place and barrier: over torch's store in a job torchrun started, else over MPI.
+
+    Collective, and without a timeout: every rank builds it while configuring pytest.
+    """
+    on_store = _barrier.torch_store_barrier(os.environ)
+    if on_store is not None:
+        return _State(on_store.rank, on_store.size, on_store, barrier_seconds)
+    comm = _import_mpi().COMM_WORLD
+    size = comm.Get_size()
+    return _State(comm.Get_rank(), size, _barrier.NamedBarrier(comm) if size > 1 else None, barrier_seconds)
+
+
+def world_size(config: pytest.Config) -> int:
+    """The number of ranks running this session (for a conftest deciding what runs where)."""
+    return config.stash[_STATE].size
 
 
 def _import_mpi() -> Any:
@@ -114,7 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
         and not config.getini("timeout_method")
     ):
         config.option.timeout_method = "thread"
-    state = _State(_import_mpi().COMM_WORLD, seconds)
+    state = _join(seconds)
     config.stash[_STATE] = state
     if state.size == 1:
         return
@@ -164,7 +185,8 @@ def _report(config: pytest.Config, message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _abort(config: pytest.Config, barrier: _barrier.NamedBarrier, timeout: _barrier.BarrierTimeout) -> None:
+def _abort(config: pytest.Config, barrier: _barrier.NamedBarrier | _barrier.StoreBarrier,
+           timeout: _barrier.BarrierTimeout) -> None:
     # The job ends before pytest's summary: this rank's failures so far are its likeliest cause.
     reporter = config.pluginmanager.getplugin("terminalreporter")
     for report in [] if reporter is None else reporter.stats.get("failed", []):
@@ -200,7 +222,7 @@ def _lockstep(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def world(request: pytest.FixtureRequest) -> tuple[int, int]:
-    """Return ``(rank, size)`` of this process in ``MPI.COMM_WORLD``."""
+    """Return ``(rank, size)`` of this process in the job (``MPI.COMM_WORLD``, or torchrun's)."""
     state = request.config.stash[_STATE]
     return state.rank, state.size
 

@@ -1,13 +1,15 @@
 """Run pytest as N ranks under mpiexec with the lockstep plugin, one log per rank, and report each rank's outcome.
 
-Usage: python -m unison.testing.run -n N [--job-timeout SECONDS] [pytest args...]
+Usage: python -m unison.testing.run -n N [--torchrun] [--job-timeout SECONDS] [pytest args...]
 
 Runs ``mpiexec -n N python -m pytest -p unison.testing.pytest_plugin -p no:cacheprovider [pytest
 args...]`` in the current directory, each rank writing its output to its own log. When the job ends,
 rank 0's log is printed in full, followed by the log of every other rank that failed. The exit status
 is 0 only if mpiexec succeeded and every rank passed, or if no rank collected any test. A job still
 running after --job-timeout (900 s) is terminated: SIGTERM to mpiexec, which forwards it to the ranks
-(they dump their stacks), then SIGKILL to whatever is left.
+(they dump their stacks), then SIGKILL to whatever is left. With --torchrun the ranks are started by
+torchrun (``python -m torch.distributed.run --standalone``) instead, without MPI: the plugin's
+barrier then meets over torch's store.
 
 Example:
     $ python -m unison.testing.run -n 2 tests/mpi -k allreduce
@@ -110,26 +112,32 @@ def main(argv: list[str] | None = None) -> int:
     """Run the job; return 0 if every rank passed (or none collected a test), 1 otherwise."""
     parser = argparse.ArgumentParser(
         prog="python -m unison.testing.run", allow_abbrev=False,
-        usage="%(prog)s -n N [--job-timeout SECONDS] [pytest args...]",
+        usage="%(prog)s -n N [--torchrun] [--job-timeout SECONDS] [pytest args...]",
     )  # fmt: skip
     parser.add_argument("-n", dest="processes", type=int, required=True, help="number of ranks")
     parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds before the job is killed")
+    parser.add_argument("--torchrun", action="store_true", help="start the ranks with torchrun instead of mpiexec")
     options, pytest_args = parser.parse_known_args(argv)
     if options.processes < 1:
         parser.error(f"-n must be at least 1. Got -n {options.processes}.")
 
     logdir = Path(tempfile.mkdtemp(prefix="unison-multirank-"))
-    command = [
-        _mpiexec(), "-n", str(options.processes),
-        sys.executable, "-m", "unison.testing._rank_wrapper", str(logdir),
-        "-m", "pytest", *PYTEST_OPTIONS, *pytest_args,
-    ]  # fmt: skip
+    rank_command = [sys.executable, "-m", "unison.testing._rank_wrapper", str(logdir),
+                    "-m", "pytest", *PYTEST_OPTIONS, *pytest_args]
+    launcher, environment = "mpiexec", None
+    if options.torchrun:
+        launcher = "torchrun"
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                   str(options.processes), "--no-python", *rank_command]
+    else:
+        command = [_mpiexec(), "-n", str(options.processes), *rank_command]
     print(f"$ {' '.join(command)}", flush=True)
     started = time.monotonic()
-    with open(logdir / "mpiexec.log", "wb") as mpiexec_log:
+    with open(logdir / f"{launcher}.log", "wb") as mpiexec_log:
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=mpiexec_log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=environment,
         )  # fmt: skip
         timed_out = False
         try:
@@ -160,19 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     if timed_out:
         problems.append(
             f"the job was still running after {options.job_timeout:g} s and was killed "
-            "(mpiexec got SIGTERM, then SIGKILL for any process left)"
+            f"({launcher} got SIGTERM, then SIGKILL for any process left)"
         )
     if returncode != 0:
-        problems.append(f"mpiexec exited with status {returncode}")
+        problems.append(f"{launcher} exited with status {returncode}")
     if failed:
         described = ", ".join(
             f"rank {rank} ({'no exit status: aborted or killed' if statuses[rank] is None else f'exit {statuses[rank]}'})"
             for rank in failed
         )
         problems.append(f"failures on {described}")
-    mpiexec_output = _read(logdir / "mpiexec.log")
+    mpiexec_output = _read(logdir / f"{launcher}.log")
     if problems and mpiexec_output.strip():
-        _show("mpiexec", mpiexec_output)
+        _show(launcher, mpiexec_output)
 
     where = f"pytest on {options.processes} ranks ({elapsed:.1f} s)"
     if problems:
