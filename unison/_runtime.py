@@ -373,7 +373,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             sets[set_id] = ps
         engine = Engine(backend, settings, registered, timeline, tune_log)
         engine.executor.device_plane_factory = _make_device_plane
-        if settings.controller == "grpc" and mpi is not None:
+        if getattr(backend, "control", None) is not None:  # the gRPC control plane (over MPI or gloo)
             from .service.setup import watch_engine
 
             watch_engine(backend, engine)

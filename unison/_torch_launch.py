@@ -89,7 +89,8 @@ def torch_launched_alone(env: Mapping[str, str] | None = None) -> bool:
 
 
 def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
-    """Meet the other ranks through torch's store and return the gloo transport over them."""
+    """Meet the other ranks through torch's store and return the gloo transport over them (under the
+    gRPC coordinator service with ``UNISON_CONTROLLER=grpc``)."""
     try:
         import torch.distributed as dist
     except ImportError:
@@ -105,7 +106,12 @@ def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
     _jobs[0] += 1  # init() after shutdown() starts a fresh job: keys of its own, as a restart's
     world = GlooWorld(dist.PrefixStore(f"unison/{launch.restart}/{_jobs[0]}", store), rank, size,
                       peer_timeout_seconds=settings.peer_timeout_seconds)
-    return create_backend("gloo", world, settings)
+    data = create_backend("gloo", world, settings)
+    if settings.controller != "grpc":
+        return data
+    from .service.setup import grpc_over  # UNISON_CONTROLLER=grpc: the coordinator service on rank 0
+
+    return grpc_over(data, settings, launch.local_size)
 
 
 def check_settings_agree(backend: Any, settings: Settings) -> None:

@@ -31,6 +31,13 @@ def test_the_api_and_the_backend_run_under_torchrun_without_mpi(tmp_path: Path, 
     check_api_results(torchrun(n, tmp_path, "api"), tmp_path, n)
 
 
+def test_the_grpc_control_plane_under_torchrun(tmp_path: Path) -> None:
+    """UNISON_CONTROLLER=grpc: rank 0's authenticated coordinator service, data over gloo, no MPI."""
+    check_api_results(torchrun(3, tmp_path, "api", env={"UNISON_CONTROLLER": "grpc"}), tmp_path, 3)
+    results = [json.loads((tmp_path / f"result-{r}").read_text()) for r in range(3)]
+    assert all(result["grpc"] for result in results)  # the service carried the control plane
+
+
 def check_api_results(done: subprocess.CompletedProcess[str], tmp_path: Path, n: int) -> None:
     """What every rank of an `api` run wrote (tests/gpu runs the same on CUDA tensors)."""
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

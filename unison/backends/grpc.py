@@ -1,4 +1,5 @@
-"""The gRPC control plane as a Backend: status, gather and broadcast over the coordinator service, data over MPI.
+"""The gRPC control plane as a Backend: status, gather and broadcast over the coordinator service, data over
+MPI (or gloo, in a job torchrun started).
 
 Selected with ``UNISON_CONTROLLER=grpc``. The service itself (rank 0), the client stream and the
 heartbeats live in `unison.service`; this module is the seam the engine sees. With host aggregation
@@ -24,8 +25,6 @@ __all__ = ["GrpcBackend"]
 class GrpcBackend:
     """Control plane over the coordinator service, data plane delegated to another backend (MPI)."""
 
-    name = "grpc+mpi"
-
     def __init__(self, control: ControlClient, data: Any, size: int, server: Any = None,
                  host_ranks: Sequence[int] = ()) -> None:
         self.control = control
@@ -42,6 +41,7 @@ class GrpcBackend:
         # `setup.watch_engine`. On a failure, `close` tells the service before leaving it.
         self.failure: Callable[[], str] = lambda: ""
         self._abandoned = False
+        self.name = f"grpc+{data.name}"  # grpc+mpi, or grpc+gloo in a job torchrun started
 
     def __repr__(self) -> str:
         host = f" host_ranks={list(self.host_ranks)}" if self.host_ranks else ""

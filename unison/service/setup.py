@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._contract import write_service_file
@@ -13,7 +15,7 @@ from .._version import __version__
 from ..config import Settings
 from ..errors import AbortedError, ConfigError, MissingDependencyError, ShutdownError
 
-__all__ = ["grpc_backend", "start_service", "watch_engine"]
+__all__ = ["grpc_backend", "grpc_over", "start_service", "watch_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -26,34 +28,60 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     Collective over `comm`: rank 0 starts the service and tells every rank its address (and, if no
     secret was configured, a fresh secret) over MPI.
     """
+    _need_grpc()
+    from ..backends.mpi import MpiBackend
+
+    data = MpiBackend(comm, settings.chunk_bytes, settings.hierarchical_allreduce)
+    host_ranks = data.split_host_group() if settings.service_host_aggregation else []
+    return _on(data, lambda value: comm.bcast(value, root=0), settings, local_size,
+               [] if len(host_ranks) == 1 else host_ranks)  # alone on its host: nothing to aggregate
+
+
+def grpc_over(data: Any, settings: Settings, local_size: int) -> Any:
+    """The same control plane over another data transport (gloo, in a job torchrun started): rank 0's
+    address and a fresh secret travel over that transport's connections between the ranks (as over
+    MPI's), never through torch's store, which any process that reaches it can read."""
+    _need_grpc()
+
+    def share(value: Any) -> Any:
+        payload = json.dumps(value).encode() if data.rank == 0 else None
+        return json.loads(data.broadcast_bytes(payload).decode())
+
+    return _on(data, share, settings, local_size, [])
+
+
+def _need_grpc() -> None:
     try:
-        from ..backends.grpc import GrpcBackend
-        from .client import ControlClient
-        from .security import load_secret, new_secret
         from .server import CoordinatorServer  # noqa: F401 - fail here, with the hint, if grpc is missing
     except ImportError as exc:
         raise MissingDependencyError(
             "UNISON_CONTROLLER=grpc needs grpcio and protobuf: `pip install grpcio protobuf` "
             "(the `grpc` extra of unison: `pip install -e '.[grpc]'` in a checkout)."
         ) from exc
-    from ..backends.mpi import MpiBackend
 
-    rank, size = comm.Get_rank(), comm.Get_size()
+
+def _on(data: Any, share: Callable[[Any], Any], settings: Settings, local_size: int, host_ranks: list[int]) -> Any:
+    """Rank 0's service, every rank's client, over `data`; `share` sends rank 0's value to every rank."""
+    from ..backends.grpc import GrpcBackend
+    from .client import ControlClient
+    from .security import load_secret, new_secret
+
+    rank, size = data.rank, data.size
     secret = load_secret(settings)
     if secret is None:
-        secret = comm.bcast(new_secret() if rank == 0 else None, root=0)
+        secret = share(new_secret() if rank == 0 else None)
     server = None
-    outcome: tuple[str, str] = ("", "")
+    outcome: list[str] = ["", ""]
     if rank == 0:
         try:
             server = start_service(settings, size, local_size, secret)
-            outcome = ("ok", server.address)
+            outcome = ["ok", server.address]
             if settings.launcher_dir:
                 write_service_file(settings.launcher_dir, server.address, secret)
         except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
-            outcome = ("error", f"{type(exc).__name__}: {exc}")
+            outcome = ["error", f"{type(exc).__name__}: {exc}"]
             failure = exc
-    outcome = comm.bcast(outcome, root=0)
+    outcome = list(share(outcome))
     if outcome[0] != "ok":
         if rank == 0:
             raise failure
@@ -61,11 +89,7 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
     address = outcome[1]
     host, _, port = address.rpartition(":")
     if host in ("0.0.0.0", "::", "[::]"):
-        address = f"{comm.bcast(os.uname().nodename if rank == 0 else None, root=0)}:{port}"
-    data = MpiBackend(comm, settings.chunk_bytes, settings.hierarchical_allreduce)
-    host_ranks = data.split_host_group() if settings.service_host_aggregation else []
-    if len(host_ranks) == 1:
-        host_ranks = []  # alone on its host: nothing to aggregate
+        address = f"{share(os.uname().nodename if rank == 0 else None)}:{port}"
     control = ControlClient(address, secret, rank, speaks_for=host_ranks,
                             answer_timeout_seconds=settings.heartbeat_timeout_seconds)
     control.register(__version__, negotiate=not host_ranks or host_ranks[0] == rank)
