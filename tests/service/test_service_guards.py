@@ -206,6 +206,8 @@ def test_stopping_the_server_ends_an_exchange_that_waits_with_the_reason(server:
 class _NoData:
     """The data plane of a GrpcBackend in a test that sends no tensors."""
 
+    name = "none"
+
     def close(self) -> None:
         pass
 
