@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,11 +64,34 @@ def test_a_rank_that_raises_ends_the_job_named(tmp_path: Path) -> None:
 
 
 def test_a_frozen_rank_is_named_on_the_others(tmp_path: Path) -> None:
-    done = torchrun(2, tmp_path, "frozen", env={"UNISON_PEER_TIMEOUT_SECONDS": "2"})
-    assert done.returncode != 0
-    output = done.stdout + done.stderr
+    # torchrun stops a frozen process only by its SIGKILL, 30 s after the others ended: once rank 0 has
+    # named it, the test sends that SIGKILL itself
+    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", PROGRAM, str(tmp_path), "frozen"]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "UNISON_LAUNCHER"))}
+    environment["UNISON_PEER_TIMEOUT_SECONDS"] = "2"
+    log = tmp_path / "torchrun.log"
+    with open(log, "wb") as sink:
+        job = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=environment)
+        try:
+            deadline = time.monotonic() + 90
+            while "rank 1 sent no heartbeat" not in log.read_text(errors="replace") and time.monotonic() < deadline:
+                assert job.poll() is None, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.2)
+            _kill_frozen(tmp_path)
+            assert job.wait(timeout=60) != 0
+        finally:
+            _kill_frozen(tmp_path)  # never left stopped behind a failed assertion
+            job.kill()
+    output = log.read_text(errors="replace")
     assert "AbortedError: rank 1 stopped answering: rank 0 waited" in output, output[-3000:]
     assert "rank 1 sent no heartbeat" in output
+
+
+def _kill_frozen(tmp_path: Path) -> None:
+    try:
+        os.kill(int((tmp_path / "pid-1").read_text()), signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
 
 
 def test_a_restart_starts_a_fresh_job(tmp_path: Path) -> None:
