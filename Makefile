@@ -58,9 +58,11 @@ test: venv
 	$(VPY) tests/run_multirank.py --torchrun -n 3 $(TORCHRUN_TESTS)
 
 # The other control plane changes how requests and responses travel, not what the framework adapters
-# submit: its tiers leave out the TensorFlow and Keras files, which the MPI tiers run.
+# submit: its tiers leave out the TensorFlow, Keras and torch adapter files, which the MPI tiers run
+# (the torch ones under torchrun too); torch.distributed's file stays, for its mismatches.
 MULTIRANK_WITHOUT_TF = $(filter-out tests/multirank/test_keras% tests/multirank/test_tf_% tests/multirank/test_compression_tf.py,$(wildcard tests/multirank/test_*.py))
-CONTROL_PLANE_TESTS = $(MULTIRANK_WITHOUT_TF)
+CONTROL_PLANE_TESTS = $(filter-out $(addprefix tests/multirank/,test_torch_collectives.py test_torch_optimizer.py \
+	test_torch_state.py test_torch_join.py test_compression_torch.py),$(MULTIRANK_WITHOUT_TF))
 # Jobs started by torchrun (no MPI: the gloo transport, the plugin's barrier over torch's store): the
 # collectives, the torch adapter and torch.distributed files. Files that call mpi4py themselves (the
 # MPI contract, Adasum's sizes, the harness's own MPI checks, timelines sent over MPI) stay in the MPI tiers.
