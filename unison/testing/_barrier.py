@@ -117,6 +117,21 @@ def _wait_all(requests: list[Any], deadline: float) -> bool:
     return True
 
 
+def _report_and_dump(me: int, identities: Sequence[tuple[str, int]], message: str,
+                     missing_ranks: Sequence[int]) -> None:
+    """Print why the job ends, and send SIGUSR1 (a stack dump) to the missing ranks on this host."""
+    print(f"\nFATAL (rank {me}): {message}; aborting the job", file=sys.stderr, flush=True)
+    host = socket.gethostname()
+    for rank in missing_ranks:
+        rank_host, pid = identities[rank]
+        if rank_host == host:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+    time.sleep(1.0)  # let the stack dumps reach the logs
+
+
 class NamedBarrier:
     """A duplicate of a communicator, used only for named barriers with a timeout."""
 
@@ -166,16 +181,7 @@ class NamedBarrier:
         After a barrier timeout the ranks disagree about what runs next, so nothing can continue.
         Missing ranks on this host get SIGUSR1, which the pytest plugin turns into a stack dump.
         """
-        print(f"\nFATAL (rank {self.rank}): {message}; aborting the job", file=sys.stderr, flush=True)
-        host = socket.gethostname()
-        for rank in missing_ranks:
-            rank_host, pid = self.identities[rank]
-            if rank_host == host:
-                try:
-                    os.kill(pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        time.sleep(1.0)  # let the stack dumps reach the logs
+        _report_and_dump(self.rank, self.identities, message, missing_ranks)
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)
@@ -230,16 +236,7 @@ class StoreBarrier:
     def abort(self, message: str, missing_ranks: Sequence[int]) -> None:
         """Report ``message``, ask the missing ranks on this host for their stacks, and end this rank:
         torchrun then stops the others."""
-        print(f"\nFATAL (rank {self.rank}): {message}; aborting the job", file=sys.stderr, flush=True)
-        host = socket.gethostname()
-        for rank in missing_ranks:
-            rank_host, pid = self.identities[rank]
-            if rank_host == host:
-                try:
-                    os.kill(pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        time.sleep(1.0)  # let the stack dumps reach the logs
+        _report_and_dump(self.rank, self.identities, message, missing_ranks)
         os._exit(1)
 
 
