@@ -55,8 +55,9 @@ def check_api_results(done: subprocess.CompletedProcess[str], tmp_path: Path, n:
     assert len({tuple(result["grad"]) for result in results}) == 1  # DDP averaged the same gradient
 
 
-def test_a_rank_that_raises_ends_the_job_named(tmp_path: Path) -> None:
-    done = torchrun(2, tmp_path, "raise")
+@pytest.mark.parametrize("controller", ["", "grpc"], ids=["gloo", "grpc"])
+def test_a_rank_that_raises_ends_the_job_named(tmp_path: Path, controller: str) -> None:
+    done = torchrun(2, tmp_path, "raise", env={"UNISON_CONTROLLER": controller} if controller else None)
     assert done.returncode != 0
     output = done.stdout + done.stderr
     assert "unison: rank 1 (" in output and "ValueError: injected failure at step 2" in output, output[-3000:]
