@@ -39,13 +39,13 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..ops import Kind
+from ..ops import Kind, TextEnum
 
 if TYPE_CHECKING:
     from ..protocol.cycle import Votes
     from ..protocol.messages import Request, Response
 
-__all__ = ["FLUSH_SECONDS", "Timeline", "TimelineStatistics"]
+__all__ = ["FLUSH_SECONDS", "Timeline", "TimelineState", "TimelineStatistics"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,14 @@ class _Discarding(collections.deque):  # type: ignore[type-arg]
 
     def append(self, line: str) -> None:
         self._timeline._events_dropped += 1
+
+
+class TimelineState(TextEnum):
+    """A timeline's lifecycle: open while it writes, then closed, or failed (a write error stopped it)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    FAILED = "failed"
 
 
 class Timeline:
@@ -118,7 +126,7 @@ class Timeline:
                 "a file in an existing, writable directory (UNISON_TIMELINE / HOROVOD_TIMELINE)."
             ) from exc
         self._lock = threading.Lock()
-        self._state = "open"
+        self._state = TimelineState.OPEN
         self._origin = clock()
         start_micros = int(time.time() * 1_000_000)
         self._last_ts = 0
@@ -163,7 +171,7 @@ class Timeline:
         return self._path
 
     @property
-    def state(self) -> str:
+    def state(self) -> TimelineState:
         """``"open"``, ``"closed"``, or ``"failed"`` after a write error stopped the timeline."""
         return self._state
 
@@ -327,14 +335,14 @@ class Timeline:
             self._pending = _Discarding(self)
             file, self._file = self._file, None
             try:
-                if self._state == "open":
+                if self._state is TimelineState.OPEN:
                     file.write("\n]\n")
                     self._bytes_written += 3
                 file.close()
             except OSError as exc:
                 self._fail(exc)
-            if self._state == "open":
-                self._state = "closed"
+            if self._state is TimelineState.OPEN:
+                self._state = TimelineState.CLOSED
 
     def statistics(self) -> TimelineStatistics:
         """Return counters: events written, buffered and dropped, tensors seen, bytes, flushes."""
@@ -402,7 +410,7 @@ class Timeline:
     def _write_locked(self, lines: list[str]) -> None:
         if not lines:
             return
-        if self._file is None or self._state != "open":
+        if self._file is None or self._state is not TimelineState.OPEN:
             self._events_dropped += len(lines)
             return
         text = "".join(lines)
@@ -420,11 +428,11 @@ class Timeline:
 
     def _fail(self, exc: OSError) -> None:
         # Profiling must not take training down: stop the timeline, say why once, keep running.
-        if self._state == "open":
+        if self._state is TimelineState.OPEN:
             logger.error(
                 "Writing the timeline %r failed (%s); the timeline is stopped and further events "
                 "are dropped.",
                 self._path,
                 exc,
             )
-        self._state = "failed"
+        self._state = TimelineState.FAILED

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..errors import HorovodInternalError
-from ..ops import CollectiveKind
+from ..ops import CollectiveKind, TextEnum
 from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .communicators import CommunicatorCache
@@ -52,7 +52,7 @@ from .nccl import (
 from .ordering import Retention, publish, wait_for_inputs
 from .placement import RECORD_BYTES, Placement, decode_placements, encode_placement, placement_error
 
-__all__ = ["OPERATIONS", "GpuPlane", "create_device_plane", "uses_nccl"]
+__all__ = ["GpuPlane", "OPERATIONS", "PlaneState", "create_device_plane", "uses_nccl"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ def uses_nccl(response: Response, operations: str) -> bool:
         False
     """
     return operations == "nccl" and wire_carries(response, lambda dtype: nccl_dtype(dtype) is not None)
+
+
+class PlaneState(TextEnum):
+    """A plane's lifecycle: open, then closed for good (its communicators and buffers freed)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
 
 
 class GpuPlane:
@@ -126,7 +133,7 @@ class GpuPlane:
         self._made_with: dict[int, tuple[int, ...]] = {}
         self._retention = Retention(device)
         self._run_on_host = run_on_host
-        self._state = "open"
+        self._state = PlaneState.OPEN
         self._stats = {"responses": 0, "tensors": 0, "fused_responses": 0, "staged_responses": 0,
                        "mpi_direct_responses": 0, "bytes": 0}
 
@@ -148,7 +155,7 @@ class GpuPlane:
         self._mpi_comms.close()
         self._made_with.clear()
         self._fusion = None
-        self._state = "closed"
+        self._state = PlaneState.CLOSED
 
     # -- entry point ----------------------------------------------------------------------------
     def run(self, response: Response, entries: Sequence[Any]) -> list[Any]:
@@ -157,7 +164,7 @@ class GpuPlane:
         Returns one result per name: a `DeviceBuffer` whose event the consumer waits on (alltoall: a
         (`DeviceBuffer`, received counts) pair), or None for a joined rank.
         """
-        if self._state != "open":
+        if self._state is not PlaneState.OPEN:
             raise HorovodInternalError("the GPU data plane is closed; unison is shutting down.")
         self._retention.release()
         self._stats["responses"] += 1

@@ -13,6 +13,7 @@ launch errors) passes at once, byte for byte; a line without its newline yet (a 
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import threading
@@ -34,6 +35,14 @@ def _is_rule(line: bytes) -> bool:
     return len(stripped) >= _RULE_MIN and stripped.strip(b"=") == b""
 
 
+class _Held(enum.Enum):
+    """What the filter is in: ordinary output, MPICH's banner (held back), or the lines after it."""
+
+    NORMAL = "normal"
+    BANNER = "banner"
+    TRAILER = "trailer"
+
+
 class MessageFilter:
     """Split one output stream into what passes now and MPICH's stop report, held apart.
 
@@ -51,7 +60,7 @@ class MessageFilter:
         self.held: list[bytes] = []  # whole lines, newline included
         self._pending = b""  # bytes not yet decided
         self._candidates: list[bytes] = []  # a blank line and a rule that may open the banner
-        self._state = "normal"  # normal | banner | trailer
+        self._state = _Held.NORMAL
         self._mid_line = False  # part of the current line already passed: the rest passes too
 
     def feed(self, data: bytes) -> bytes:
@@ -70,7 +79,7 @@ class MessageFilter:
                 continue
             out.extend(self._line(line))
         if data:
-            if self._mid_line or (self._state == "normal" and not self._candidates
+            if self._mid_line or (self._state is _Held.NORMAL and not self._candidates
                                   and not any(data.startswith(p) or p.startswith(data) for p in _HOLD_PREFIXES)):
                 self._mid_line = True
                 out.append(data)
@@ -86,23 +95,23 @@ class MessageFilter:
 
     def _line(self, line: bytes) -> list[bytes]:
         body = line.rstrip(b"\r\n")
-        if self._state == "banner":
+        if self._state is _Held.BANNER:
             self.held.append(line)
             if _is_rule(body):
-                self._state = "trailer"
+                self._state = _Held.TRAILER
             return []
-        if self._state == "trailer":
+        if self._state is _Held.TRAILER:
             if body.startswith(_TRAILER):
                 self.held.append(line)
                 return []
-            self._state = "normal"
+            self._state = _Held.NORMAL
         if self._candidates:
             has_rule = _is_rule(self._candidates[-1].rstrip(b"\r\n"))
             if has_rule and body.startswith(b"=   "):
                 self.held.extend(self._candidates)
                 self.held.append(line)
                 self._candidates = []
-                self._state = "banner"
+                self._state = _Held.BANNER
                 return []
             if not has_rule and _is_rule(body):
                 self._candidates.append(line)

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from .._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
 from .._contract import MARKER_KINDS, sign, write_atomically
+from ..ops import TextEnum
 
-__all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "accept"]
+__all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "RelayState", "accept"]
 
 MAX_LINE_BYTES = 65536
 LINE_SECONDS = 5.0  # a sender has this long in all to send its line: a slow one cannot hold a thread
@@ -59,6 +60,14 @@ def accept(line: bytes, key: str) -> tuple[str, str] | None:
     return name, text
 
 
+class RelayState(TextEnum):
+    """The relay's lifecycle: running, closing (no marker is written any more), closed."""
+
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
 class MarkerRelay(socketserver.ThreadingTCPServer):
     """A relay writing the markers it accepts into `directory`; a context manager (``with``).
 
@@ -78,7 +87,7 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.accepted = 0
         self.refused = 0
-        self.state = "running"
+        self.state = RelayState.RUNNING
         self._thread = threading.Thread(target=self.serve_forever, args=(0.2,), daemon=True,
                                         name="unison-marker-relay")
         self._thread.start()
@@ -100,7 +109,7 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
         """Write the marker `line` carries and answer ``OK``, or count it refused."""
         marker = accept(line, self.key)
         with self.lock:
-            if marker is None or self.state != "running":  # closed: the launcher's directory is going away
+            if marker is None or self.state is not RelayState.RUNNING:  # closed: the launcher's directory is going away
                 self.refused += 1
                 return b"REFUSED\n"
             name, text = marker
@@ -114,13 +123,13 @@ class MarkerRelay(socketserver.ThreadingTCPServer):
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
-        if self.state == "closed":
+        if self.state is RelayState.CLOSED:
             return
         with self.lock:  # waits for a marker being written; none is written after this
-            self.state = "closing"
+            self.state = RelayState.CLOSING
         self.shutdown()
         self.server_close()
-        self.state = "closed"
+        self.state = RelayState.CLOSED
 
 
 class _Handler(socketserver.BaseRequestHandler):

@@ -47,6 +47,7 @@ __all__ = [
     "Parameters",
     "Proposal",
     "Tuner",
+    "TunerPhase",
     "csv_line",
     "read_tune_response",
     "split_tuning",
@@ -96,6 +97,17 @@ class Proposal:
     final: bool
 
 
+class TunerPhase(TextEnum):
+    """Where the search is: discarding warm-up samples, sweeping one parameter at a time, confirming
+    the best point, settled; ``chosen`` marks the log's last row, the setting kept."""
+
+    WARMUP = "warmup"
+    SWEEP = "sweep"
+    CONFIRM = "confirm"
+    SETTLED = "settled"
+    CHOSEN = "chosen"
+
+
 @dataclasses.dataclass(frozen=True)
 class LogRow:
     """One row of the autotune log: a measured sample, or (``phase="chosen"``) the setting kept.
@@ -110,7 +122,7 @@ class LogRow:
     """
 
     sample: int
-    phase: str
+    phase: str  # a TunerPhase
     parameters: Parameters
     bytes_reduced: int
     seconds: float
@@ -119,7 +131,7 @@ class LogRow:
     @property
     def warmup(self) -> bool:
         """Whether the sample was discarded as warm-up."""
-        return self.phase == "warmup"
+        return self.phase == TunerPhase.WARMUP
 
 
 LOG_COLUMNS = ("sample", "phase", "warmup", "fusion_threshold_bytes", "cycle_time_ms", "chunk_bytes",
@@ -255,7 +267,7 @@ class Tuner:
         self._sweep = [name for name in PARAMETER_NAMES if len(self._grid[name]) > 1]
         self._open: str | None = None  # the parameter whose values are being swept
         self._queue: list[Parameters] = [start]  # the sweep's points still to measure
-        self._phase = "sweep"
+        self._phase = TunerPhase.SWEEP
         self.current = start  # the parameters the next sample runs with
         self.chosen: Parameters | None = None
 
@@ -264,12 +276,12 @@ class Tuner:
                 f"{self.max_samples} best={self._best}>")
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> TunerPhase:
         """``warmup``, ``sweep``, ``confirm`` or ``settled``."""
         if self.chosen is not None:
-            return "settled"
+            return TunerPhase.SETTLED
         if self._samples < self.warmup_samples:
-            return "warmup"
+            return TunerPhase.WARMUP
         return self._phase
 
     @property
@@ -295,9 +307,9 @@ class Tuner:
             raise ValueError(f"a sample must take a positive time. Got seconds={seconds}.")
         score = bytes_reduced / seconds
         self._samples += 1
-        phase = self.phase if self._samples > self.warmup_samples else "warmup"
+        phase = self.phase if self._samples > self.warmup_samples else TunerPhase.WARMUP
         self._rows.append(LogRow(self._samples, phase, self.current, bytes_reduced, seconds, score))
-        if phase == "warmup":
+        if phase is TunerPhase.WARMUP:
             return None
         self._measured += 1
         self._scores.setdefault(self.current, []).append(score)
@@ -312,7 +324,7 @@ class Tuner:
         return Proposal(nxt, final=False)
 
     def _next(self) -> Parameters:
-        if self._phase == "sweep":
+        if self._phase is TunerPhase.SWEEP:
             if self._queue and self._queue[0] == self.current:
                 self._queue.pop(0)
             while not self._queue:
@@ -324,7 +336,7 @@ class Tuner:
                 self._queue = [point for point in self._values_of(self._open) if point not in self._scores]
             if self._queue:
                 return self._queue[0]
-            self._phase = "confirm"
+            self._phase = TunerPhase.CONFIRM
         return self._confirm_next()
 
     def _values_of(self, name: str) -> list[Parameters]:
@@ -355,7 +367,7 @@ class Tuner:
         chosen = self._argmax(repeated) if repeated else self._argmax(self._scores)
         self.chosen = self.current = chosen
         score = statistics.median(self._scores[chosen])
-        self._rows.append(LogRow(0, "chosen", chosen, 0, 0.0, score))
+        self._rows.append(LogRow(0, TunerPhase.CHOSEN, chosen, 0, 0.0, score))
         return Proposal(chosen, final=True)
 
     def statistics(self) -> dict[str, float]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import ConfigError
+from ..ops import TextEnum
 from ..service.security import TOKEN_KEY
 from ..service.server import CHANNEL_OPTIONS
 from . import ps_pb2 as pb
@@ -41,7 +42,7 @@ from .plan import DEFAULT_SLICE_ELEMENTS, DensePlan, Placement, plan_dense, spli
 from .server import MAX_DIM, MAX_ELEMENTS, MODES, SERVICE_NAME
 from .table import Initializer
 
-__all__ = ["Client", "shard_capacity", "table_refusal"]
+__all__ = ["Client", "ClientState", "shard_capacity", "table_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,14 @@ class _Table:
     capacity: int
 
 
+class ClientState(TextEnum):
+    """A client's lifecycle: created, connected to every server, closed for good."""
+
+    CREATED = "created"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
 class Client:
     """One trainer's connection to every parameter server of the job.
 
@@ -112,7 +121,7 @@ class Client:
         self.chunk_bytes = chunk_bytes
         self.reconnect_seconds = reconnect_seconds
         self.heartbeat_seconds = heartbeat_seconds
-        self.state = "created"
+        self.state = ClientState.CREATED
         self.step = 0  # pushes made; a synchronous pull waits until the servers applied this many steps
         self._metadata = ((TOKEN_KEY, secret),)
         self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS + _RECONNECT_OPTIONS) for e in self.endpoints]
@@ -296,7 +305,7 @@ class Client:
         if self.mode == "sync":
             # a restarted trainer takes up at the servers' step
             self.step = min(r.version for r in replies)
-        self.state = "connected"
+        self.state = ClientState.CONNECTED
         if self.heartbeat_seconds > 0:
             self._heartbeat = threading.Thread(target=self._beat, name=f"unison-ps-heartbeat-{self.trainer}",
                                                daemon=True)
@@ -326,7 +335,7 @@ class Client:
 
     def finish(self) -> None:
         """Tell every server this trainer is done (servers exit once every trainer is), and close."""
-        if self.state == "connected":
+        if self.state is ClientState.CONNECTED:
             info = self._info()
             try:
                 self._on_every(lambda s: self._call(s, "Finish", lambda: iter([info]), pb.Ack, timeout=30.0))
@@ -335,7 +344,7 @@ class Client:
 
     def close(self) -> None:
         """Stop heartbeats and close the channels, without telling the servers."""
-        if self.state == "closed":
+        if self.state is ClientState.CLOSED:
             return
         self._closed.set()
         if self._heartbeat is not None:
@@ -343,10 +352,10 @@ class Client:
         self._pool.shutdown(wait=False)
         for channel in self._channels:
             channel.close()
-        self.state = "closed"
+        self.state = ClientState.CLOSED
 
     def __enter__(self) -> Client:
-        if self.state == "created":
+        if self.state is ClientState.CREATED:
             self.connect()
         return self
 

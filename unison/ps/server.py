@@ -41,6 +41,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..errors import ConfigError, ConflictError, InvalidArgumentError, NotDeclaredError, TrainerLostError
+from ..ops import TextEnum
 from ..service.calls import Gate
 from ..service.server import CHANNEL_OPTIONS
 from . import ps_pb2 as pb
@@ -50,7 +51,7 @@ from ._requests import MAX_DIM, MAX_ELEMENTS
 from ._wire import DEFAULT_CHUNK_BYTES, frames
 from .shard import MODES, Shard
 
-__all__ = ["LOST_EXIT_STATUS", "MAX_DIM", "MAX_ELEMENTS", "MODES", "SERVICE_NAME", "ParameterServer"]
+__all__ = ["LOST_EXIT_STATUS", "MAX_DIM", "MAX_ELEMENTS", "MODES", "ParameterServer", "SERVICE_NAME", "ServerState"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,14 @@ def _rss_bytes() -> int:
         return 0
 
 
+class ServerState(TextEnum):
+    """A parameter server's lifecycle: created, serving once started, stopped for good."""
+
+    CREATED = "created"
+    SERVING = "serving"
+    STOPPED = "stopped"
+
+
 class ParameterServer:
     """Serve one shard of a parameter-server job.
 
@@ -135,7 +144,7 @@ class ParameterServer:
         self.trainer_timeout_seconds = trainer_timeout_seconds
         self.wait_seconds = wait_seconds
         self.chunk_bytes = chunk_bytes
-        self.state = "created"
+        self.state = ServerState.CREATED
         self._secret = secret
         self._lock = threading.Lock()  # held around every call of the shard
         self._changed = threading.Condition(self._lock)
@@ -176,7 +185,7 @@ class ParameterServer:
 
     def start(self) -> str:
         """Resume from the checkpoint if there is one, start serving, and return the ``host:port``."""
-        if self.state != "created":
+        if self.state is not ServerState.CREATED:
             raise ConfigError(f"a ParameterServer starts once; this one is {self.state}.")
         self._checkpoints.restore()
         workers = 4 * self.num_trainers + 16
@@ -190,7 +199,7 @@ class ParameterServer:
         self._server = server
         host = self.requested_address.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
-        self.state = "serving"
+        self.state = ServerState.SERVING
         self._checkpoints.start(self._stopping)
         threading.Thread(target=self._liveness.run, args=(self._stopping,), name="unison-ps-trainers",
                          daemon=True).start()
@@ -217,7 +226,7 @@ class ParameterServer:
 
     def stop(self, grace_seconds: float = 1.0) -> None:
         """Write a last checkpoint (with a checkpoint directory) and stop serving."""
-        if self.state != "serving":
+        if self.state is not ServerState.SERVING:
             return
         self._stopping.set()
         with self._changed:
@@ -226,7 +235,7 @@ class ParameterServer:
             self.checkpoint()
         assert self._server is not None
         self._server.stop(grace_seconds).wait(grace_seconds + 5.0)
-        self.state = "stopped"
+        self.state = ServerState.STOPPED
 
     def checkpoint(self) -> str:
         """Write this shard to the checkpoint directory atomically; return the file's path."""
