@@ -34,12 +34,14 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
              "unison._gpu_available", "unison._gradients", "unison._objects", "unison._runtime",
              "unison._startup", "unison._submit", "unison._summary", "unison._torch_launch", "unison.compression")),
     ("elastic", ("unison.elastic",)),
-    ("adapters", ("unison.adapters",)),
     ("parameter servers", ("unison.ps",)),
+    ("adapters", ("unison.adapters",)),
     ("launcher", ("unison.launcher", "unison.status")),
-    ("public", ("unison", "unison.common", "unison.keras", "unison.runner", "unison.tensorflow",
-                "unison.testing", "unison.torch")),
+    ("public", ("unison", "unison.common", "unison.keras", "unison.ps.keras", "unison.ps.torch", "unison.runner",
+                "unison.tensorflow", "unison.testing", "unison.torch")),
 )
+
+_PLACED = frozenset(unit for _, units in FLOORS for unit in units)
 
 # Upward edges still in the tree, each with the reason it stays: (importer, imported module).
 KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
@@ -127,7 +129,13 @@ def _graph() -> tuple[dict[str, Path], list[Edge]]:
 
 
 def _unit(module: str) -> str:
-    return ".".join(module.split(".")[:2])
+    """The unit a module belongs to: the longest one placed in `FLOORS` that contains it (a public module
+    inside a lower package, as ``unison.ps.torch``), else its package below ``unison``."""
+    parts = module.split(".")
+    for depth in range(len(parts), 2, -1):
+        if ".".join(parts[:depth]) in _PLACED:
+            return ".".join(parts[:depth])
+    return ".".join(parts[:2])
 
 
 def _floor_of() -> dict[str, int]:

@@ -7,9 +7,9 @@ Example:
 """
 
 from .._runtime import init, rank, shutdown
+from ..adapters.tensorflow.elastic import TensorFlowKerasState, TensorFlowState
 from ..adapters.tensorflow.functions import broadcast_object, broadcast_object_fn, broadcast_variables
 from ..elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
-from ..elastic._tensorflow import TensorFlowKerasState, TensorFlowState
 from ..errors import HorovodInternalError
 
 __all__ = [

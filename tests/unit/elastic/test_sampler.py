@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from unison.elastic import _torch
+from unison.adapters.torch import elastic as _torch
 
 pytest.importorskip("torch")
 

@@ -36,7 +36,7 @@ def test_object_state_commit_and_restore() -> None:
 
 def test_torch_state_restores_model_optimizer_and_values() -> None:
     torch = pytest.importorskip("torch")
-    from unison.elastic._torch import TorchState
+    from unison.adapters.torch.elastic import TorchState
 
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -56,7 +56,7 @@ def test_torch_state_restores_model_optimizer_and_values() -> None:
 
 def test_tensorflow_state_restores_variables() -> None:
     tf = pytest.importorskip("tensorflow")
-    from unison.elastic._tensorflow import TensorFlowState
+    from unison.adapters.tensorflow.elastic import TensorFlowState
 
     variable = tf.Variable([1.0, 2.0])
     state = TensorFlowState([variable], batch=0)
@@ -167,7 +167,7 @@ def test_user_values_named_like_the_states_own_bookkeeping_are_only_values() -> 
 
 def test_torch_state_values_named_like_its_bookkeeping_are_only_values() -> None:
     torch = pytest.importorskip("torch")
-    from unison.elastic._torch import TorchState
+    from unison.adapters.torch.elastic import TorchState
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

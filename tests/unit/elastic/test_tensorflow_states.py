@@ -23,7 +23,7 @@ def _model() -> Any:
 
 
 def test_keras_state_restores_into_a_new_model_whose_optimizer_has_no_slots_yet() -> None:
-    from unison.elastic._tensorflow import TensorFlowKerasState
+    from unison.adapters.tensorflow.elastic import TensorFlowKerasState
 
     trained = _model()
     trained.fit(np.ones((4, 2)), np.zeros((4, 1)), batch_size=2, epochs=1, verbose=0)
@@ -59,7 +59,7 @@ class _Steps(keras.callbacks.Callback):
 @pytest.mark.parametrize(("committed", "first_epoch"), [(3, [4, 5, 6, 7]), (0, list(range(STEPS))),
                                                          (STEPS - 2, [STEPS - 1])])
 def test_update_batch_state_resumes_the_epoch_after_the_committed_batch(committed: int, first_epoch: list[int]) -> None:
-    from unison.elastic._tensorflow import UpdateBatchStateCallback
+    from unison.adapters.tensorflow.elastic import UpdateBatchStateCallback
 
     model = _model()
     state = types.SimpleNamespace(batch=committed)
@@ -74,7 +74,7 @@ def test_update_batch_state_resumes_the_epoch_after_the_committed_batch(committe
 
 
 def test_update_batch_state_keeps_a_stop_another_callback_asked_for() -> None:
-    from unison.elastic._tensorflow import UpdateBatchStateCallback
+    from unison.adapters.tensorflow.elastic import UpdateBatchStateCallback
 
     class Stop(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tf_keras
 
-from ...elastic._tensorflow import CommitStateLogic, UpdateBatchStateLogic, UpdateEpochStateLogic
+from ...adapters.tensorflow.elastic import CommitStateLogic, UpdateBatchStateLogic, UpdateEpochStateLogic
 
 __all__ = ["CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
 

@@ -7,8 +7,8 @@ Example:
 """
 
 from ...adapters.keras.flavour import tf_keras_is_keras2 as _tf_keras_is_keras2
+from ...adapters.tensorflow.elastic import TensorFlowKerasState
 from ...elastic._state import HostsUpdatedInterrupt, run
-from ...elastic._tensorflow import TensorFlowKerasState
 
 # The callbacks of the Keras that tf.keras is: Keras 3, or Keras 2 under TF_USE_LEGACY_KERAS=1.
 if _tf_keras_is_keras2():
@@ -18,7 +18,7 @@ if _tf_keras_is_keras2():
         UpdateEpochStateCallback,
     )
 else:
-    from ...elastic._tensorflow import (  # type: ignore[assignment]
+    from ...adapters.tensorflow.elastic import (  # type: ignore[assignment]
         CommitStateCallback,
         UpdateBatchStateCallback,
         UpdateEpochStateCallback,

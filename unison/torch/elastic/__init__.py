@@ -8,8 +8,8 @@ Example:
 """
 
 from ..._runtime import init, shutdown
+from ...adapters.torch.elastic import ElasticSampler, TorchState
 from ...elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
-from ...elastic._torch import ElasticSampler, TorchState
 from ...errors import HorovodInternalError
 
 __all__ = [

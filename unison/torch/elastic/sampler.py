@@ -1,5 +1,5 @@
 """``horovod.torch.elastic.sampler``: `ElasticSampler`."""
 
-from ...elastic._torch import ElasticSampler
+from ...adapters.torch.elastic import ElasticSampler
 
 __all__ = ["ElasticSampler"]

@@ -1,5 +1,5 @@
 """``horovod.torch.elastic.state``: `TorchState`."""
 
-from ...elastic._torch import TorchState
+from ...adapters.torch.elastic import TorchState
 
 __all__ = ["TorchState"]

@@ -23,16 +23,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import ConfigError, InvalidArgumentError
-from . import _api
-from .client import Client
-from .optim import Optimizer, from_fields
+from ...errors import ConfigError, InvalidArgumentError
+from ...ps import _api
+from ...ps.client import Client
+from ...ps.optim import Optimizer, from_fields
 
 try:
     import keras
     import tensorflow as tf
 except ImportError as exc:  # pragma: no cover - keras is optional
-    from ..errors import MissingDependencyError
+    from ...errors import MissingDependencyError
 
     raise MissingDependencyError("unison.ps.keras needs Keras 3 on TensorFlow: `pip install tensorflow keras` "
                                  f"(importing them failed: {exc}).") from exc

@@ -8,25 +8,25 @@ import random
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from ._state import SnapshotState
+from ...elastic._state import SnapshotState
 
 __all__ = ["ElasticSampler", "TorchState"]
 
 
 def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
-    from .._objects import broadcast_object
+    from ..._objects import broadcast_object
 
     return broadcast_object(obj, root_rank)
 
 
 def _rank() -> int:
-    from .._runtime import rank
+    from ..._runtime import rank
 
     return rank()
 
 
 def _size() -> int:
-    from .._runtime import size
+    from ..._runtime import size
 
     return size()
 
