@@ -40,6 +40,29 @@ def test_the_grpc_control_plane_under_torchrun(tmp_path: Path) -> None:
     assert all(result["grpc"] for result in results)  # the service carried the control plane
 
 
+def test_the_horovod_style_and_ddp_examples_run_unchanged_and_train_as_under_mpiexec(tmp_path: Path) -> None:
+    """The same scripts, the same first epoch, to the printed digit, under torchrun as under mpiexec."""
+    from unison.testing.run import find_mpiexec
+
+    root = Path(__file__).resolve().parents[2]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "UNISON_LAUNCHER"))}
+    for script in ("examples/pytorch_mnist.py", "examples/pytorch_ddp_digits.py"):
+        def args(launcher: str, script: str = script) -> list[str]:  # a checkpoint of each run's own
+            return [script, "--epochs", "1", *(["--checkpoint", str(tmp_path / f"{launcher}.pt")] if "mnist" in script else [])]
+
+        under_torchrun = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *args("torchrun")],
+                                        cwd=root, capture_output=True, text=True, timeout=150, env=environment)
+        assert under_torchrun.returncode == 0, under_torchrun.stdout[-2000:] + under_torchrun.stderr[-3000:]
+        mpiexec = find_mpiexec()
+        if mpiexec is None:
+            continue
+        under_mpiexec = subprocess.run([mpiexec, "-n", "2", sys.executable, *args("mpiexec")], cwd=root,
+                                       capture_output=True, text=True, timeout=150, env=environment)
+        assert under_mpiexec.returncode == 0, under_mpiexec.stdout[-2000:] + under_mpiexec.stderr[-3000:]
+        epoch = [line for line in under_torchrun.stdout.splitlines() if line.startswith("epoch 1:")]
+        assert epoch and epoch == [line for line in under_mpiexec.stdout.splitlines() if line.startswith("epoch 1:")]
+
+
 def check_api_results(done: subprocess.CompletedProcess[str], tmp_path: Path, n: int) -> None:
     """What every rank of an `api` run wrote (tests/gpu runs the same on CUDA tensors)."""
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
