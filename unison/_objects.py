@@ -15,7 +15,7 @@ from .errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
 from .ops import CollectiveKind
 from .process_sets import ProcessSet, bind, global_process_set, unbind
 
-__all__ = ["add_process_set", "allgather_object", "broadcast_object", "process_set_of", "remove_process_set"]
+__all__ = ["add_process_set", "allgather_object", "broadcast_object", "process_set_of", "registered_set_of", "remove_process_set"]
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -98,14 +98,21 @@ def process_set_of(ranks: Sequence[int]) -> ProcessSet:
     Collective over every rank, in the same order, like `add_process_set`, but needs no dynamic
     process sets: it serves callers whose own contract is collective (torch's ``dist.new_group``).
     """
-    current = job()
-    wanted = tuple(sorted(int(r) for r in ranks))
-    if wanted == tuple(range(current.size)):
+    wanted = sorted(int(r) for r in ranks)
+    if wanted == list(range(job().size)):
         return global_process_set
+    found = registered_set_of(wanted)
+    return found if found is not None else _register(ProcessSet(wanted))
+
+
+def registered_set_of(ranks: Sequence[int]) -> ProcessSet | None:
+    """The registered process set whose members are exactly `ranks` (in that order), or None."""
+    current = job()
+    wanted = tuple(int(r) for r in ranks)
     for set_id, members in current.registered_sets().items():
         if tuple(members) == wanted and set_id in current.process_sets:
             return current.process_sets[set_id]
-    return _register(ProcessSet(list(wanted)))
+    return None
 
 
 def _register(ps: ProcessSet) -> ProcessSet:

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ... import _runtime
-from ..._objects import process_set_of
+from ..._objects import process_set_of, registered_set_of
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -642,11 +642,8 @@ def _label(process_set: ProcessSet) -> str:
 def _subset_group(ranks: list[int], options: Any) -> UnisonProcessGroup:
     """The group of a `dist.new_group(ranks)` on the unison process set that `_registering_sets` registered."""
     size = _runtime.size()
-    current = _runtime.job()
-    wanted = tuple(ranks)
-    found = [set_id for set_id, members in current.registered_sets().items()
-             if members == wanted and set_id in current.process_sets]
-    if ranks != sorted(ranks) or not found:
+    process_set = registered_set_of(ranks)
+    if ranks != sorted(ranks) or process_set is None:
         why = ("its ranks are not in increasing order (sort_ranks=False): a unison process set orders its "
                "members by rank" if ranks != sorted(ranks) else
                "no unison process set of those ranks was registered on every rank (new_group with "
@@ -655,7 +652,6 @@ def _subset_group(ranks: list[int], options: Any) -> UnisonProcessGroup:
             f"dist.new_group(ranks={ranks}) in a job of {size} ranks on the unison backend: {why}. Call "
             "dist.new_group(ranks) on every rank with sorted ranks, or use dist.new_group(ranks, backend='gloo') "
             "for this group.")
-    process_set = current.process_sets[found[0]]
     _warn_timeout(getattr(options, "timeout", None))
     return UnisonProcessGroup(int(options.group_rank), len(ranks), _label(process_set), process_set, ranks)
 
