@@ -9,6 +9,7 @@ widens them to float32, reduces, and rounds once.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -110,19 +111,20 @@ def check_supported(kind: CollectiveKind, dtype: DType) -> None:
         )
 
 
-def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """Widen bfloat16 values held as uint16 bits to float32 (exact)."""
-    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+def bfloat16_to_float32(bits: Any, xp: Any = np) -> Any:
+    """Widen bfloat16 values held as uint16 bits to float32 (exact); `xp` is NumPy or CuPy."""
+    return (bits.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
 
 
-def float32_to_bfloat16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Round float32 values to bfloat16 bits (uint16), to nearest even; NaN stays NaN."""
-    wide = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (wide + (np.uint32(0x7FFF) + ((wide >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
-    result = rounded.astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        result[nan] = np.uint16(0x7FC0)
+def float32_to_bfloat16(values: Any, out: Any = None, xp: Any = np) -> Any:
+    """Round float32 values to bfloat16 bits (uint16), to nearest even; a NaN becomes the quiet NaN
+    0x7FC0, as torch rounds it. `xp` is NumPy or CuPy (no host synchronization on CuPy)."""
+    wide = xp.ascontiguousarray(values, dtype=xp.float32).view(xp.uint32)
+    rounded = (wide + (xp.uint32(0x7FFF) + ((wide >> xp.uint32(16)) & xp.uint32(1)))) >> xp.uint32(16)
+    result = rounded.astype(xp.uint16)
+    nan = xp.isnan(values)
+    if xp is not np or nan.any():  # NumPy: skip the masked write when there is no NaN (the common case)
+        xp.copyto(result, xp.uint16(0x7FC0), where=nan)
     if out is not None:
         out[...] = result.reshape(out.shape)
         return out

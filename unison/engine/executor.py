@@ -13,107 +13,26 @@ on every rank, for half the bytes of reducing in float32.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..backends.base import Backend
-from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
+from ..dtypes import DType
 from ..errors import HorovodInternalError
 from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .adasum import adasum_
 from .handles import Entry, Handle, main_thread_waits
+from .numerics import copy_scaled_, elements, half_combiner, narrow, raw, scale_, widen
 
 # Entry, Handle and main_thread_waits live in handles.py; engine/loop.py (Entry, main_thread_waits) and
 # benchmarks/gpu.py (Entry, Handle) still import them from here.
 __all__ = ["Entry", "Executor", "ExecutorStatistics", "Handle", "main_thread_waits"]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
-
-
-def _torch() -> Any:
-    """torch, if the application already imported it: its float16 casts are vectorized (F16C), 4x
-    (widening) to 13x (rounding) faster than NumPy's here, and round identically. Never imported here."""
-    return sys.modules.get("torch")
-
-
-def _widen(values: np.ndarray, dtype: DType) -> np.ndarray:
-    flat = values.reshape(-1)
-    if dtype is DType.BFLOAT16:
-        return bfloat16_to_float32(flat)
-    torch = _torch()
-    if torch is not None and flat.flags.writeable:
-        widened: np.ndarray = torch.from_numpy(flat.view(np.float16)).float().numpy()
-        return widened
-    return flat.view(np.float16).astype(np.float32)
-
-
-def _round_to_float16(values: np.ndarray) -> np.ndarray:
-    """float32 -> float16 bits (uint16), round to nearest even."""
-    torch = _torch()
-    if torch is not None and values.flags.writeable and values.flags.c_contiguous:
-        rounded: np.ndarray = torch.from_numpy(values).half().numpy().view(np.uint16)
-        return rounded
-    return values.astype(np.float16).view(np.uint16)
-
-
-_HALF_REDUCERS: dict[ReduceOp, Callable[..., np.ndarray]] = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min,
-                  ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}
-
-
-def _half_combiner(dtype: DType, op: ReduceOp, pre: float,
-                   post: float) -> Callable[[np.ndarray], np.ndarray]:
-    """The `allreduce_pieces_` combine step for a half dtype: (members, n) 2-byte bits -> n bits."""
-    reducer = _HALF_REDUCERS[op]
-
-    def combine(bits: np.ndarray) -> np.ndarray:
-        wide = _widen(bits, dtype).reshape(bits.shape)
-        if pre != 1.0:
-            wide *= np.float32(pre)
-        acc = reducer(wide, axis=0)
-        if post != 1.0:
-            acc *= np.float32(post)
-        if dtype is DType.BFLOAT16:
-            return float32_to_bfloat16(acc)
-        return _round_to_float16(acc)
-
-    return combine
-
-
-def _scale_(buf: np.ndarray, factor: float, dtype: DType) -> None:
-    """Multiply `buf` in place by `factor` with Horovod's per-dtype rules."""
-    if factor == 1.0:
-        return
-    if dtype.is_integer:
-        buf[...] = (buf.astype(np.float64) * factor).astype(buf.dtype)
-    else:
-        np.multiply(buf, factor, out=buf, casting="unsafe")
-
-
-def _copy_scaled(src: np.ndarray, dst: np.ndarray, factor: float, dtype: DType) -> None:
-    if factor == 1.0:
-        np.copyto(dst, src.reshape(dst.shape))
-    elif dtype.is_integer:
-        dst[...] = (src.reshape(dst.shape).astype(np.float64) * factor).astype(dst.dtype)
-    else:
-        np.multiply(src.reshape(dst.shape), factor, out=dst, casting="unsafe")
-
-
-def _raw(buf: np.ndarray) -> np.ndarray:
-    """View a buffer as unsigned integers of its item size, so byte-moving ops never see odd types."""
-    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[buf.itemsize]
-    return buf.reshape(-1).view(kind)
-
-
-def _elements(shape: Sequence[int]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +155,7 @@ class Executor:
         """The per-chunk postscale (None when there is nothing to scale)."""
         if factor == 1.0:
             return None
-        return lambda chunk: _scale_(chunk, factor, dtype)
+        return lambda chunk: scale_(chunk, factor, dtype)
 
     @staticmethod
     def _mpi_op(op: ReduceOp) -> ReduceOp:
@@ -248,7 +167,7 @@ class Executor:
         pre, post = response.prescale, response.post_factor(set_size)
         op = self._mpi_op(response.reduce_op)
         set_id = response.process_set_id
-        total = sum(_elements(s) for s in response.shapes)
+        total = sum(elements(s) for s in response.shapes)
         self._stats["bytes"] += total * dtype.itemsize
         names = response.names
         single = entries[0] if len(entries) == 1 else None
@@ -261,9 +180,9 @@ class Executor:
             assert single.input is not None and single.output is not None
             out = single.output.reshape(-1)
             if single.output is not single.input:
-                _copy_scaled(single.input.reshape(-1), out, pre, dtype)
+                copy_scaled_(out, single.input, pre, dtype)
             else:
-                _scale_(out, pre, dtype)
+                scale_(out, pre, dtype)
             self._mark(names, "MPI_ALLREDUCE")
             self.backend.allreduce_(out, op, set_id, self._scaler(post, dtype))
             self._mark(names, None)
@@ -271,7 +190,7 @@ class Executor:
         self._stats["fused_responses"] += len(entries) > 1
         buf = self._fusion_view(total * dtype.storage.itemsize, dtype.storage)
         self._fusion_in(buf, entries, response,
-                        lambda source, part: _copy_scaled(source.reshape(-1), part, pre, dtype))
+                        lambda source, part: copy_scaled_(part, source, pre, dtype))
         self._mark(names, "MPI_ALLREDUCE")
         self.backend.allreduce_(buf, op, set_id, self._scaler(post, dtype))
         self._mark(names, None)
@@ -284,7 +203,7 @@ class Executor:
         self._mark(response.names, "MEMCPY_IN_FUSION_BUFFER")
         offset = 0
         for entry, shape in zip(entries, response.shapes):
-            count = _elements(shape)
+            count = elements(shape)
             part = buf[offset : offset + count]
             if entry is None:
                 part[...] = 0
@@ -301,13 +220,13 @@ class Executor:
         results: list[Any] = []
         offset = 0
         for entry, shape in zip(entries, response.shapes):
-            count = _elements(shape)
+            count = elements(shape)
             part = buf[offset : offset + count]
             offset += count
             if entry is None or entry.output is None:
                 results.append(None)
                 continue
-            np.copyto(_raw(entry.output), _raw(part))
+            np.copyto(raw(entry.output), raw(part))
             results.append(entry.output)
         self._mark(response.names, None)
         return results
@@ -316,20 +235,20 @@ class Executor:
                         post: float, total: int) -> list[Any]:
         """float16/bfloat16: 2-byte values on the wire, float32 arithmetic, one rounding."""
         names, dtype = response.names, response.dtype
-        combine = _half_combiner(dtype, response.reduce_op, pre, post)
+        combine = half_combiner(dtype, response.reduce_op, pre, post)
         single = entries[0] if len(entries) == 1 else None
         if single is not None:
             assert single.input is not None and single.output is not None
-            out = _raw(single.output)
+            out = raw(single.output)
             if single.output is not single.input:
-                np.copyto(out, _raw(single.input))
+                np.copyto(out, raw(single.input))
             self._mark(names, "MPI_ALLREDUCE")
             self.backend.allreduce_pieces_(out, combine, response.process_set_id)
             self._mark(names, None)
             return [single.output]
         self._stats["fused_responses"] += 1
         buf = self._fusion_view(total * 2, np.dtype(np.uint16))  # zero bits are +0.0 in both formats
-        self._fusion_in(buf, entries, response, lambda source, part: np.copyto(part, _raw(source)))
+        self._fusion_in(buf, entries, response, lambda source, part: np.copyto(part, raw(source)))
         self._mark(names, "MPI_ALLREDUCE")
         self.backend.allreduce_pieces_(buf, combine, response.process_set_id)
         self._mark(names, None)
@@ -339,7 +258,7 @@ class Executor:
                  post: float) -> list[Any]:
         """Adasum of each tensor (`unison.engine.adasum`), in float64 for float64 and float32 otherwise."""
         names, dtype = response.names, response.dtype
-        lengths = [_elements(shape) for shape in response.shapes]
+        lengths = [elements(shape) for shape in response.shapes]
         work = np.zeros(sum(lengths), np.float64 if dtype is DType.FLOAT64 else np.float32)
         self._mark(names, "MEMCPY_IN_FUSION_BUFFER")
         offset = 0
@@ -347,7 +266,7 @@ class Executor:
             if entry is not None:  # a joined rank contributes zeros, which leave the others unchanged
                 assert entry.input is not None
                 source = entry.input.reshape(-1)
-                work[offset : offset + count] = _widen(source, dtype) if dtype.is_half else source
+                work[offset : offset + count] = widen(source, dtype) if dtype.is_half else source
             offset += count
         if pre != 1.0:
             work *= work.dtype.type(pre)
@@ -365,10 +284,8 @@ class Executor:
             if entry is None or entry.output is None:
                 results.append(None)
                 continue
-            if dtype is DType.BFLOAT16:
-                np.copyto(_raw(entry.output), float32_to_bfloat16(part))
-            elif dtype is DType.FLOAT16:
-                np.copyto(_raw(entry.output), _round_to_float16(np.ascontiguousarray(part)))
+            if dtype.is_half:
+                np.copyto(raw(entry.output), narrow(np.ascontiguousarray(part), dtype))
             else:
                 np.copyto(entry.output.reshape(-1), part)
             results.append(entry.output)
@@ -379,11 +296,11 @@ class Executor:
         assert entry.input is not None
         dim0s = response.sizes[0]
         rest = entry.input.shape[1:]
-        row = _elements(rest)
+        row = elements(rest)
         out = np.empty((sum(dim0s), *rest), dtype=entry.input.dtype)
         self._stats["bytes"] += out.nbytes
         self._mark(response.names, "MPI_ALLGATHER")
-        self.backend.allgatherv(_raw(np.ascontiguousarray(entry.input)), _raw(out),
+        self.backend.allgatherv(raw(np.ascontiguousarray(entry.input)), raw(out),
                                 [d * row for d in dim0s], response.process_set_id)
         self._mark(response.names, None)
         return out
@@ -397,7 +314,7 @@ class Executor:
             np.copyto(out, entry.input)
         self._stats["bytes"] += out.nbytes
         self._mark(response.names, "MPI_BCAST")
-        self.backend.broadcast_(_raw(out), root, response.process_set_id)
+        self.backend.broadcast_(raw(out), root, response.process_set_id)
         self._mark(response.names, None)
         return out
 
@@ -406,13 +323,13 @@ class Executor:
         me, set_size = self._set_rank(response)
         matrix = response.sizes[0]
         rest = entry.input.shape[1:]
-        row = _elements(rest)
+        row = elements(rest)
         received = [matrix[sender][me] for sender in range(set_size)]
         out = np.empty((sum(received), *rest), dtype=entry.input.dtype)
         self._stats["bytes"] += entry.input.nbytes
         self._mark(response.names, "MPI_ALLTOALL")
-        self.backend.alltoallv(_raw(np.ascontiguousarray(entry.input)),
-                               [c * row for c in matrix[me]], _raw(out),
+        self.backend.alltoallv(raw(np.ascontiguousarray(entry.input)),
+                               [c * row for c in matrix[me]], raw(out),
                                [c * row for c in received], response.process_set_id)
         self._mark(response.names, None)
         return out, np.array(received, dtype=np.int32)
@@ -423,7 +340,7 @@ class Executor:
         me, set_size = self._set_rank(response)
         shape = entry.input.shape
         rows = reducescatter_rows(shape[0], set_size)
-        row = _elements(shape[1:])
+        row = elements(shape[1:])
         counts = [r * row for r in rows]
         pre, post = response.prescale, response.post_factor(set_size)
         self._stats["bytes"] += entry.input.nbytes
@@ -432,19 +349,19 @@ class Executor:
         if dtype.is_half:
             # as for allreduce: 2-byte values on the wire (an alltoall of the pieces), float32 sums
             pieces = np.empty((set_size, counts[me]), dtype=np.uint16)
-            self.backend.alltoallv(_raw(np.ascontiguousarray(entry.input)), counts, pieces.reshape(-1),
+            self.backend.alltoallv(raw(np.ascontiguousarray(entry.input)), counts, pieces.reshape(-1),
                                    [counts[me]] * set_size, response.process_set_id)
-            combine = _half_combiner(dtype, response.reduce_op, pre, post)
-            _raw(out)[...] = combine(pieces)
+            combine = half_combiner(dtype, response.reduce_op, pre, post)
+            raw(out)[...] = combine(pieces)
         else:
             if pre != 1.0:
                 send = np.empty(entry.input.size, dtype=dtype.storage)
-                _copy_scaled(entry.input.reshape(-1), send, pre, dtype)
+                copy_scaled_(send, entry.input, pre, dtype)
             else:
                 send = np.ascontiguousarray(entry.input).reshape(-1)
             recv = out.reshape(-1)
             self.backend.reducescatter(send, recv, counts, self._mpi_op(response.reduce_op),
                                        response.process_set_id)
-            _scale_(recv, post, dtype)
+            scale_(recv, post, dtype)
         self._mark(response.names, None)
         return out

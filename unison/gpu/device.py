@@ -6,9 +6,9 @@ scaling are the same code on CPU tests and on a GPU. Subclasses add streams and 
 (`unison.gpu.cupy_device`, imported only when a CUDA buffer arrives) and `FakeDevice`
 (`unison.gpu.fake`, which records the order of operations for tests).
 
-Numerics match the host executor's rules where the wire allows: float32/float64 scale in their own
-precision, integers through float64 truncated toward zero, float16 and bfloat16 widened to float32,
-scaled and rounded once (bfloat16 travels as uint16 bits: CuPy has no bfloat16 dtype).
+The numerics are the host executor's, the same code: `unison.engine.numerics` over the device's array
+module (float32/float64 scale in their own precision, integers through float64 truncated toward zero,
+float16 and bfloat16 widened to float32, scaled and rounded once; bfloat16 as uint16 bits).
 
 A `DeviceBuffer` carries a device array through the engine together with the event after which its
 contents are valid: on the way in, an event on the framework's stream at submission; on the way out,
@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..dtypes import DType
+from ..engine import numerics
+from ..engine.numerics import raw
 
 __all__ = ["ArrayDevice", "Device", "DeviceBuffer", "raw"]
 
@@ -73,12 +75,6 @@ class DeviceBuffer:
 
     def __repr__(self) -> str:
         return f"<DeviceBuffer device={self.ordinal} shape={self.shape} dtype={self.dtype}>"
-
-
-def raw(array: Any) -> Any:
-    """View a contiguous array as unsigned integers of its item size, flat (byte-moving ops only)."""
-    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[array.itemsize]
-    return array.reshape(-1).view(kind)
 
 
 class Device(Protocol):
@@ -178,42 +174,21 @@ class ArrayDevice:
         with self._on(stream):
             raw(dst)[...] = raw(src)
 
-    # -- arithmetic -----------------------------------------------------------------------------
+    # -- arithmetic (unison.engine.numerics, over this device's array module) ------------------
     def widen(self, values: Any, dtype: DType) -> Any:
-        """float16 values or bfloat16 bits -> float32 (a new array)."""
-        xp = self.xp
-        if dtype is DType.BFLOAT16:
-            return (values.astype(xp.uint32) << 16).view(xp.float32)
-        return values.view(xp.float16).astype(xp.float32)
+        """float16 values or bfloat16 bits -> float32 (a new flat array)."""
+        return numerics.widen(values, dtype, self.xp)
 
     def narrow(self, values: Any, dtype: DType) -> Any:
-        """float32 -> float16 values, or bfloat16 bits (round to nearest even; NaN stays NaN)."""
-        xp = self.xp
-        if dtype is DType.FLOAT16:
-            return values.astype(xp.float16)
-        bits = values.view(xp.uint32)
-        rounded = ((bits + xp.uint32(0x7FFF) + ((bits >> 16) & xp.uint32(1))) >> 16).astype(xp.uint16)
-        nan = ((bits >> 16) | xp.uint32(0x0040)).astype(xp.uint16)  # quiet NaN, sign and payload kept
-        return xp.where(values != values, nan, rounded)
-
-    def _scaled(self, src: Any, factor: float, dtype: DType) -> Any:
-        xp = self.xp
-        if dtype.is_half:
-            wide = self.widen(src, dtype)
-            wide *= xp.float32(factor)
-            narrowed = self.narrow(wide, dtype)
-            return narrowed.view(src.dtype) if dtype is DType.FLOAT16 else narrowed
-        if dtype.is_integer:
-            return (src.astype(xp.float64) * factor).astype(src.dtype)
-        return src * src.dtype.type(factor)
+        """float32 -> float16 or bfloat16 bits (uint16, flat; round to nearest even, NaN stays NaN)."""
+        return numerics.narrow(values, dtype, self.xp)
 
     def scale_(self, buf: Any, factor: float, dtype: DType, stream: Any) -> None:
         if factor == 1.0:
             return
         self._note("scale", stream, factor)
         with self._on(stream):
-            flat = buf.reshape(-1)
-            flat[...] = self._scaled(flat, factor, dtype)
+            numerics.scale_(buf, factor, dtype, self.xp)
 
     def copy_scaled_(self, dst: Any, src: Any, factor: float, dtype: DType, stream: Any) -> None:
         if factor == 1.0:
@@ -221,7 +196,7 @@ class ArrayDevice:
             return
         self._note("copy_scaled", stream, factor)
         with self._on(stream):
-            dst.reshape(-1)[...] = self._scaled(src.reshape(-1), factor, dtype)
+            numerics.copy_scaled_(dst, src, factor, dtype, self.xp)
 
     # -- fusion ---------------------------------------------------------------------------------
     def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
@@ -236,7 +211,7 @@ class ArrayDevice:
                 elif factor == 1.0:
                     raw(target)[...] = raw(part)
                 else:
-                    target[...] = self._scaled(part.reshape(-1), factor, dtype)
+                    numerics.copy_scaled_(target, part, factor, dtype, self.xp)
                 offset += count
 
     def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
