@@ -9,7 +9,13 @@ Variables the launcher sets for every rank it starts (`unison.config` reads them
 ``UNISON_LAUNCHER_DIR`` (the launcher directory on unisonrun's host), ``UNISON_LAUNCHER_HOSTS`` (the
 launch's ``host:slots,...`` in rank order), ``UNISON_LAUNCHER_RELAY`` (``KEY@HOST:PORT`` of the marker
 relay, for ranks on other hosts) and ``UNISON_LAUNCHER_KEEP_GOING``; under the elastic driver also
-``UNISON_ELASTIC_EPOCH``, ``UNISON_ELASTIC_DRIVER``, ``UNISON_ELASTIC_STORE`` and ``UNISON_ELASTIC_HOSTS``.
+``UNISON_ELASTIC_EPOCH``, ``UNISON_ELASTIC_DRIVER`` (``KEY@HOST:PORT`` of the driver's endpoint),
+``UNISON_ELASTIC_STORE`` and ``UNISON_ELASTIC_HOSTS``.
+
+The relay and the elastic driver's endpoint speak one protocol, a signed line each way over a TCP
+connection (`signed_line`, `read_signed`, `ask_signed`): ``SIGNATURE PAYLOAD``, the signature a hex
+HMAC-SHA256 under a key made for the job and handed to the ranks in the variable with the address.
+The answer's signature also covers the question's, so an answer is good for that one question only.
 
 The launcher directory holds one marker file per rank and event, named ``KIND-RANK``: ``started-R``
 (``HOST PID``, at ``init()``), ``failed-R`` (the reason), ``finished-R`` (an orderly ``shutdown()``),
@@ -36,9 +42,9 @@ __all__ = [
     "ELASTIC_DRIVER_VARIABLE", "ELASTIC_EPOCH_VARIABLE", "ELASTIC_HOSTS_VARIABLE", "ELASTIC_STORE_VARIABLE",
     "HOSTS_UPDATED_EXIT", "JOB_FILE", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE",
     "LAUNCHER_KEEP_GOING_VARIABLE", "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "META_FILE",
-    "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "epoch_directory", "error_file", "host_of", "marker_name",
-    "parse_hosts", "parse_marker_name", "relay_line", "result_file", "send_marker", "sign",
-    "write_atomically", "write_service_file",
+    "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "SIGNATURE_CHARS", "ask_signed", "epoch_directory", "error_file",
+    "host_of", "marker_name", "parse_hosts", "parse_marker_name", "read_signed", "relay_line", "result_file",
+    "send_marker", "sign", "signed_line", "split_signed_address", "write_atomically", "write_service_file",
 ]
 
 LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
@@ -57,6 +63,8 @@ JOB_FILE = "job.pkl"
 META_FILE = "meta.json"
 MARKER_KINDS = ("started", "failed", "finished", "ended")
 RELAY_TIMEOUT_SECONDS = 2.0
+SIGNATURE_CHARS = 64  # a hex HMAC-SHA256
+ANSWER_BYTES = 4096  # the longest answer a client reads
 
 
 def marker_name(kind: str, rank: int | str) -> str:
@@ -181,12 +189,88 @@ def relay_line(key: str, name: str, text: str) -> bytes:
 
 
 def send_marker(relay: str, name: str, text: str) -> bool:
-    """Send marker `name` with `text` to the relay ``KEY@HOST:PORT``; True once it is on the launcher's disk."""
-    key, _, address = relay.partition("@")
-    host, _, port = address.rpartition(":")
+    """Send marker `name` with `text` to the relay ``KEY@HOST:PORT``; True once it is on the launcher's disk.
+
+    False when the relay is gone, unreachable, refused the marker, or answered without the job's key.
+    """
+    return ask_signed(relay, json.dumps({"name": name, "text": text}).encode()) == b"OK"
+
+
+def _answer_input(question_signature: bytes, payload: bytes) -> bytes:
+    # Apart from any question's input (a question's payload never starts so): an answer cannot pass
+    # for a question, nor a question for an answer, and an answer covers the question it answers.
+    return b"answer " + question_signature + b" " + payload
+
+
+def signed_line(key: str, payload: bytes, *, answering: bytes = b"") -> bytes:
+    """The line ``SIGNATURE PAYLOAD`` and a newline; with `answering` (the question's signature), an answer to it.
+
+    Raises:
+        ValueError: `payload` holds a newline (it would end the line early).
+
+    Example:
+        >>> question = signed_line("k", b"CHECK 3")
+        >>> read_signed("k", question)
+        b'CHECK 3'
+        >>> answer = signed_line("k", b"OK 3 0", answering=question[:SIGNATURE_CHARS])
+        >>> read_signed("k", answer, answering=question[:SIGNATURE_CHARS]), read_signed("k", answer)
+        (b'OK 3 0', None)
+    """
+    if b"\n" in payload:
+        raise ValueError(f"A signed line's payload must not hold a newline. Got {payload[:80]!r}.")
+    signed = _answer_input(answering, payload) if answering else payload
+    return sign(key, signed).encode() + b" " + payload + b"\n"
+
+
+def read_signed(key: str, line: bytes, *, answering: bytes = b"") -> bytes | None:
+    """The payload of `line` when it is signed under `key` (as an answer to `answering`, if given); else None.
+
+    The signature is compared in constant time. A line without a signature, with one that is not the
+    key's, or with bytes that are not ASCII where the signature goes, is None; nothing here raises.
+
+    Example:
+        >>> read_signed("k", signed_line("other", b"CHECK 3")) is None, read_signed("k", b"CHECK 3\\n") is None
+        (True, True)
+    """
+    if line.endswith(b"\n"):
+        line = line[:-1]
+    signature, separator, payload = line.partition(b" ")
+    if not separator or len(signature) != SIGNATURE_CHARS:
+        return None
+    expected = sign(key, _answer_input(answering, payload) if answering else payload).encode()
+    # Compared as bytes: compare_digest raises TypeError on a str with non-ASCII characters.
+    return payload if hmac.compare_digest(signature, expected) else None
+
+
+def split_signed_address(address: str) -> tuple[str, str, int] | None:
+    """The (key, host, port) of ``KEY@HOST:PORT``, or None when `address` is not of that form.
+
+    Example:
+        >>> split_signed_address("k3y@10.0.0.1:4000"), split_signed_address("10.0.0.1:4000")
+        (('k3y', '10.0.0.1', 4000), None)
+    """
+    key, at, host_port = address.partition("@")
+    host, colon, port = host_port.rpartition(":")
+    if not (key and at and host and colon and port.isdigit()):
+        return None
+    return key, host, int(port)
+
+
+def ask_signed(address: str, payload: bytes, timeout_seconds: float = RELAY_TIMEOUT_SECONDS) -> bytes | None:
+    """Send `payload` signed to the line server at ``KEY@HOST:PORT``; the payload of its answer, or None.
+
+    None when the server cannot be reached within `timeout_seconds` (each step), refuses the line, or
+    answers with a line that is not signed under the key as the answer to this question.
+    """
+    parts = split_signed_address(address)
+    if parts is None:
+        return None
+    key, host, port = parts
+    question = signed_line(key, payload)
     try:
-        with socket.create_connection((host, int(port)), timeout=RELAY_TIMEOUT_SECONDS) as conn:
-            conn.sendall(relay_line(key, name, text))
-            return conn.makefile("rb").readline().strip() == b"OK"
+        with socket.create_connection((host, port), timeout=timeout_seconds) as conn:
+            conn.sendall(question)
+            answer = conn.makefile("rb").readline(ANSWER_BYTES)
     except (OSError, ValueError):
-        return False  # the launcher is gone or unreachable: nobody is left to tell
+        return None  # the server is gone or unreachable
+    return read_signed(key, answer, answering=question[:SIGNATURE_CHARS])

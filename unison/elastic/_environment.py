@@ -1,7 +1,8 @@
 """What the elastic driver tells each rank (read once from the environment), and how rank 0 asks it about hosts.
 
 Variables, all set by the driver in unisonrun for every epoch's launch: ``UNISON_ELASTIC_EPOCH`` (the
-membership epoch), ``UNISON_ELASTIC_DRIVER`` (``host:port`` of the driver's endpoint),
+membership epoch), ``UNISON_ELASTIC_DRIVER`` (``KEY@HOST:PORT`` of the driver's endpoint: questions
+and answers are lines signed under that key, `unison._contract.ask_signed`),
 ``UNISON_ELASTIC_STORE`` (the job's shared-memory store directory) and ``UNISON_ELASTIC_HOSTS`` (this
 epoch's ``host:slots`` list, in rank order). Without them (plain ``mpiexec``) the elastic objects work
 as in Horovod without its driver: commits stay in memory and hosts never change.
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import secrets
 import socket
 from collections.abc import Mapping
 
-from .._contract import ELASTIC_HOSTS_VARIABLE, HOSTS_UPDATED_EXIT, host_of, parse_hosts
+from .._contract import ELASTIC_HOSTS_VARIABLE, HOSTS_UPDATED_EXIT, ask_signed, host_of, parse_hosts
 from ..config import Settings, load_settings
 from ..errors import ConfigError
 
@@ -64,19 +66,19 @@ def environment() -> ElasticEnvironment:
 def ask_driver(address: str, epoch: int) -> int | None:
     """How many host changes the driver has announced to `epoch` (0: none; None: no answer).
 
-    Every message names its epoch; the driver answers ``STALE`` to an epoch it has left, which counts
-    as a change (this launch is being replaced). Unreachable driver: None, which the caller takes as
-    no change (the launch goes on; if the driver is gone the job ends anyway).
+    `address` is ``KEY@HOST:PORT``: the question is signed under the key, and an answer counts only
+    when it is signed under it as the answer to this question (a fresh nonce in each question, so an
+    old answer cannot be played back). Every message names its epoch; the driver answers ``STALE`` to
+    an epoch it has left, which counts as a change (this launch is being replaced). An unreachable
+    driver, a refused question and an answer that fails the check are all None, which the caller
+    takes as no change (the launch goes on; if the driver is gone the job ends anyway).
     """
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=_ASK_TIMEOUT_SECONDS) as conn:
-            conn.sendall(f"CHECK {epoch}\n".encode())
-            reply = conn.makefile("r").readline().split()
-    except (OSError, ValueError):
+    reply = ask_signed(address, f"CHECK {epoch} {secrets.token_hex(8)}".encode(), _ASK_TIMEOUT_SECONDS)
+    if reply is None:
         return None
-    if reply[:1] == ["OK"] and len(reply) == 3 and reply[1] == str(epoch):
-        return int(reply[2])
-    if reply[:1] == ["STALE"]:
+    words = reply.decode("ascii", errors="replace").split()
+    if words[:1] == ["OK"] and len(words) == 3 and words[1] == str(epoch) and words[2].isdigit():
+        return int(words[2])
+    if words[:1] == ["STALE"]:
         return 1 << 30
     return 0

@@ -2,8 +2,8 @@
 
 Decisions come from `unison.elastic.membership.Membership` (pure); this module only acts: it runs
 the discovery script every `--discovery-interval`, answers rank 0's ``CHECK <epoch>`` questions on a
-small TCP endpoint (every answer names the epoch; a question from an epoch that has ended gets
-``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
+small TCP endpoint (signed lines under a key for the job; every answer names the epoch, and a
+question from an epoch that has ended gets ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
 (exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
 failure (anything else). After a failure it blacklists the failed ranks' hosts and the epoch's
 remote hosts that mpiexec's launcher cannot reach any more (`_host_exec`: a vanished host the
@@ -53,7 +53,7 @@ from ..elastic.membership import (
     parse_discovery,
 )
 from ..errors import InvalidArgumentError, LaunchError
-from ._elastic_endpoint import Endpoint, driver_address
+from ._elastic_endpoint import Endpoint, driver_host
 from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ._jobs import ElasticRecord
 from ._keeper import command as keeper_command
@@ -410,7 +410,8 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             stores.update(dict.fromkeys(host.name for host in decision.hosts))
             local = all(_is_local(host.name) for host in decision.hosts)
             remote_hosts = [host.name for host in decision.hosts if not _is_local(host.name)]
-            env[ELASTIC_DRIVER_VARIABLE] = driver_address(endpoint, local, remote_hosts)
+            # KEY@HOST:PORT: rank 0 signs its questions with the key and checks the answers' signatures
+            env[ELASTIC_DRIVER_VARIABLE] = endpoint.listen(driver_host(local, remote_hosts))
             _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
             if on_epoch is not None:
                 on_epoch(decision)
