@@ -21,7 +21,7 @@ import numpy as np
 from ..dtypes import DType
 from ..ops import ReduceOp
 from . import batched_copy
-from .device import ArrayDevice
+from .device import Array, ArrayDevice, Event, Stream
 from .lazy_cupy import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
@@ -43,7 +43,7 @@ class _StreamHandle:
         return (0, self.handle)
 
 
-def external_stream(cupy: Any, handle: int, ordinal: int) -> Any:
+def external_stream(cupy: Any, handle: int, ordinal: int) -> Stream:
     """A CuPy stream object for a stream another library made (torch's current stream).
 
     CuPy 14 deprecates ``ExternalStream`` (a DeprecationWarning at every call) for
@@ -98,16 +98,16 @@ class CupyDevice(ArrayDevice):
         self.ordinal = ordinal
         self.name = f"cuda:{ordinal}"
         self._device = cupy.cuda.Device(ordinal)
-        self._stream: Any = None
-        self._pinned: Any = None  # one growing pinned staging buffer
+        self._stream: Stream | None = None
+        self._pinned: np.ndarray | None = None  # one growing pinned staging buffer
         self._copy_kernel: Any = None  # the batched-copy kernel once compiled; False where it cannot be
-        self._torch_streams: dict[int, Any] = {}  # torch stream handle -> its CuPy wrapper
+        self._torch_streams: dict[int, Stream] = {}  # torch stream handle -> its CuPy wrapper
 
     def __repr__(self) -> str:
         return f"<CupyDevice {self.name}>"
 
     @contextmanager
-    def _on(self, stream: Any) -> Iterator[None]:
+    def _on(self, stream: Stream) -> Iterator[None]:
         with self._device:
             if stream is None:
                 yield
@@ -115,13 +115,13 @@ class CupyDevice(ArrayDevice):
                 with stream:
                     yield
 
-    def stream(self) -> Any:
+    def stream(self) -> Stream:
         if self._stream is None:
             with self._device:
                 self._stream = self.xp.cuda.Stream(non_blocking=True)
         return self._stream
 
-    def stream_key(self, stream: Any) -> Any:
+    def stream_key(self, stream: Stream) -> Any:
         """The stream's handle; cudaStreamPerThread (2) is one stream per thread, so the key also holds
         a token of the calling thread (an object, unlike a thread id never reused by a later thread)."""
         ptr = int(stream.ptr)
@@ -132,7 +132,7 @@ class CupyDevice(ArrayDevice):
             token = _thread.token = object()
         return (ptr, token)
 
-    def current_stream(self, framework: str = "cupy") -> Any:
+    def current_stream(self, framework: str = "cupy") -> Stream:
         """torch's current stream on this device for torch tensors, else CuPy's (CuPy arrays, TensorFlow's
         handoff): the caller names the framework whose kernels made or will read the array."""
         if framework == "torch":
@@ -149,29 +149,29 @@ class CupyDevice(ArrayDevice):
         with self._device:
             return self.xp.cuda.get_current_stream()
 
-    def record_event(self, stream: Any) -> Any:
+    def record_event(self, stream: Stream) -> Event:
         with self._device:
             event = self.xp.cuda.Event(block=False, disable_timing=True)
             event.record(stream)
         return event
 
-    def wait_event(self, stream: Any, event: Any) -> None:
+    def wait_event(self, stream: Stream, event: Event) -> None:
         with self._device:
             stream.wait_event(event)
 
-    def event_done(self, event: Any) -> bool:
+    def event_done(self, event: Event) -> bool:
         return bool(event.done)
 
-    def synchronize_stream(self, stream: Any) -> None:
+    def synchronize_stream(self, stream: Stream) -> None:
         stream.synchronize()
 
-    def allocate(self, nbytes: int) -> Any:
+    def allocate(self, nbytes: int) -> Array:
         with self._on(self.stream()):
             return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
     # -- byte moves: a single copy is one cudaMemcpyAsync (a runtime call, a few microseconds); fusion's
     # copies go to the batched kernel, one launch for up to 128 tensors instead of one call each.
-    def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Any) -> None:
+    def _memcpy(self, dst_ptr: int, src_ptr: int, nbytes: int, stream: Stream) -> None:
         if nbytes:
             runtime = self.xp.cuda.runtime
             runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, runtime.memcpyDeviceToDevice, stream.ptr)
@@ -192,7 +192,7 @@ class CupyDevice(ArrayDevice):
                 self._copy_kernel = False
         return self._copy_kernel or None
 
-    def _copy_many(self, dst: np.ndarray, src: np.ndarray, nbytes: np.ndarray, stream: Any) -> None:
+    def _copy_many(self, dst: np.ndarray, src: np.ndarray, nbytes: np.ndarray, stream: Stream) -> None:
         """Issue the copies ``dst[i] <- src[i]`` (uint64 addresses and sizes) on `stream`, inside the
         device's context."""
         kernel = self._batched_kernel() if self.batched_copies and len(nbytes) > 1 else None
@@ -211,22 +211,22 @@ class CupyDevice(ArrayDevice):
         for d, s, n in zip(dst.tolist(), src.tolist(), nbytes.tolist()):
             self._memcpy(d, s, n, stream)
 
-    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+    def copy_(self, dst: Array, src: Array, stream: Stream) -> None:
         with self._device:
             self._memcpy(dst.data.ptr, src.data.ptr, src.nbytes, stream)
 
     @staticmethod
-    def _pieces(buf: Any, counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _pieces(buf: Array, counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The address and byte size of each consecutive piece of `counts[i]` elements of `buf`."""
         sizes = np.asarray(counts, dtype=np.uint64) * np.uint64(buf.itemsize)
         return np.uint64(buf.data.ptr) + np.cumsum(sizes) - sizes, sizes
 
     @staticmethod
-    def _addresses(arrays: Sequence[Any]) -> np.ndarray:
+    def _addresses(arrays: Sequence[Array]) -> np.ndarray:
         return np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
 
-    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
-             dtype: DType, stream: Any) -> None:
+    def pack(self, buf: Array, parts: Sequence[Array | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Stream) -> None:
         if factor != 1.0:  # scaled on the way in: the arithmetic's kernels
             super().pack(buf, parts, counts, factor, dtype, stream)
             return
@@ -240,7 +240,7 @@ class CupyDevice(ArrayDevice):
                 parts = [part for part in parts if part is not None]
             self._copy_many(pieces, self._addresses(parts), sizes, stream)
 
-    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+    def unpack(self, buf: Array, outputs: Sequence[Array | None], counts: Sequence[int], stream: Stream) -> None:
         pieces, sizes = self._pieces(buf, counts)
         if any(out is None for out in outputs):
             present = np.fromiter((out is not None for out in outputs), dtype=bool, count=len(outputs))
@@ -249,7 +249,7 @@ class CupyDevice(ArrayDevice):
         with self._device:
             self._copy_many(self._addresses(outputs), pieces, sizes, stream)
 
-    def to_host(self, buf: Any, stream: Any) -> np.ndarray:
+    def to_host(self, buf: Array, stream: Stream) -> np.ndarray:
         import cupyx  # part of CuPy
 
         flat = buf.reshape(-1)
@@ -259,7 +259,7 @@ class CupyDevice(ArrayDevice):
         stream.synchronize()  # the host reads these bytes next: the one wait staging needs
         return np.array(host, copy=True)  # the pinned block is released when `host` goes
 
-    def from_host(self, dst: Any, host: np.ndarray, stream: Any) -> None:
+    def from_host(self, dst: Array, host: np.ndarray, stream: Stream) -> None:
         with self._on(stream):
             dst.reshape(-1).view(self.xp.uint8).set(np.ascontiguousarray(host).reshape(-1).view(np.uint8),
                                                      stream=stream)
@@ -282,20 +282,20 @@ class CupyComm:
         return f"<CupyComm {self.index}/{self.size}>"
 
     @staticmethod
-    def _ptr(array: Any) -> int:
+    def _ptr(array: Array) -> int:
         return int(array.data.ptr)
 
-    def allreduce_(self, buf: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def allreduce_(self, buf: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         code = nccl_dtype(dtype)
         if code is None:
             raise ValueError(f"NCCL cannot reduce {dtype.value}")
         ptr = self._ptr(buf)
         self._comm.allReduce(ptr, ptr, buf.size, code, nccl_op(op), stream.ptr)
 
-    def allgather(self, send: Any, recv: Any, stream: Any) -> None:
+    def allgather(self, send: Array, recv: Array, stream: Stream) -> None:
         self._comm.allGather(self._ptr(send), self._ptr(recv), send.nbytes, 1, stream.ptr)
 
-    def allgatherv(self, send: Any, recv: Any, counts: Sequence[int], stream: Any) -> None:
+    def allgatherv(self, send: Array, recv: Array, counts: Sequence[int], stream: Stream) -> None:
         itemsize = recv.itemsize
         base = self._ptr(recv)
         self._nccl.groupStart()
@@ -309,12 +309,12 @@ class CupyComm:
         finally:
             self._nccl.groupEnd()
 
-    def broadcast_(self, buf: Any, root: int, stream: Any) -> None:
+    def broadcast_(self, buf: Array, root: int, stream: Stream) -> None:
         ptr = self._ptr(buf)
         self._comm.broadcast(ptr, ptr, buf.nbytes, 1, root, stream.ptr)
 
-    def alltoallv(self, send: Any, send_counts: Sequence[int], recv: Any, recv_counts: Sequence[int],
-                  stream: Any) -> None:
+    def alltoallv(self, send: Array, send_counts: Sequence[int], recv: Array, recv_counts: Sequence[int],
+                  stream: Stream) -> None:
         itemsize = send.itemsize
         self._nccl.groupStart()
         try:
@@ -331,7 +331,7 @@ class CupyComm:
         finally:
             self._nccl.groupEnd()
 
-    def reducescatter(self, send: Any, recv: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def reducescatter(self, send: Array, recv: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         code = nccl_dtype(dtype)
         if code is None:
             raise ValueError(f"NCCL cannot reduce {dtype.value}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -28,7 +28,14 @@ from ..dtypes import DType
 from ..engine import numerics
 from ..engine.numerics import raw
 
-__all__ = ["ArrayDevice", "Device", "DeviceBuffer", "raw"]
+__all__ = ["Array", "ArrayDevice", "Device", "DeviceBuffer", "Event", "Stream", "raw"]
+
+# CuPy's types, by role. CuPy is imported only when the first CUDA buffer arrives (`lazy_cupy`), so its
+# classes cannot be spelled in annotations; under the fake device they are NumPy arrays and the fake's
+# own stream and event objects.
+Array: TypeAlias = Any  # a device array: cupy.ndarray (numpy.ndarray under the fake device)
+Stream: TypeAlias = Any  # a CUDA stream: cupy.cuda.Stream or ExternalStream (the fake's stream object)
+Event: TypeAlias = Any  # a CUDA event: cupy.cuda.Event (the fake's event object)
 
 
 @dataclasses.dataclass(eq=False)
@@ -48,10 +55,10 @@ class DeviceBuffer:
             another stream while this buffer is pending.
     """
 
-    array: Any
-    ready: Any = None
+    array: Array
+    ready: Event | None = None
     ordinal: int = 0
-    producer: tuple[Any, int, Any] | None = None
+    producer: tuple[Any, int, Stream] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -84,55 +91,55 @@ class Device(Protocol):
     ordinal: int
     xp: Any
 
-    def stream(self) -> Any:
+    def stream(self) -> Stream:
         """unison's own stream on this device (one; all data-plane work is ordered on it)."""
 
-    def stream_key(self, stream: Any) -> Any:
+    def stream_key(self, stream: Stream) -> Any:
         """What identifies `stream` on this device (the handle; two objects for one stream compare equal)."""
 
-    def current_stream(self, framework: str = "cupy") -> Any:
+    def current_stream(self, framework: str = "cupy") -> Stream:
         """The calling thread's current stream in `framework` ("torch" or "cupy"): the stream its
         producer kernels were issued on, or its consumer's will be."""
 
-    def record_event(self, stream: Any) -> Any:
+    def record_event(self, stream: Stream) -> Event:
         """Record an event on `stream` and return it."""
 
-    def wait_event(self, stream: Any, event: Any) -> None:
+    def wait_event(self, stream: Stream, event: Event) -> None:
         """Make later work on `stream` wait for `event`; the host does not wait."""
 
-    def event_done(self, event: Any) -> bool:
+    def event_done(self, event: Event) -> bool:
         """Whether the work before `event` has finished (never blocks)."""
 
-    def synchronize_stream(self, stream: Any) -> None:
+    def synchronize_stream(self, stream: Stream) -> None:
         """Block the host until `stream` is idle (staging through host memory only)."""
 
-    def allocate(self, nbytes: int) -> Any:
+    def allocate(self, nbytes: int) -> Array:
         """A new flat uint8 device array of `nbytes`."""
 
-    def empty(self, shape: Sequence[int], dtype: Any, stream: Any) -> Any:
+    def empty(self, shape: Sequence[int], dtype: Any, stream: Stream) -> Array:
         """A new device array for results, allocated for use on `stream`."""
 
-    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+    def copy_(self, dst: Array, src: Array, stream: Stream) -> None:
         """Copy the bytes of `src` into `dst` (same byte size) on `stream`."""
 
-    def scale_(self, buf: Any, factor: float, dtype: DType, stream: Any) -> None:
+    def scale_(self, buf: Array, factor: float, dtype: DType, stream: Stream) -> None:
         """Multiply `buf` in place by `factor` with the per-dtype rules, on `stream`."""
 
-    def copy_scaled_(self, dst: Any, src: Any, factor: float, dtype: DType, stream: Any) -> None:
+    def copy_scaled_(self, dst: Array, src: Array, factor: float, dtype: DType, stream: Stream) -> None:
         """Write ``src * factor`` into `dst`, on `stream`."""
 
-    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
-             dtype: DType, stream: Any) -> None:
+    def pack(self, buf: Array, parts: Sequence[Array | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Stream) -> None:
         """Copy `parts` (storage dtype) one after another into `buf`, scaled; a None part is `counts[i]` zeros
         (a joined rank's contribution)."""
 
-    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+    def unpack(self, buf: Array, outputs: Sequence[Array | None], counts: Sequence[int], stream: Stream) -> None:
         """Copy consecutive pieces of `counts[i]` elements of `buf` into `outputs[i]` (None: skipped)."""
 
-    def to_host(self, buf: Any, stream: Any) -> np.ndarray:
+    def to_host(self, buf: Array, stream: Stream) -> np.ndarray:
         """Copy `buf` into host memory (pinned on a GPU) and wait for it; returns a flat array."""
 
-    def from_host(self, dst: Any, host: np.ndarray, stream: Any) -> None:
+    def from_host(self, dst: Array, host: np.ndarray, stream: Stream) -> None:
         """Copy `host` into `dst` on `stream`."""
 
     def bus_id(self) -> str:
@@ -151,46 +158,46 @@ class ArrayDevice:
     xp: Any = np
 
     @contextmanager
-    def _on(self, stream: Any) -> Iterator[None]:
+    def _on(self, stream: Stream) -> Iterator[None]:
         yield
 
-    def stream_key(self, stream: Any) -> Any:
+    def stream_key(self, stream: Stream) -> Any:
         return getattr(stream, "ptr", id(stream))
 
-    def _note(self, operation: str, stream: Any, detail: Any = None) -> None:
+    def _note(self, operation: str, stream: Stream, detail: Any = None) -> None:
         """Hook for the fake device's log; a real device does nothing."""
 
     # -- memory ---------------------------------------------------------------------------------
-    def allocate(self, nbytes: int) -> Any:
+    def allocate(self, nbytes: int) -> Array:
         self._note("allocate", None, nbytes)
         return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
-    def empty(self, shape: Sequence[int], dtype: Any, stream: Any) -> Any:
+    def empty(self, shape: Sequence[int], dtype: Any, stream: Stream) -> Array:
         with self._on(stream):
             return self.xp.empty(tuple(shape), dtype=dtype)
 
-    def copy_(self, dst: Any, src: Any, stream: Any) -> None:
+    def copy_(self, dst: Array, src: Array, stream: Stream) -> None:
         self._note("copy", stream)
         with self._on(stream):
             raw(dst)[...] = raw(src)
 
     # -- arithmetic (unison.engine.numerics, over this device's array module) ------------------
-    def widen(self, values: Any, dtype: DType) -> Any:
+    def widen(self, values: Array, dtype: DType) -> Array:
         """float16 values or bfloat16 bits -> float32 (a new flat array)."""
         return numerics.widen(values, dtype, self.xp)
 
-    def narrow(self, values: Any, dtype: DType) -> Any:
+    def narrow(self, values: Array, dtype: DType) -> Array:
         """float32 -> float16 or bfloat16 bits (uint16, flat; round to nearest even, NaN stays NaN)."""
         return numerics.narrow(values, dtype, self.xp)
 
-    def scale_(self, buf: Any, factor: float, dtype: DType, stream: Any) -> None:
+    def scale_(self, buf: Array, factor: float, dtype: DType, stream: Stream) -> None:
         if factor == 1.0:
             return
         self._note("scale", stream, factor)
         with self._on(stream):
             numerics.scale_(buf, factor, dtype, self.xp)
 
-    def copy_scaled_(self, dst: Any, src: Any, factor: float, dtype: DType, stream: Any) -> None:
+    def copy_scaled_(self, dst: Array, src: Array, factor: float, dtype: DType, stream: Stream) -> None:
         if factor == 1.0:
             self.copy_(dst, src, stream)
             return
@@ -199,8 +206,8 @@ class ArrayDevice:
             numerics.copy_scaled_(dst, src, factor, dtype, self.xp)
 
     # -- fusion ---------------------------------------------------------------------------------
-    def pack(self, buf: Any, parts: Sequence[Any | None], counts: Sequence[int], factor: float,
-             dtype: DType, stream: Any) -> None:
+    def pack(self, buf: Array, parts: Sequence[Array | None], counts: Sequence[int], factor: float,
+             dtype: DType, stream: Stream) -> None:
         self._note("pack", stream, len(parts))
         with self._on(stream):
             offset = 0
@@ -214,7 +221,7 @@ class ArrayDevice:
                     numerics.copy_scaled_(target, part, factor, dtype, self.xp)
                 offset += count
 
-    def unpack(self, buf: Any, outputs: Sequence[Any | None], counts: Sequence[int], stream: Any) -> None:
+    def unpack(self, buf: Array, outputs: Sequence[Array | None], counts: Sequence[int], stream: Stream) -> None:
         self._note("unpack", stream, len(outputs))
         with self._on(stream):
             offset = 0

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..ops import ReduceOp
-from .device import ArrayDevice
+from .device import Array, ArrayDevice, Stream
 
 __all__ = ["FakeComm", "FakeDevice", "FakeEvent", "FakeLibrary", "FakeStream"]
 
@@ -73,7 +73,7 @@ class FakeDevice(ArrayDevice):
     def __repr__(self) -> str:
         return f"<FakeDevice {self.ordinal} ops={len(self.log)}>"
 
-    def _note(self, operation: str, stream: Any, detail: Any = None) -> None:
+    def _note(self, operation: str, stream: Stream, detail: Any = None) -> None:
         self.log.append((operation, stream.name if stream is not None else "-", detail))
 
     def operations(self, *names: str) -> list[str]:
@@ -134,12 +134,12 @@ class FakeDevice(ArrayDevice):
         self._note("synchronize", stream)
 
     # -- host staging and identity --------------------------------------------------------------
-    def to_host(self, buf: Any, stream: Any) -> np.ndarray:
+    def to_host(self, buf: Array, stream: Stream) -> np.ndarray:
         self._note("to_host", stream)
         self.synchronize_stream(stream)
         return np.array(buf, copy=True).reshape(-1)
 
-    def from_host(self, dst: Any, host: np.ndarray, stream: Any) -> None:
+    def from_host(self, dst: Array, host: np.ndarray, stream: Stream) -> None:
         self._note("from_host", stream)
         dst.reshape(-1).view(np.uint8)[...] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
 
@@ -191,11 +191,11 @@ class FakeComm:
     def __repr__(self) -> str:
         return f"<FakeComm {self.index}/{self.world.size}>"
 
-    def _note(self, operation: str, stream: Any) -> None:
+    def _note(self, operation: str, stream: Stream) -> None:
         if self.device is not None:
             self.device._note("nccl." + operation, stream)
 
-    def allreduce_(self, buf: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def allreduce_(self, buf: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         self._note("allreduce", stream)
         values = np.stack(self.world.exchange(self.index, buf.reshape(-1).copy()))
         if dtype.is_half:
@@ -206,20 +206,20 @@ class FakeComm:
         else:
             buf.reshape(-1)[...] = _REDUCE[op](values, axis=0).astype(buf.dtype)
 
-    def allgather(self, send: Any, recv: Any, stream: Any) -> None:
+    def allgather(self, send: Array, recv: Array, stream: Stream) -> None:
         self._note("allgather", stream)
         recv[...] = np.concatenate(self.world.exchange(self.index, send.copy()))
 
-    def allgatherv(self, send: Any, recv: Any, counts: Sequence[int], stream: Any) -> None:
+    def allgatherv(self, send: Array, recv: Array, counts: Sequence[int], stream: Stream) -> None:
         self._note("allgatherv", stream)
         recv[: sum(counts)] = np.concatenate(self.world.exchange(self.index, send[: counts[self.index]].copy()))
 
-    def broadcast_(self, buf: Any, root: int, stream: Any) -> None:
+    def broadcast_(self, buf: Array, root: int, stream: Stream) -> None:
         self._note("broadcast", stream)
         buf[...] = self.world.exchange(self.index, buf.copy())[root]
 
-    def alltoallv(self, send: Any, send_counts: Sequence[int], recv: Any, recv_counts: Sequence[int],
-                  stream: Any) -> None:
+    def alltoallv(self, send: Array, send_counts: Sequence[int], recv: Array, recv_counts: Sequence[int],
+                  stream: Stream) -> None:
         self._note("alltoallv", stream)
         offsets = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
         pieces = [send[offsets[i] : offsets[i + 1]].copy() for i in range(len(send_counts))]
@@ -227,7 +227,7 @@ class FakeComm:
         mine = [everyone[sender][self.index] for sender in range(self.world.size)]
         recv[: sum(recv_counts)] = np.concatenate(mine)
 
-    def reducescatter(self, send: Any, recv: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def reducescatter(self, send: Array, recv: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         self._note("reducescatter", stream)
         whole = send.reshape(-1).copy()
         self.allreduce_(whole, dtype, op, stream)

@@ -19,13 +19,12 @@ arithmetic on host memory (float32 sums rounded once), which MPI cannot do on de
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..backends.base import Backend
 from ..dtypes import DType
 from ..ops import ReduceOp
 from ..protocol.messages import Response
-from .device import Device
+from .device import Array, Device, Stream
 from .nccl import wire_carries
 
 __all__ = ["DIRECT_REDUCTIONS", "MPI_DATA_PLANES", "MpiDeviceComm", "mpi_can_carry"]
@@ -75,34 +74,34 @@ class MpiDeviceComm:
         state = "direct" if self.usable else f"staged (ranks {list(self.refusing)} not CUDA-aware)"
         return f"<MpiDeviceComm set={self._set} {self.index}/{self.size} {state}>"
 
-    def _ready(self, stream: Any) -> None:
+    def _ready(self, stream: Stream) -> None:
         self._device.synchronize_stream(stream)  # MPI reads device memory outside any stream
 
     @staticmethod
     def _op(op: ReduceOp) -> ReduceOp:
         return ReduceOp.SUM if op is ReduceOp.AVERAGE else op  # the plane divides afterwards
 
-    def allreduce_(self, buf: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def allreduce_(self, buf: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         self._ready(stream)
         self._backend.allreduce_(buf, self._op(op), self._set)
 
-    def allgather(self, send: Any, recv: Any, stream: Any) -> None:
+    def allgather(self, send: Array, recv: Array, stream: Stream) -> None:
         self.allgatherv(send, recv, [int(send.size)] * self.size, stream)
 
-    def allgatherv(self, send: Any, recv: Any, counts: Sequence[int], stream: Any) -> None:
+    def allgatherv(self, send: Array, recv: Array, counts: Sequence[int], stream: Stream) -> None:
         self._ready(stream)
         self._backend.allgatherv(send, recv, counts, self._set)
 
-    def broadcast_(self, buf: Any, root: int, stream: Any) -> None:
+    def broadcast_(self, buf: Array, root: int, stream: Stream) -> None:
         self._ready(stream)
         self._backend.broadcast_(buf, root, self._set)
 
-    def alltoallv(self, send: Any, send_counts: Sequence[int], recv: Any, recv_counts: Sequence[int],
-                  stream: Any) -> None:
+    def alltoallv(self, send: Array, send_counts: Sequence[int], recv: Array, recv_counts: Sequence[int],
+                  stream: Stream) -> None:
         self._ready(stream)
         self._backend.alltoallv(send, send_counts, recv, recv_counts, self._set)
 
-    def reducescatter(self, send: Any, recv: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def reducescatter(self, send: Array, recv: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         self._ready(stream)
         self._backend.reducescatter(send, recv, [int(recv.size)] * self.size, self._op(op), self._set)
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ..dtypes import DType
 from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Response
+from .device import Array, Stream
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_SECONDS", "Comm", "InitState", "Library", "connect_bounded", "init_failure",
@@ -76,23 +77,23 @@ def nccl_op(op: ReduceOp) -> int:
 class Comm(Protocol):
     """One NCCL communicator: collectives on flat device arrays, issued on a stream."""
 
-    def allreduce_(self, buf: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def allreduce_(self, buf: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         """Reduce `buf` in place across members (Average arrives here as Sum)."""
 
-    def allgather(self, send: Any, recv: Any, stream: Any) -> None:
+    def allgather(self, send: Array, recv: Array, stream: Stream) -> None:
         """Equal pieces: recv holds every member's `send`, in member order (raw arrays)."""
 
-    def allgatherv(self, send: Any, recv: Any, counts: Sequence[int], stream: Any) -> None:
+    def allgatherv(self, send: Array, recv: Array, counts: Sequence[int], stream: Stream) -> None:
         """Uneven pieces: counts[i] elements from member i (raw arrays)."""
 
-    def broadcast_(self, buf: Any, root: int, stream: Any) -> None:
+    def broadcast_(self, buf: Array, root: int, stream: Stream) -> None:
         """Overwrite `buf` with member `root`'s (raw array)."""
 
-    def alltoallv(self, send: Any, send_counts: Sequence[int], recv: Any, recv_counts: Sequence[int],
-                  stream: Any) -> None:
+    def alltoallv(self, send: Array, send_counts: Sequence[int], recv: Array, recv_counts: Sequence[int],
+                  stream: Stream) -> None:
         """Send send_counts[i] elements to member i, receive recv_counts[i] from it (raw arrays)."""
 
-    def reducescatter(self, send: Any, recv: Any, dtype: DType, op: ReduceOp, stream: Any) -> None:
+    def reducescatter(self, send: Array, recv: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         """Reduce `send` (members x recv.size elements) and keep this member's equal piece in `recv`."""
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .device import Device, DeviceBuffer
+from .device import Array, Device, DeviceBuffer, Event, Stream
 
 __all__ = ["Retention", "consume", "forget_waits", "mark_ready", "publish", "wait_for_inputs"]
 
@@ -39,7 +39,7 @@ _record_lock = threading.Lock()  # numbers events in the order they are recorded
 _waited: dict[tuple[int, Any], tuple[Any, Any]] = {}
 
 
-def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuffer:
+def mark_ready(device: Device, array: Array, framework: str = "cupy") -> DeviceBuffer:
     """Wrap `array` for submission with an event on the calling thread's current stream of `framework`,
     the library whose kernels produced it ("torch" or "cupy") (rule 1)."""
     stream = device.current_stream(framework)
@@ -49,7 +49,7 @@ def mark_ready(device: Device, array: Any, framework: str = "cupy") -> DeviceBuf
     return DeviceBuffer(array, event, device.ordinal, (device.stream_key(stream), number, stream))
 
 
-def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer | None]) -> int:
+def wait_for_inputs(device: Device, stream: Stream, buffers: Iterable[DeviceBuffer | None]) -> int:
     """Make `stream` wait for the ready events of the buffers (rule 2); returns how many waits were queued.
 
     An event covers everything its stream ran before it, so of the events recorded on one producer
@@ -57,7 +57,7 @@ def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer 
     event on the framework's stream, cost one wait per response); each other event is waited on once.
     """
     last: dict[Any, tuple[int, Any]] = {}  # producer stream -> (record number, event)
-    events: dict[int, Any] = {}  # the events to wait on, each once
+    events: dict[int, Event] = {}  # the events to wait on, each once
     for buffer in buffers:
         if buffer is None or buffer.ready is None:
             continue
@@ -73,7 +73,7 @@ def wait_for_inputs(device: Device, stream: Any, buffers: Iterable[DeviceBuffer 
     return len(events)
 
 
-def publish(device: Device, stream: Any, arrays: Sequence[Any]) -> tuple[Any, list[DeviceBuffer | None]]:
+def publish(device: Device, stream: Stream, arrays: Sequence[Array]) -> tuple[Any, list[DeviceBuffer | None]]:
     """Record the event after unison's writes on `stream` and attach it to each result (rule 3).
 
     Returns the event and one `DeviceBuffer` per array (None stays None).
@@ -82,7 +82,7 @@ def publish(device: Device, stream: Any, arrays: Sequence[Any]) -> tuple[Any, li
     return event, [None if a is None else DeviceBuffer(a, event, device.ordinal) for a in arrays]
 
 
-def consume(device: Device, buffer: DeviceBuffer, framework: str = "cupy") -> Any:
+def consume(device: Device, buffer: DeviceBuffer, framework: str = "cupy") -> Array:
     """Make the calling thread's current stream of `framework` wait for `buffer`; return its array (rule 4).
 
     The results of one response share one event: a stream that already waited on it does not wait
@@ -128,7 +128,7 @@ class Retention:
     def __repr__(self) -> str:
         return f"<Retention held={len(self._held)}>"
 
-    def hold(self, event: Any, arrays: Sequence[Any]) -> None:
+    def hold(self, event: Event, arrays: Sequence[Array]) -> None:
         """Keep `arrays` until `event` completed."""
         self._held.append((event, list(arrays)))
 

@@ -37,7 +37,7 @@ from ..ops import CollectiveKind, TextEnum
 from ..protocol.messages import Response
 from ..protocol.negotiation import reducescatter_rows
 from .communicators import CommunicatorCache
-from .device import Device, DeviceBuffer, raw
+from .device import Array, Device, DeviceBuffer, raw
 from .mpi_wire import MPI_DATA_PLANES, MpiDeviceComm, mpi_can_carry
 from .nccl import (
     DEFAULT_INIT_TIMEOUT_SECONDS,
@@ -125,7 +125,7 @@ class GpuPlane:
         self.init_timeout_seconds = init_timeout_seconds
         self.host = host if host is not None else socket.gethostname()
         self._stream = device.stream()
-        self._fusion: Any = None  # one persistent buffer for unison's one stream
+        self._fusion: Array | None = None  # one persistent buffer for unison's one stream
         self._comms: CommunicatorCache[Comm] = CommunicatorCache(self._make_comm, lambda comm: comm.close())
         self._cuda_aware_mpi = cuda_aware_mpi
         self._mpi_comms: CommunicatorCache[MpiDeviceComm] = CommunicatorCache(self._make_mpi_comm,
@@ -259,7 +259,7 @@ class GpuPlane:
         assert comm is not None
         return comm
 
-    def _fusion_view(self, count: int, dtype: np.dtype) -> Any:
+    def _fusion_view(self, count: int, dtype: np.dtype) -> Array:
         nbytes = count * dtype.itemsize
         if self._fusion is None or self._fusion.nbytes < nbytes:
             self._fusion = self.device.allocate(nbytes)
@@ -269,7 +269,7 @@ class GpuPlane:
         members = self.process_sets[response.process_set_id]
         return members.index(self.rank), len(members)
 
-    def _run_on_device(self, comm: Comm, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
+    def _run_on_device(self, comm: Comm, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Array]:
         """Run `response` on device buffers over `comm` (NCCL, or CUDA-aware MPI)."""
         kind = CollectiveKind(response.kind)
         if kind is CollectiveKind.ALLREDUCE:
@@ -331,7 +331,7 @@ class GpuPlane:
         device.unpack(buf, outputs, counts, stream)
         return outputs
 
-    def _reducescatter(self, comm: Comm, response: Response, array: Any, me: int, set_size: int) -> Any:
+    def _reducescatter(self, comm: Comm, response: Response, array: Array, me: int, set_size: int) -> Array:
         dtype, stream, device = response.dtype, self._stream, self.device
         shape = tuple(array.shape)
         rows = reducescatter_rows(shape[0], set_size)
@@ -355,7 +355,7 @@ class GpuPlane:
         return out
 
     # -- staged through host memory -------------------------------------------------------------
-    def _run_staged(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Any]:
+    def _run_staged(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Array]:
         """Copy to host, run the host executor over the backend, copy results back to the device."""
         from ..engine.handles import Entry, Handle
 
