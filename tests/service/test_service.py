@@ -13,12 +13,15 @@ import pytest
 
 from unison.config import load_settings
 from unison.errors import AbortedError, ConfigError
+from unison.rpc.endpoints import MAX_MESSAGE_BYTES
+from unison.rpc.handlers import handlers
+from unison.rpc.security import TOKEN_KEY, load_secret
+from unison.rpc.stub import Stub
 from unison.service import coordinator_pb2 as pb
-from unison.service import coordinator_pb2_grpc as pb_grpc
 from unison.service.client import ControlClient
+from unison.service.methods import COORDINATOR, RANK_KEY, RANKS_KEY
 from unison.service.rendezvous import JobAborted, Rendezvous, pack_parts, unpack_parts
-from unison.service.security import TOKEN_KEY, load_secret
-from unison.service.server import MAX_MESSAGE_BYTES, RANK_KEY, RANKS_KEY, CoordinatorServer
+from unison.service.server import CoordinatorServer
 from unison.status import format_status
 
 SECRET = "s" * 64
@@ -31,9 +34,11 @@ def server():
     srv.stop(0)
 
 
-def stub(address: str) -> tuple[grpc.Channel, pb_grpc.CoordinatorStub]:
-    channel = grpc.insecure_channel(address)
-    return channel, pb_grpc.CoordinatorStub(channel)
+def stub(address: str, metadata: tuple[tuple[str, str], ...] = ((TOKEN_KEY, SECRET),),
+         options: list[tuple[str, int]] | None = None) -> tuple[grpc.Channel, Stub]:
+    """A plain channel (none of the service's options) and the service's methods on it, with `metadata`."""
+    channel = grpc.insecure_channel(address, options=options)
+    return channel, Stub(channel, COORDINATOR, metadata)
 
 
 def in_threads(*fns):
@@ -126,10 +131,9 @@ def test_a_host_leader_negotiates_for_its_host_and_no_rank_is_claimed_twice(serv
     leader.register("test")
     reply = leader.exchange(pb.STATUS, b"\x00" * 8 + b"\x01" * 8)  # both rows, one exchange
     assert reply.data == b"\x00" * 8 + b"\x01" * 8
-    channel, s = stub(server.address)
+    channel, s = stub(server.address, ((TOKEN_KEY, SECRET), (RANK_KEY, "1"), (RANKS_KEY, "1")))
     with channel:
-        stream = s.Negotiate(iter([pb.Exchange(phase=pb.STATUS, data=b"\x01" * 8)]), timeout=5,
-                             metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "1"), (RANKS_KEY, "1")))
+        stream = s.open("Negotiate", iter([pb.Exchange(phase=pb.STATUS, data=b"\x01" * 8)]), timeout=5)
         with pytest.raises(grpc.RpcError) as info:
             list(stream)
     leader.close()
@@ -139,26 +143,26 @@ def test_a_host_leader_negotiates_for_its_host_and_no_rank_is_claimed_twice(serv
 
 @pytest.mark.parametrize("metadata", [(), ((TOKEN_KEY, "wrong" * 10),), ((TOKEN_KEY, SECRET[:-1] + "t"),)])
 def test_calls_without_the_secret_are_refused_and_the_service_goes_on(server, metadata) -> None:
-    channel, s = stub(server.address)
+    channel, s = stub(server.address, metadata)
     with channel:
-        for call in (lambda: s.Status(pb.StatusRequest(), metadata=metadata, timeout=5),
-                     lambda: s.Register(pb.RegisterRequest(rank=0, version="test"), metadata=metadata, timeout=5),
-                     lambda: list(s.Negotiate(iter([pb.Exchange(phase=pb.STATUS)]), metadata=metadata, timeout=5))):
+        for call in (lambda: s.call("Status", pb.StatusRequest(), timeout=5),
+                     lambda: s.call("Register", pb.RegisterRequest(rank=0, version="test"), timeout=5),
+                     lambda: list(s.open("Negotiate", iter([pb.Exchange(phase=pb.STATUS)]), timeout=5))):
             with pytest.raises(grpc.RpcError) as info:
                 call()
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        ok = s.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, SECRET),), timeout=5)
+        ok = stub(server.address)[1].call("Status", pb.StatusRequest(), timeout=5)
         assert ok.size == 2
     assert server.statistics()["refused"] == 3
 
 
 def test_oversized_messages_and_random_bytes_are_refused(server: CoordinatorServer) -> None:
-    channel = grpc.insecure_channel(server.address, options=[("grpc.max_send_message_length", -1)])
-    s = pb_grpc.CoordinatorStub(channel)
+    channel, s = stub(server.address, ((TOKEN_KEY, SECRET), (RANK_KEY, "0")),
+                      options=[("grpc.max_send_message_length", -1)])
     with channel:
         big = pb.HeartbeatRequest(rank=0, waiting=["x" * (MAX_MESSAGE_BYTES + 16)])
         with pytest.raises(grpc.RpcError) as info:
-            s.Heartbeat(big, metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "0")), timeout=10)
+            s.call("Heartbeat", big, timeout=10)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     host, port = server.address.rsplit(":", 1)
     for _ in range(3):
@@ -171,7 +175,7 @@ def test_oversized_messages_and_random_bytes_are_refused(server: CoordinatorServ
                 pass
     channel, s = stub(server.address)
     with channel:
-        assert s.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, SECRET),), timeout=5).size == 2
+        assert s.call("Status", pb.StatusRequest(), timeout=5).size == 2
 
 
 def test_the_port_is_not_shared(server: CoordinatorServer) -> None:
@@ -189,10 +193,9 @@ def test_silent_rank_aborts_the_job_with_its_rank_named() -> None:
     # more than a second; with a 1 s bound its own late beat was named instead of rank 1.
     srv = CoordinatorServer(2, SECRET, "127.0.0.1:0", "test", heartbeat_timeout_seconds=3.0)
     try:
-        channel, s = stub(srv.address)
+        channel, s = stub(srv.address, ((TOKEN_KEY, SECRET), (RANK_KEY, "1")))
         with channel:  # rank 1 registers, then never beats again
-            s.Register(pb.RegisterRequest(rank=1, host="h1", pid=4242, version="test"),
-                       metadata=((TOKEN_KEY, SECRET), (RANK_KEY, "1")), timeout=5)
+            s.call("Register", pb.RegisterRequest(rank=1, host="h1", pid=4242, version="test"), timeout=5)
         client = ControlClient(srv.address, SECRET, 0)
         client.register("test")
         start = time.monotonic()
@@ -220,19 +223,17 @@ def test_heartbeats_travel_on_one_stream_and_carry_progress(server: CoordinatorS
 
 def test_a_rank_0_that_stops_answering_heartbeats_aborts_the_job() -> None:
     """The service accepts the heartbeat stream but never answers (as when rank 0 is stopped)."""
-    class Mute(pb_grpc.CoordinatorServicer):
-        def Register(self, request, context):
-            return pb.RegisterReply(size=2)
+    def unanswered(requests, context):
+        for _ in requests:
+            pass
+        return iter(())
 
-        def Heartbeats(self, requests, context):
-            for _ in requests:
-                pass
-            return iter(())
-
+    behaviours = {m.name: (lambda request, context: None) for m in COORDINATOR.methods}
+    behaviours.update(Register=lambda request, context: pb.RegisterReply(size=2), Heartbeats=unanswered)
     from concurrent import futures
 
     mute = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_CoordinatorServicer_to_server(Mute(), mute)
+    mute.add_generic_rpc_handlers((handlers(COORDINATOR, behaviours),))
     port = mute.add_insecure_port("127.0.0.1:0")
     mute.start()
     aborted = threading.Event()

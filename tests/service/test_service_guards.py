@@ -14,12 +14,13 @@ import pytest
 from unison.backends.grpc import GrpcBackend
 from unison.config import load_settings
 from unison.errors import AbortedError
+from unison.rpc.security import TOKEN_KEY
+from unison.rpc.stub import Stub
 from unison.service import coordinator_pb2 as pb
-from unison.service import coordinator_pb2_grpc as pb_grpc
 from unison.service.client import ControlClient
+from unison.service.methods import COORDINATOR, RANK_KEY
 from unison.service.rendezvous import JobAborted, Rendezvous
-from unison.service.security import TOKEN_KEY
-from unison.service.server import RANK_KEY, CoordinatorServer
+from unison.service.server import CoordinatorServer
 from unison.service.setup import start_service
 
 SECRET = "s" * 64
@@ -100,7 +101,7 @@ def test_half_sent_calls_without_the_secret_hold_no_slot(server: CoordinatorServ
         assert [join().data for join in joins] == [b"\x00" * 8 + b"\x01" * 8] * 2  # type: ignore[attr-defined]
         channel = grpc.insecure_channel(server.address)
         with channel:
-            reply = pb_grpc.CoordinatorStub(channel).Status(pb.StatusRequest(), metadata=AUTHENTIC, timeout=5)
+            reply = Stub(channel, COORDINATOR, AUTHENTIC).call("Status", pb.StatusRequest(), timeout=5)
         assert reply.size == 2 and time.monotonic() - start < 5
         for client in clients:
             client.close()
@@ -122,9 +123,9 @@ def test_calls_with_the_secret_are_limited_and_their_slots_come_back(server: Coo
         assert server.statistics()["calls_active"] == 14
         channel = grpc.insecure_channel(server.address)
         with channel:
-            stub = pb_grpc.CoordinatorStub(channel)
+            stub = Stub(channel, COORDINATOR, AUTHENTIC)
             with pytest.raises(grpc.RpcError) as info:
-                stub.Status(pb.StatusRequest(), metadata=AUTHENTIC, timeout=5)
+                stub.call("Status", pb.StatusRequest(), timeout=5)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "serves at most 14 calls with the job secret at once" in info.value.details()
             for call in calls:
@@ -132,7 +133,7 @@ def test_calls_with_the_secret_are_limited_and_their_slots_come_back(server: Coo
             while server.statistics()["calls_active"] and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert server.statistics()["calls_active"] == 0
-            assert stub.Status(pb.StatusRequest(), metadata=AUTHENTIC, timeout=5).size == 2
+            assert stub.call("Status", pb.StatusRequest(), timeout=5).size == 2
         assert server.statistics()["over_limit"] == 1
     finally:
         held.close()
@@ -245,10 +246,10 @@ def test_an_abort_call_waits_until_the_other_ranks_acted_on_the_reason_not_just_
     client.register("test", negotiate=False)
     returned = threading.Event()
     with grpc.insecure_channel(server.address) as channel:
-        abort = pb_grpc.CoordinatorStub(channel).Abort
+        stub = Stub(channel, COORDINATOR, AUTHENTIC)
 
         def call() -> None:
-            abort(pb.AbortRequest(rank=0, reason="rank 0's engine failed"), metadata=AUTHENTIC, timeout=30)
+            stub.call("Abort", pb.AbortRequest(rank=0, reason="rank 0's engine failed"), timeout=30)
             returned.set()
 
         aborting = in_thread(call)

@@ -202,8 +202,8 @@ def test_a_malformed_message_with_the_secret_does_not_delay_the_end_of_the_job(t
     often left a call unfinished and rank 0's shutdown waited 30 s for its engine."""
     process = job(f"""
         import threading, time, grpc, numpy as np, unison as hvd
-        from unison.service.security import TOKEN_KEY
-        from unison.service.server import RANK_KEY
+        from unison.rpc.security import TOKEN_KEY
+        from unison.service.methods import RANK_KEY
         hvd.init()
         if hvd.rank() == 0:
             channel = grpc.insecure_channel(hvd._runtime.job().engine.backend.control.address)

@@ -27,6 +27,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("unison._contract", "unison._version", "unison.config", "unison.dtypes",
                     "unison.errors", "unison.ops", "unison.process_sets")),
     ("protocol", ("unison.protocol",)),
+    ("rpc", ("unison.rpc",)),
     ("transports", ("unison.backends", "unison.service")),
     ("engine", ("unison.engine",)),
     ("gpu", ("unison.gpu",)),

@@ -11,6 +11,7 @@ import logging
 import threading
 from typing import Any
 
+from ..rpc.heartbeat import every
 from ._roster import Roster
 
 __all__ = ["Liveness"]
@@ -59,10 +60,12 @@ class Liveness:
 
     def run(self, stopping: threading.Event) -> None:
         """Check every quarter second until the work is over or `stopping` is set (the watching thread's body)."""
-        while not stopping.is_set() and not self.finished.is_set():
-            with self._changed:
-                self.check()
-            stopping.wait(_CHECK_SECONDS)
+        every(_CHECK_SECONDS, stopping, self._beat)
+
+    def _beat(self) -> bool:
+        with self._changed:
+            self.check()
+        return not self.finished.is_set()
 
     def record(self) -> dict[str, Any]:
         """Why the work ended and which trainers were lost, with their host and pid (for the launcher)."""

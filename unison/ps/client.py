@@ -30,16 +30,20 @@ import numpy as np
 from .._version import __version__
 from ..errors import ConfigError
 from ..ops import TextEnum
-from ..service.security import TOKEN_KEY
-from ..service.server import CHANNEL_OPTIONS
+from ..rpc.endpoints import open_channel
+from ..rpc.heartbeat import every
+from ..rpc.security import token_metadata
+from ..rpc.stub import Cancelled, Retry, Stub
 from . import ps_pb2 as pb
 from ._ids import table_ids
+from ._methods import PARAMETER_SERVER
 from ._reach import Unreached, gave_up, unavailable_message
+from ._requests import MAX_DIM, MAX_ELEMENTS
 from ._wire import DEFAULT_CHUNK_BYTES, Part, floats, frames, sum_rows
 from .errors import RequestError, ServerUnavailableError, TableFullError, TrainerLostError
 from .optim import SGD, Optimizer
 from .plan import DEFAULT_SLICE_ELEMENTS, DensePlan, Placement, plan_dense, split_rows
-from .server import MAX_DIM, MAX_ELEMENTS, MODES, SERVICE_NAME
+from .shard import MODES
 from .table import Initializer
 
 __all__ = ["Client", "ClientState", "shard_capacity", "table_refusal"]
@@ -47,7 +51,8 @@ __all__ = ["Client", "ClientState", "shard_capacity", "table_refusal"]
 log = logging.getLogger(__name__)
 
 # A channel that lost its server tries to connect again at least every second (gRPC's default backoff
-# grows to 2 minutes), so a server restarted within the reconnect window is found within a second.
+# grows to 2 minutes), so a server restarted within the reconnect window is found within a second. The
+# coordinator service's channels keep gRPC's backoff: rank 0 never comes back.
 _RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                       ("grpc.max_reconnect_backoff_ms", 1000)]
 _REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
@@ -123,10 +128,13 @@ class Client:
         self.heartbeat_seconds = heartbeat_seconds
         self.state = ClientState.CREATED
         self.step = 0  # pushes made; a synchronous pull waits until the servers applied this many steps
-        self._metadata = ((TOKEN_KEY, secret),)
-        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS + _RECONNECT_OPTIONS) for e in self.endpoints]
+        self._channels = [open_channel(e, _RECONNECT_OPTIONS) for e in self.endpoints]
+        # calls count their bytes; heartbeats do not
+        self._stubs = [Stub(c, PARAMETER_SERVER, token_metadata(secret),
+                            on_bytes_out=lambda size: self._count(bytes_sent=size),
+                            on_bytes_in=lambda size: self._count(bytes_received=size)) for c in self._channels]
+        self._beat_stubs = [Stub(c, PARAMETER_SERVER, token_metadata(secret)) for c in self._channels]
         self._unreached: list[Unreached | None] = [None] * len(self.endpoints)
-        self._in_flight: list[set[Any]] = [set() for _ in self.endpoints]
         self._versions = [0] * len(self.endpoints)
         self._incarnations = [0] * len(self.endpoints)  # the server process each call is meant for
         self._sequences = [0] * len(self.endpoints)  # pushes numbered per server, so a resend is not applied twice
@@ -165,18 +173,6 @@ class Client:
             for name, amount in amounts.items():
                 self._counts[name] += amount
 
-    def _serializer(self, message: Any) -> bytes:
-        data = bytes(message.SerializeToString())
-        self._count(bytes_sent=len(data))
-        return data
-
-    def _deserializer(self, reply_type: Any) -> Callable[[bytes], Any]:
-        def parse(data: bytes) -> Any:
-            self._count(bytes_received=len(data))
-            return reply_type.FromString(data)
-
-        return parse
-
     def _reached(self, server: int, error: str = "") -> None:
         """Note a contact with `server` that worked (no `error`) or failed (the first failure starts the wait)."""
         with self._lock:
@@ -211,56 +207,47 @@ class Client:
             server=server, endpoint=self.endpoints[server], trainer=self.trainer, method=method, unreached=unreached,
             now=time.monotonic(), reconnect_seconds=self.reconnect_seconds))
 
-    def _call(self, server: int, method: str, requests: Callable[[], Iterator[Any]], reply_type: Any,
-              streaming: bool = False, timeout: float | None = None) -> Any:
+    def _call(self, server: int, method: str, requests: Callable[[], Iterator[Any]],
+              timeout: float | None = None) -> Any:
         """One call to one server; a server down or restarting is waited for up to `reconnect_seconds`.
 
         The wait starts at the first failed contact (`_reached`); the heartbeat thread notes contacts
         too, and cancels a call still waiting on a server it gave up on (one stopped, not dead).
         """
-        path = f"/{SERVICE_NAME}/{method}"
-        channel = self._channels[server]
-        make = channel.stream_stream if streaming else channel.stream_unary
-        stub = make(path, request_serializer=self._serializer, response_deserializer=self._deserializer(reply_type))
-        while True:
+
+        def unless_lost() -> None:
             lost = self._lost(server)
             if lost is not None:
                 raise self._unavailable(lost[0], method, lost[1])
-            call: Any = None
-            try:
-                # not wait_for_ready: a server that is down fails the call at once, and the loop waits
-                call = stub(requests(), metadata=self._metadata, timeout=timeout) if streaming else \
-                    stub.future(requests(), metadata=self._metadata, timeout=timeout)
-                with self._lock:
-                    self._in_flight[server].add(call)
-                result = list(call) if streaming else call.result()
-                self._reached(server)
-                return result
-            except grpc.RpcError as exc:
-                code = exc.code()
-                if code == grpc.StatusCode.UNAVAILABLE and not self._closed.is_set():
-                    self._reached(server, f"{code.name}: {exc.details()}")
-                    self._count(retries=1)
-                    time.sleep(0.2)
-                    continue
-                lost = self._lost(server)
-                if code == grpc.StatusCode.CANCELLED and lost is not None:
-                    raise self._unavailable(lost[0], method, lost[1]) from None
-                raise self._error(server, method, exc) from None
-            except grpc.FutureCancelledError:  # the heartbeat gave up on a server (or close() ran)
-                lost = self._lost(server)
-                if lost is None:
-                    raise ServerUnavailableError(f"trainer {self.trainer}'s {method} to parameter server {server} "
-                                                 f"({self.endpoints[server]}) was cancelled: the client is closing.")\
-                        from None
-                raise self._unavailable(lost[0], method, lost[1]) from None
-            finally:
-                if call is not None:
-                    with self._lock:
-                        self._in_flight[server].discard(call)
+
+        def again(exc: grpc.RpcError) -> bool:
+            # not wait_for_ready: a server that is down fails the call at once, and it is made again
+            if self._closed.is_set():
+                return False
+            self._reached(server, f"{exc.code().name}: {exc.details()}")
+            self._count(retries=1)
+            return True
+
+        try:
+            result = self._stubs[server].call(method, requests, timeout=timeout,
+                                              retry=Retry(again, before=unless_lost, pause_seconds=0.2),
+                                              error=lambda exc: self._error(server, method, exc))
+        except Cancelled:  # the heartbeat gave up on a server (or close() ran)
+            lost = self._lost(server)
+            if lost is None:
+                raise ServerUnavailableError(f"trainer {self.trainer}'s {method} to parameter server {server} "
+                                             f"({self.endpoints[server]}) was cancelled: the client is closing.")\
+                    from None
+            raise self._unavailable(lost[0], method, lost[1]) from None
+        self._reached(server)
+        return result
 
     def _error(self, server: int, method: str, exc: grpc.RpcError) -> Exception:
+        """The error a trainer raises for a failed call (made again no more): the status's meaning, or the lost server."""
         code, details = exc.code(), exc.details()
+        lost = self._lost(server)
+        if code == grpc.StatusCode.CANCELLED and lost is not None:
+            return self._unavailable(lost[0], method, lost[1])
         where = f"parameter server {server} ({self.endpoints[server]})"
         if code in _REFUSALS:
             cls = TableFullError if "is full" in (details or "") else RequestError
@@ -297,7 +284,7 @@ class Client:
     def connect(self) -> list[pb.HelloReply]:
         """Introduce this trainer to every server (waiting for them to come up) and start heartbeats."""
         info = self._info()
-        replies = self._on_every(lambda s: self._call(s, "Hello", lambda: iter([info]), pb.HelloReply))
+        replies = self._on_every(lambda s: self._call(s, "Hello", lambda: iter([info])))
         for reply in replies:
             self._versions[reply.server] = reply.version
             self._sequences[reply.server] = max(self._sequences[reply.server], reply.sequence)
@@ -315,30 +302,29 @@ class Client:
     def _beat(self) -> None:
         """Tell every server this trainer is alive; note which servers answer, and stop waiting on the lost."""
         info = pb.TrainerInfo(trainer=self.trainer)
-        path = f"/{SERVICE_NAME}/Heartbeat"
-        stubs = [c.stream_unary(path, request_serializer=lambda m: bytes(m.SerializeToString()),
-                                response_deserializer=pb.Ack.FromString) for c in self._channels]
-        while not self._closed.wait(self.heartbeat_seconds):
-            for server, stub in enumerate(stubs):
+
+        def beat() -> bool:
+            for server, stub in enumerate(self._beat_stubs):
                 try:
-                    stub(iter([info]), metadata=self._metadata, timeout=max(self.heartbeat_seconds, 1.0))
+                    stub.call("Heartbeat", lambda: iter([info]), timeout=max(self.heartbeat_seconds, 1.0))
                     self._reached(server)
                 except grpc.RpcError as exc:
                     log.debug("trainer %d: a heartbeat to server %d failed: %s", self.trainer, server, exc.code())
                     if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         self._reached(server, f"{exc.code().name}: {exc.details()}")
                 if self._given_up(server) is not None:
-                    with self._lock:  # every call: a step cannot end without this server
-                        waiting = [call for calls in self._in_flight for call in calls]
-                    for call in waiting:  # they raise ServerUnavailableError naming it, in their threads
-                        call.cancel()
+                    for calls in self._stubs:  # every call: a step cannot end without this server; they
+                        calls.cancel_in_flight()  # raise ServerUnavailableError naming it, in their threads
+            return True
+
+        every(self.heartbeat_seconds, self._closed, beat)
 
     def finish(self) -> None:
         """Tell every server this trainer is done (servers exit once every trainer is), and close."""
         if self.state is ClientState.CONNECTED:
             info = self._info()
             try:
-                self._on_every(lambda s: self._call(s, "Finish", lambda: iter([info]), pb.Ack, timeout=30.0))
+                self._on_every(lambda s: self._call(s, "Finish", lambda: iter([info]), timeout=30.0))
             finally:
                 self.close()
 
@@ -385,7 +371,7 @@ class Client:
                               dense=[pb.DenseDecl(key=b.key, size=b.size) for b in blocks])
             parts = [Part(b.key, arrays[b.name].reshape(-1)[b.start:b.stop]) for b in blocks] \
                 if self.trainer == 0 else []
-            return self._call(server, "Declare", lambda: frames(header, parts, self.chunk_bytes), pb.Ack)
+            return self._call(server, "Declare", lambda: frames(header, parts, self.chunk_bytes))
 
         self._on_every(declare)
         self._plan = DensePlan(self.num_servers, {**self._plan.shapes, **plan.shapes},
@@ -405,7 +391,7 @@ class Client:
                             declared=capacity)
         header = pb.Frame(trainer=self.trainer, tables=[decl],
                           optimizer=pb.Optimizer(kind=optimizer.kind, fields=optimizer.fields()))
-        self._on_every(lambda s: self._call(s, "Declare", lambda: iter([header]), pb.Ack))
+        self._on_every(lambda s: self._call(s, "Declare", lambda: iter([header])))
         self._tables[name] = _Table(dim, capacity)
 
     def _table(self, name: str) -> _Table:
@@ -442,7 +428,7 @@ class Client:
                 return None
             header = pb.Frame(trainer=self.trainer, step=self.step, keys=keys, pieces=pieces,
                               incarnation=self._incarnations[server])
-            return self._call(server, "Pull", lambda: iter([header]), pb.Frame, streaming=True)  # type: ignore[no-any-return]
+            return self._call(server, "Pull", lambda: iter([header]))  # type: ignore[no-any-return]
 
         replies = self._on_every(pull_from)
         flat: dict[str, np.ndarray] = {}
@@ -544,7 +530,7 @@ class Client:
             header = pb.Frame(trainer=self.trainer, step=self.step, based_on=self._versions[server],
                               sequence=sequence, incarnation=self._incarnations[server])
             # a resend after a lost reply carries the same number: the server takes it once
-            ack = self._call(server, "Push", lambda: frames(header, parts_of[server], self.chunk_bytes), pb.Ack)
+            ack = self._call(server, "Push", lambda: frames(header, parts_of[server], self.chunk_bytes))
             self._incarnations[server] = ack.incarnation
             return ack
 
@@ -558,11 +544,11 @@ class Client:
     def server_statistics(self) -> list[dict[str, Any]]:
         """Every server's statistics() (calls, bytes, staleness, memory, trainers), in server order."""
         replies = self._on_every(lambda s: self._call(s, "Status", lambda: iter([pb.StatusRequest()]),
-                                                      pb.StatusReply, timeout=30.0))
+                                                      timeout=30.0))
         return [json.loads(r.statistics_json) for r in replies]
 
     def checkpoint(self) -> list[str]:
         """Ask every server to write its checkpoint now; return the files' paths."""
         replies = self._on_every(lambda s: self._call(s, "Checkpoint", lambda: iter([pb.CheckpointRequest()]),
-                                                      pb.CheckpointReply, timeout=600.0))
+                                                      timeout=600.0))
         return [r.path for r in replies]

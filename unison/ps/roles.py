@@ -36,8 +36,8 @@ from typing import Any
 
 from ..config import SETTINGS_TABLE, Settings, load_settings, process_environment
 from ..errors import ConfigError
-from ..service.security import load_secret
-from .server import MODES
+from ..rpc.security import load_secret
+from .shard import MODES
 
 __all__ = ["Role", "resolve_role"]
 

@@ -4,9 +4,9 @@ The shard's state and every decision on it are `shard.Shard`'s (plain data, unit
 gRPC); this module is its shell: it listens, reads each call's frames, calls the shard under one
 lock, waits where a call must, and answers. One call from a trainer, through this module:
 
-1. `Gate` (shared with the coordinator service) refuses a call without the job secret before it
-   holds a thread; every method reads a stream of raw frames, parsed here and range-checked by the
-   shard.
+1. `rpc.gate.Gate` refuses a call without the job secret before it holds a thread; every method
+   (`_methods.PARAMETER_SERVER`) reads a stream of raw frames, parsed by `rpc.handlers` and
+   range-checked by the shard.
 2. ``Declare`` creates blocks and tables (the same declaration from every trainer; trainer 0's
    carries the dense values); a restored server keeps what its checkpoint holds.
 3. ``Pull`` answers values (a synchronous pull first waits until the step it asks for is applied,
@@ -16,9 +16,9 @@ lock, waits where a call must, and answers. One call from a trainer, through thi
    sent again after a lost reply is acknowledged and not applied twice. In synchronous mode, a
    trainer that last met an earlier process of this server (it restarted) goes on only if this
    process resumed at the trainer's step; otherwise its call is refused, naming both steps.
-4. A refusal of the shard ends the call with its status: `RequestError` ``INVALID_ARGUMENT``,
-   `NotDeclaredError` ``NOT_FOUND``, `ConflictError` ``FAILED_PRECONDITION``, `TrainerLostError`
-   ``ABORTED``; the server counts it and goes on.
+4. A refusal of the shard ends the call with its status (`_methods.PARAMETER_SERVER.refusals`):
+   `RequestError` ``INVALID_ARGUMENT``, `NotDeclaredError` ``NOT_FOUND``, `ConflictError`
+   ``FAILED_PRECONDITION``, `TrainerLostError` ``ABORTED``; the server counts it and goes on.
 5. A thread watches the trainers (who is lost, and whether the server's work is over); a checkpoint
    thread writes the shard atomically every `checkpoint_seconds`; ``Checkpoint`` writes one on
    request; a new server with the same checkpoint directory resumes from it.
@@ -33,58 +33,32 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent import futures
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
-from ..errors import ConfigError, ConflictError, InvalidArgumentError, NotDeclaredError, TrainerLostError
+from ..errors import ConfigError, TrainerLostError
 from ..ops import TextEnum
-from ..service.calls import Gate
-from ..service.server import CHANNEL_OPTIONS
+from ..rpc.endpoints import serve
+from ..rpc.gate import Gate
+from ..rpc.handlers import handlers
+from ..rpc.methods import Refused
 from . import ps_pb2 as pb
 from ._checkpointer import Checkpointer
 from ._liveness import Liveness
-from ._requests import MAX_DIM, MAX_ELEMENTS
+from ._methods import PARAMETER_SERVER
 from ._wire import DEFAULT_CHUNK_BYTES, frames
 from .shard import MODES, Shard
 
-__all__ = ["LOST_EXIT_STATUS", "MAX_DIM", "MAX_ELEMENTS", "MODES", "ParameterServer", "SERVICE_NAME", "ServerState"]
+__all__ = ["LOST_EXIT_STATUS", "ParameterServer", "ServerState"]
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "unison.ps.v1.ParameterServer"
 _WAIT_SLICE_SECONDS = 0.25  # a waiting pull checks this often whether to give up
 # A server process exits with this status when its job ended without every trainer finishing (some
 # were lost); 0 when every trainer finished. Either is an orderly end, after the last checkpoint.
 LOST_EXIT_STATUS = 3
-
-
-class _Refused(Exception):
-    """A call the server answers with an error status; `code` says which."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _bad(message: str) -> _Refused:
-    return _Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _status_of(exc: Exception) -> grpc.StatusCode:
-    """The status that ends a call refused with `exc`."""
-    if isinstance(exc, _Refused):
-        return exc.code
-    if isinstance(exc, NotDeclaredError):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, ConflictError):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, TrainerLostError):
-        return grpc.StatusCode.ABORTED
-    return grpc.StatusCode.INVALID_ARGUMENT  # a malformed request, a table full, a bad optimizer
 
 
 def _rss_bytes() -> int:
@@ -188,15 +162,8 @@ class ParameterServer:
         if self.state is not ServerState.CREATED:
             raise ConfigError(f"a ParameterServer starts once; this one is {self.state}.")
         self._checkpoints.restore()
-        workers = 4 * self.num_trainers + 16
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="unison-ps"),
-                             interceptors=[self._gate], options=CHANNEL_OPTIONS + [("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers([self._handlers()])
-        port = server.add_insecure_port(self.requested_address)
-        if port == 0:
-            raise ConfigError(f"parameter server {self.index} could not listen on {self.requested_address}.")
-        server.start()
-        self._server = server
+        self._server, port = serve(self._gate, self._handlers(), self.requested_address,
+                                   who=f"parameter server {self.index}", thread_name_prefix="unison-ps")
         host = self.requested_address.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
         self.state = ServerState.SERVING
@@ -256,68 +223,21 @@ class ParameterServer:
     # ---- the calls
 
     def _handlers(self) -> grpc.GenericRpcHandler:
-        methods: dict[str, tuple[Any, Callable[..., Any], bool]] = {
-            "Hello": (pb.TrainerInfo, self._hello, False),
-            "Heartbeat": (pb.TrainerInfo, self._heartbeat, False),
-            "Finish": (pb.TrainerInfo, self._finish, False),
-            "Declare": (pb.Frame, self._declare, False),
-            "Pull": (pb.Frame, self._pull, True),
-            "Push": (pb.Frame, self._push, False),
-            "Status": (pb.StatusRequest, self._status, False),
-            "Checkpoint": (pb.CheckpointRequest, self._checkpoint_call, False),
-        }
-        handlers = {}
-        for method, (request_type, behaviour, streaming) in methods.items():
-            def call(raw: Iterable[bytes], context: grpc.ServicerContext, method: str = method,
-                     request_type: Any = request_type, behaviour: Any = behaviour) -> Any:
-                with self._answering(method, context):
-                    return behaviour(self._read(method, request_type, raw), context)
+        behaviours = {"Hello": self._hello, "Heartbeat": self._heartbeat, "Finish": self._finish,
+                      "Declare": self._declare, "Pull": self._pull, "Push": self._push, "Status": self._status,
+                      "Checkpoint": self._checkpoint_call}
+        return handlers(PARAMETER_SERVER, behaviours, on_refused=self._refused,
+                        on_bytes_in=lambda size: self._count("bytes_in", size),
+                        on_bytes_out=lambda size: self._count("bytes_out", size))
 
-            def stream(raw: Iterable[bytes], context: grpc.ServicerContext, method: str = method,
-                       request_type: Any = request_type, behaviour: Any = behaviour) -> Any:
-                with self._answering(method, context):
-                    yield from behaviour(self._read(method, request_type, raw), context)
-
-            if streaming:
-                handlers[method] = grpc.stream_stream_rpc_method_handler(stream, response_serializer=self._out)
-            else:
-                handlers[method] = grpc.stream_unary_rpc_method_handler(call, response_serializer=self._out)
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-
-    @contextlib.contextmanager
-    def _answering(self, method: str, context: grpc.ServicerContext) -> Iterator[None]:
-        """End the call with the status of a refusal raised inside (and count it)."""
-        try:
-            yield
-        except (_Refused, InvalidArgumentError, TrainerLostError) as exc:
-            code = _status_of(exc)
-            with self._lock:
-                self._counts["refused_requests"] += 1
-            log.info("parameter server %d refused a %s call: %s", self.index, method, exc)
-            context.abort(code, str(exc))
-
-    def _out(self, message: Any) -> bytes:
-        data = bytes(message.SerializeToString())
+    def _count(self, counter: str, amount: int) -> None:
         with self._lock:
-            self._counts["bytes_out"] += len(data)
-        return data
+            self._counts[counter] += amount
 
-    def _read(self, method: str, request_type: Any, raw: Iterable[bytes]) -> list[Any]:
-        """Every message of the call, parsed; the call's bytes counted."""
-        messages, total = [], 0
-        for index, data in enumerate(raw):
-            total += len(data)
-            try:
-                messages.append(request_type.FromString(data))
-            except DecodeError as exc:
-                raise _bad(f"{method}: message {index} ({len(data)} bytes) is not a valid "
-                           f"{request_type.DESCRIPTOR.name} ({exc}); every process of a job must run the same "
-                           "unison version.") from None
-        with self._lock:
-            self._counts["bytes_in"] += total
-        if not messages:
-            raise _bad(f"{method}: the call ended without a {request_type.DESCRIPTOR.name} message.")
-        return messages
+    def _refused(self, method: str, exc: Exception) -> None:
+        """Count and log a call refused (it ends with the status of `exc`, and the server goes on)."""
+        self._count("refused_requests", 1)
+        log.info("parameter server %d refused a %s call: %s", self.index, method, exc)
 
     @contextlib.contextmanager
     def _deciding(self) -> Iterator[None]:
@@ -358,9 +278,9 @@ class ParameterServer:
         try:
             path = self.checkpoint()
         except ConfigError as exc:
-            raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         except OSError as exc:
-            raise _Refused(grpc.StatusCode.INTERNAL, f"writing the checkpoint failed: {exc}") from None
+            raise Refused(grpc.StatusCode.INTERNAL, f"writing the checkpoint failed: {exc}") from None
         return pb.CheckpointReply(path=path, version=self._checkpoints.version)
 
     def _declare(self, requests: list[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:
@@ -383,15 +303,15 @@ class ParameterServer:
         deadline = time.monotonic() + self.wait_seconds
         while not ready():
             if self._stopping.is_set():
-                raise _Refused(grpc.StatusCode.UNAVAILABLE, f"parameter server {self.index} is stopping")
+                raise Refused(grpc.StatusCode.UNAVAILABLE, f"parameter server {self.index} is stopping")
             failed = failure()
             if failed:
-                raise _Refused(grpc.StatusCode.ABORTED, failed)
+                raise Refused(grpc.StatusCode.ABORTED, failed)
             if time.monotonic() > deadline:
-                raise _Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
+                raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"{what()} on parameter server {self.index} within {self.wait_seconds:.0f} s.")
             if not context.is_active():
-                raise _Refused(grpc.StatusCode.CANCELLED, "the trainer cancelled its pull")
+                raise Refused(grpc.StatusCode.CANCELLED, "the trainer cancelled its pull")
             self._changed.wait(_WAIT_SLICE_SECONDS)
 
     def _pull(self, requests: list[pb.Frame], context: grpc.ServicerContext) -> Iterator[pb.Frame]:
@@ -405,7 +325,7 @@ class ParameterServer:
                 try:
                     self._wait(lambda: shard.step_ready(step), lambda: f"step {shard.version} did not complete",
                                context, lambda: shard.step_failure(trainer))
-                except _Refused as exc:
+                except Refused as exc:
                     if exc.code == grpc.StatusCode.ABORTED:  # a trainer is lost: this job's steps are over
                         log.warning("parameter server %d: %s", self.index, exc)
                         self._liveness.check()

@@ -15,10 +15,12 @@ import grpc
 
 from ..backends.base import Abandoned
 from ..errors import AbortedError, ConfigError
+from ..rpc.endpoints import open_channel
+from ..rpc.heartbeat import every
+from ..rpc.security import token_metadata
+from ..rpc.stub import Stub
 from . import coordinator_pb2 as pb
-from . import coordinator_pb2_grpc as pb_grpc
-from .security import TOKEN_KEY
-from .server import ABORT_TOLD_SECONDS, CHANNEL_OPTIONS, RANK_KEY, RANKS_KEY
+from .methods import ABORT_TOLD_SECONDS, COORDINATOR, RANK_KEY, RANKS_KEY
 
 __all__ = ["ControlClient"]
 
@@ -48,12 +50,12 @@ class ControlClient:
         self.rank = rank
         self.answer_timeout_seconds = answer_timeout_seconds
         self.progress = progress or (lambda: (0, ()))
-        self._metadata = ((TOKEN_KEY, secret), (RANK_KEY, str(rank)))
+        metadata = token_metadata(secret) + ((RANK_KEY, str(rank)),)
         # the ranks this client's exchanges carry (a host leader's host); only the leader negotiates
         self.speaks_for = tuple(speaks_for) or (rank,)
-        self._stream_metadata = self._metadata + ((RANKS_KEY, ",".join(map(str, self.speaks_for))),)
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._stream_metadata = metadata + ((RANKS_KEY, ",".join(map(str, self.speaks_for))),)
+        self._channel = open_channel(address)
+        self._stub = Stub(self._channel, COORDINATOR, metadata)
         self._outbox: queue.SimpleQueue[pb.Exchange | None] = queue.SimpleQueue()
         self._replies: Any = None
         self._sequences = {pb.STATUS: 0, pb.GATHER: 0, pb.BROADCAST: 0}
@@ -71,17 +73,16 @@ class ControlClient:
         this rank's host leader negotiates for it, and start heartbeats."""
         request = pb.RegisterRequest(rank=self.rank, host=socket.gethostname(), pid=os.getpid(),
                                      version=version)
-        try:
-            reply = self._stub.Register(request, metadata=self._metadata, timeout=timeout,
-                                        wait_for_ready=True)
-        except grpc.RpcError as exc:
-            raise ConfigError(
+
+        def refused(exc: grpc.RpcError) -> ConfigError:
+            return ConfigError(
                 f"rank {self.rank} could not register with the coordinator service at {self.address} "
                 f"within {timeout:.0f} s: {exc.code().name}: {exc.details()}. Check that every rank "
-                "uses the same UNISON_SERVICE_ADDR and secret, and that no firewall blocks the port."
-            ) from None
+                "uses the same UNISON_SERVICE_ADDR and secret, and that no firewall blocks the port.")
+
+        reply = self._stub.call("Register", request, timeout=timeout, wait_for_ready=True, error=refused)
         if negotiate:
-            self._replies = self._stub.Negotiate(self._requests(), metadata=self._stream_metadata)
+            self._replies = self._stub.open("Negotiate", self._requests(), metadata=self._stream_metadata)
         self._heartbeat.start()
         return reply
 
@@ -126,12 +127,15 @@ class ControlClient:
             while (item := outbox.get()) is not None:
                 yield item
 
-        replies = self._stub.Heartbeats(requests(), metadata=self._metadata)
+        replies = self._stub.open("Heartbeats", requests())
         answered = [time.monotonic()]
         reader = threading.Thread(target=self._read_beats, args=(replies, answered),
                                   name=f"unison-heartbeat-replies-{self.rank}", daemon=True)
         reader.start()
-        while not self._closed.wait(_HEARTBEAT_SECONDS) and reader.is_alive():
+
+        def beat() -> bool:
+            if not reader.is_alive():
+                return False
             silent = time.monotonic() - answered[0]
             if silent > self.answer_timeout_seconds:
                 self._aborted(f"rank {self.rank} got no answer to its heartbeats from the coordinator "
@@ -142,9 +146,12 @@ class ControlClient:
                 # the engine fails its collectives with the reason instead of waiting forever
                 if self._replies is not None:
                     self._replies.cancel()
-                break
+                return False
             cycles, waiting = self.progress()
             outbox.put(pb.HeartbeatRequest(rank=self.rank, cycles=cycles, waiting=list(waiting)[:1000]))
+            return True
+
+        every(_HEARTBEAT_SECONDS, self._closed, beat)
         if self.abort_reason and not reader.is_alive():
             # A reply carried the abort (or the service is gone). The end of this stream tells the
             # service that this rank knows why (a failing rank's Abort call waits for it), so it stays
@@ -178,8 +185,7 @@ class ControlClient:
         """Ask the service to abort the job; returns once the other ranks were told (best effort, 5 s
         at most)."""
         try:
-            self._stub.Abort(pb.AbortRequest(rank=self.rank, reason=reason), metadata=self._metadata,
-                             timeout=ABORT_TOLD_SECONDS + 2.0)
+            self._stub.call("Abort", pb.AbortRequest(rank=self.rank, reason=reason), timeout=ABORT_TOLD_SECONDS + 2.0)
         except grpc.RpcError:
             pass  # best effort: the caller is failing already
 

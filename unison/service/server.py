@@ -6,44 +6,23 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
 
 from ..config import split_service_addr
-from ..errors import ConfigError
+from ..rpc.endpoints import serve
+from ..rpc.gate import Gate
+from ..rpc.handlers import handlers
+from ..rpc.heartbeat import every
 from . import coordinator_pb2 as pb
-from .calls import Gate, method_handlers
+from .methods import ABORT_TOLD_SECONDS, COORDINATOR, RANK_KEY, RANKS_KEY
 from .rendezvous import JobAborted, Rendezvous, unpack_parts
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "CoordinatorServer", "RANKS_KEY", "RANK_KEY"]
+__all__ = ["CoordinatorServer"]
 
 log = logging.getLogger(__name__)
 
-RANK_KEY = "x-unison-rank"
-# On a Negotiate stream: the ranks it speaks for ("0,1,2,3": a host leader and its host's ranks);
-# absent, just RANK_KEY's rank.
-RANKS_KEY = "x-unison-ranks"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-ABORT_TOLD_SECONDS = 3.0  # an Abort call is answered once every rank knows why, or after this long
-# Client and server keepalive settings agree, so the server never answers pings with GOAWAY
-# ("too_many_pings"), and idle streams survive long validation phases.
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # HTTP/2's initial 64 KiB stream window made a 256-rank gather (2 MB to rank 0, 64 KB from each
-    # host leader) wait for window updates; with 8 MiB the uncached cycle took about 40% less time.
-    ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
-]
-_SERVER_OPTIONS = CHANNEL_OPTIONS + [
-    ("grpc.so_reuseport", 0),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-]
+_WATCH_SECONDS = 0.25  # how often the service looks for ranks whose heartbeats stopped
 
 
 class _RankState:
@@ -60,7 +39,7 @@ class _RankState:
 
 
 class _Servicer:
-    """The methods of the service; `calls.method_handlers` parses their requests."""
+    """The methods of the service (`methods.COORDINATOR`); `rpc.handlers` parses their requests."""
 
     def __init__(self, server: CoordinatorServer) -> None:
         self.server = server
@@ -176,29 +155,20 @@ class CoordinatorServer:
         # one with its negotiation stream; the rest serve short calls. The gate admits calls with the
         # secret up to 3 x ranks + 8 at once and refuses every other call without taking a slot, so
         # 8 workers are always left for those refusals (each takes microseconds).
-        self._gate = Gate(secret, limit=3 * size + 8)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=3 * size + 16, thread_name_prefix="unison-service"),
-            interceptors=[self._gate], options=_SERVER_OPTIONS,
-        )
-        self._server.add_generic_rpc_handlers((method_handlers(_Servicer(self)),))
+        self._gate = Gate(secret, limit=3 * size + 8, service="the coordinator service",
+                          why="a rank keeps at most two open for the job's lifetime")
         host, _ = split_service_addr(address)
         if host in ("0.0.0.0", "::", "[::]"):
             log.warning("the coordinator service listens on every interface (%s) as "
                         "UNISON_SERVICE_ADDR asks; calls still need the job secret.", address)
-        try:
-            bound = self._server.add_insecure_port(address)
-        except RuntimeError as exc:
-            bound = 0
-            reason = str(exc)
-        else:
-            reason = "the port is in use or the address is not local"
-        if not bound:
-            raise ConfigError(f"The coordinator service cannot listen on {address}: {reason}.")
+        servicer = _Servicer(self)
+        self._server, bound = serve(self._gate, handlers(COORDINATOR, {m.name: getattr(servicer, m.name)
+                                                                       for m in COORDINATOR.methods}),
+                                    address, who="The coordinator service", thread_name_prefix="unison-service")
         self.address = f"{host}:{bound}"
         self._stop = threading.Event()
-        self._monitor = threading.Thread(target=self._watch, name="unison-service-monitor", daemon=True)
-        self._server.start()
+        self._monitor = threading.Thread(target=every, args=(_WATCH_SECONDS, self._stop, self._watch),
+                                         name="unison-service-monitor", daemon=True)
         self._monitor.start()
 
     def __repr__(self) -> str:
@@ -282,19 +252,20 @@ class CoordinatorServer:
             log.error("aborting the job: %s", reason)
         self.rendezvous.abort(reason)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.25):
-            now = time.monotonic()
-            with self.lock:
-                silent = [(r, s) for r, s in enumerate(self.ranks)
-                          if s.last_seen and now - s.last_seen > self.heartbeat_timeout_seconds]
-            if silent and not self.rendezvous.aborted:
-                rank, state = silent[0]
-                self.abort(
-                    f"rank {rank} ({state.host}, pid {state.pid}) sent no heartbeat for "
-                    f"{now - state.last_seen:.1f} s (UNISON_HEARTBEAT_TIMEOUT_SECONDS="
-                    f"{self.heartbeat_timeout_seconds:g}); it died or is stopped."
-                )
+    def _watch(self) -> bool:
+        """Abort the job if a registered rank's heartbeats stopped (the watch thread's beat)."""
+        now = time.monotonic()
+        with self.lock:
+            silent = [(r, s) for r, s in enumerate(self.ranks)
+                      if s.last_seen and now - s.last_seen > self.heartbeat_timeout_seconds]
+        if silent and not self.rendezvous.aborted:
+            rank, state = silent[0]
+            self.abort(
+                f"rank {rank} ({state.host}, pid {state.pid}) sent no heartbeat for "
+                f"{now - state.last_seen:.1f} s (UNISON_HEARTBEAT_TIMEOUT_SECONDS="
+                f"{self.heartbeat_timeout_seconds:g}); it died or is stopped."
+            )
+        return True
 
     def status(self) -> pb.StatusReply:
         """The live table served by the Status call."""

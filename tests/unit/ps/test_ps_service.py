@@ -21,7 +21,7 @@ from unison.ps import (
     _checkpoint,
 )
 from unison.ps import ps_pb2 as pb
-from unison.ps.server import SERVICE_NAME
+from unison.ps._methods import PARAMETER_SERVER
 
 SECRET = "p" * 64
 
@@ -75,7 +75,7 @@ def test_calls_without_the_secret_or_with_bad_fields_are_refused(server) -> None
     with pytest.raises(ConfigError, match=r"refused trainer 0: missing or wrong job secret"):
         _client(server, secret="q" * 64)
     channel = grpc.insecure_channel(server.address)
-    call = channel.stream_unary(f"/{SERVICE_NAME}/Hello")
+    call = channel.stream_unary(PARAMETER_SERVER.path("Hello"))
     with pytest.raises(grpc.RpcError) as caught:
         call(iter([pb.TrainerInfo(trainer=9, num_trainers=2).SerializeToString()]),
              metadata=(("x-unison-token", SECRET),))
@@ -84,7 +84,7 @@ def test_calls_without_the_secret_or_with_bad_fields_are_refused(server) -> None
     with pytest.raises(grpc.RpcError) as caught:
         call(iter([b"\xff\xff\xff"]), metadata=(("x-unison-token", SECRET),))
     assert "message 0 (3 bytes) is not a valid TrainerInfo" in caught.value.details()
-    declare = channel.stream_unary(f"/{SERVICE_NAME}/Declare")
+    declare = channel.stream_unary(PARAMETER_SERVER.path("Declare"))
     bad = pb.Frame(trainer=0, optimizer=pb.Optimizer(kind="sgd"), tables=[pb.TableDecl(name="t", dim=0, capacity=5,
                                                                                       initializer="zeros")])
     with pytest.raises(grpc.RpcError, match=r"table 't': dim must be in \[1, 65536\]. Got dim=0"):
