@@ -13,6 +13,7 @@ from typing import Any
 
 from ..rpc.heartbeat import every
 from ._roster import Roster
+from ._steps import EVERY_TRAINER_FINISHED
 
 __all__ = ["Liveness"]
 
@@ -57,6 +58,11 @@ class Liveness:
             self.reason = reason
             self.finished.set()
             self._changed.notify_all()
+
+    @property
+    def every_trainer_finished(self) -> bool:
+        """Whether the work is over because every trainer finished (the end it should have)."""
+        return self.reason == EVERY_TRAINER_FINISHED
 
     def run(self, stopping: threading.Event) -> None:
         """Check every quarter second until the work is over or `stopping` is set (the watching thread's body)."""

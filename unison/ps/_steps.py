@@ -20,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Set
 
-__all__ = ["AHEAD_STEPS", "TrainerSeen", "is_duplicate", "lost_trainers", "push_refusal", "resume_refusal",
+__all__ = ["AHEAD_STEPS", "EVERY_TRAINER_FINISHED", "TrainerSeen", "is_duplicate", "lost_trainers", "push_refusal", "resume_refusal",
            "server_end", "staleness", "step_blockers", "step_complete"]
 
 # A synchronous push may run this many steps ahead of the server's version (its gradients wait).
 AHEAD_STEPS = 2
+# `server_end`'s reason when the work ended the way it should (a server then exits with status 0)
+EVERY_TRAINER_FINISHED = "every trainer finished"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +199,7 @@ def server_end(*, sync: bool, trainers: Mapping[int, TrainerSeen], num_trainers:
     """
     finished = [t for t in range(num_trainers) if (seen := trainers.get(t)) is not None and seen.finished]
     if len(finished) == num_trainers:
-        return "every trainer finished"
+        return EVERY_TRAINER_FINISHED
     lost = lost_trainers(trainers, num_trainers, now, timeout_seconds, sync)
     waiting = [t for t in range(num_trainers) if t not in finished and t not in lost and t not in told]
     if waiting or (sync and not failure and not lost):

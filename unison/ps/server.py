@@ -185,7 +185,8 @@ class ParameterServer:
 
     @property
     def every_trainer_finished(self) -> bool:
-        return self.end_reason == "every trainer finished"
+        """Whether the work ended with every trainer finished (`wait_finished` returned True)."""
+        return self._liveness.every_trainer_finished
 
     def end_record(self) -> dict[str, Any]:
         """Why the work ended and which trainers were lost, with their host and pid (for the launcher)."""
@@ -321,15 +322,14 @@ class ParameterServer:
         with self._deciding():
             wanted = shard.check_pull(trainer, step=step, incarnation=header.incarnation, keys=keys,
                                       pieces=[p for frame in requests for p in frame.pieces])
-            if shard.sync:
-                try:
-                    self._wait(lambda: shard.step_ready(step), lambda: f"step {shard.version} did not complete",
-                               context, lambda: shard.step_failure(trainer))
-                except Refused as exc:
-                    if exc.code == grpc.StatusCode.ABORTED:  # a trainer is lost: this job's steps are over
-                        log.warning("parameter server %d: %s", self.index, exc)
-                        self._liveness.check()
-                    raise
+            try:
+                self._wait(lambda: shard.step_ready(step), lambda: f"step {shard.version} did not complete",
+                           context, lambda: shard.step_failure(trainer))
+            except Refused as exc:
+                if exc.code == grpc.StatusCode.ABORTED:  # a trainer is lost: this job's steps are over
+                    log.warning("parameter server %d: %s", self.index, exc)
+                    self._liveness.check()
+                raise
             self._wait(lambda: not shard.undeclared_values(keys),
                        lambda: f"the values of {shard.undeclared_values(keys)} were not declared by trainer 0", context)
             parts = shard.pull(keys, wanted)

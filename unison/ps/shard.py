@@ -222,7 +222,8 @@ class Shard:
                    pieces: Sequence[Piece]) -> dict[str, np.ndarray]:
         """Check a pull of dense blocks `keys` and of the table rows whose ids `pieces` carry; return the ids by table.
 
-        In synchronous mode the pull is of step `step`: it may read once `step_ready(step)`.
+        The pull is of step `step`: it may read once `step_ready(step)` (in synchronous mode, when the steps
+        before it are applied).
         """
         self.roster.check(trainer)
         wanted = wanted_ids(pieces)
@@ -241,8 +242,9 @@ class Shard:
         return wanted
 
     def step_ready(self, step: int) -> bool:
-        """Whether a synchronous pull of `step` may read: the steps before it are applied."""
-        return self.version >= step
+        """Whether a pull of `step` may read: in synchronous mode once the steps before it are applied; at once in
+        asynchronous mode, whatever the version (a server restarted without a checkpoint is behind the trainer)."""
+        return not self.sync or self.version >= step
 
     def step_failure(self, trainer: int) -> str:
         """Why the step `trainer` waits for cannot complete, or "" while it may.

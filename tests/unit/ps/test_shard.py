@@ -196,6 +196,9 @@ def test_an_async_push_is_applied_at_once_and_counts_its_staleness() -> None:
     assert (stats["pushes"], stats["dense_elements_pushed"], stats["pulls"], stats["dense_elements_pulled"]) == (
         2, 4, 2, 4)
     assert shard.sequences == shard.applied_sequences == {0: 1, 1: 1}
+    # an asynchronous pull never waits for a step, even one past the version (a server restarted
+    # without a checkpoint is behind its trainers)
+    assert shard.step_ready(2) and shard.step_ready(50)
 
 
 def test_a_push_in_pieces_is_assembled_and_rows_of_a_repeated_id_add_up() -> None:
