@@ -11,11 +11,11 @@ A service also lists the errors its handlers raise to refuse a call, each with t
 ends with (`refusals`); the caller's side translates the status back into the error it raises.
 
 Example:
-    >>> from unison.service import coordinator_pb2 as pb
-    >>> service = Service("demo.v1.Demo", (Method("Status", pb.StatusRequest, pb.StatusReply),),
-    ...                   hint="every rank must run the same unison version.")
-    >>> service.path("Status"), service["Status"].reading
-    ('/demo.v1.Demo/Status', <Reading.ONE: 'one'>)
+    >>> from google.protobuf.empty_pb2 import Empty
+    >>> service = Service("demo.v1.Demo", (Method("Ping", Empty, Empty), Method("Pings", Empty, Empty,
+    ...                   Reading.STREAM, streams_replies=True)), hint="every rank must run the same unison version.")
+    >>> service.path("Ping"), service["Pings"].streams_requests
+    ('/demo.v1.Demo/Ping', True)
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ unison error the caller raises (`error`). `Stub.open` starts a long-lived stream
 and heartbeats) and hands back gRPC's call, to read replies from and cancel. A call of `Stub.call`
 still waiting can be cancelled from another thread (`cancel_in_flight`); it then raises `Cancelled`.
 
-Example:
-    >>> stub = Stub(open_channel("127.0.0.1:6001"), COORDINATOR, token_metadata(secret))  # doctest: +SKIP
-    >>> stub.call("Status", pb.StatusRequest(), timeout=5.0,                                   # doctest: +SKIP
-    ...           error=lambda exc: ConfigError(f"no status: {exc.code().name}"))
+Example (``service`` a `methods.Service` with a method ``Ping`` taking and answering ``Empty``):
+    >>> stub = Stub(open_channel("127.0.0.1:6001"), service, token_metadata(secret))  # doctest: +SKIP
+    >>> stub.call("Ping", Empty(), timeout=5.0,                                        # doctest: +SKIP
+    ...           error=lambda exc: ConfigError(f"no answer: {exc.code().name}"))
 """
 
 from __future__ import annotations
