@@ -94,7 +94,7 @@ bench-multihost: venv
 # Regenerate the gRPC modules of the coordinator service (committed; needs grpcio-tools).
 proto: venv
 	$(VPY) -m pip install grpcio-tools
-	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. unison/service/coordinator.proto
+	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. unison/service/coordinator.proto
 	$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. unison/ps/ps.proto
 
 # Build outputs and tool caches; `distclean` also removes the virtual environment.

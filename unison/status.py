@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import load_settings
     from .errors import ConfigError
+    from .rpc.security import load_secret, token_metadata
+    from .rpc.stub import Stub
     from .service import coordinator_pb2 as pb
-    from .service import coordinator_pb2_grpc as pb_grpc
-    from .service.security import TOKEN_KEY, load_secret
+    from .service.methods import COORDINATOR
 
     try:
         secret = load_secret(load_settings())
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print("unison.status: set UNISON_SECRET or UNISON_SECRET_FILE to the job's secret.", file=sys.stderr)
         return 2
     with grpc.insecure_channel(args.address) as channel:
-        stub = pb_grpc.CoordinatorStub(channel)
         try:
-            reply = stub.Status(pb.StatusRequest(), metadata=((TOKEN_KEY, secret),), timeout=args.timeout)
+            reply = Stub(channel, COORDINATOR, token_metadata(secret)).call("Status", pb.StatusRequest(),
+                                                                            timeout=args.timeout)
         except grpc.RpcError as exc:
             print(f"unison.status: {args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
