@@ -30,10 +30,14 @@ directory while ranks write.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
+import locale
 import os
+import secrets
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +69,7 @@ MARKER_KINDS = ("started", "failed", "finished", "ended")
 RELAY_TIMEOUT_SECONDS = 2.0
 SIGNATURE_CHARS = 64  # a hex HMAC-SHA256
 ANSWER_BYTES = 4096  # the longest answer a client reads
+_TEMPORARY_TRIES = 100  # names tried for a temporary file before giving up
 
 
 def marker_name(kind: str, rank: int | str) -> str:
@@ -149,20 +154,39 @@ def write_atomically(path: Path | str, data: str | bytes, *, temporary: Path | s
     """Write `data` to `path` whole: into `temporary` (``.NAME.tmp`` beside it by default), then rename.
 
     A reader polling the directory sees the old file or the new one, never a part. `mode` creates the
-    temporary file with those permission bits (the service file's 0600). OSError propagates: the
-    callers decide whether a vanished directory matters.
+    temporary file with those permission bits (the service file's 0600). Text is encoded as the reader
+    decodes it, in the locale's encoding, with ``backslashreplace``: any text can be written (a lone
+    surrogate from an undecodable file name, a character the encoding lacks becomes its escape), and
+    the file always decodes. The temporary file is made new (``O_CREAT | O_EXCL | O_NOFOLLOW``): a
+    file or a symbolic link already at that name (left by a writer that died, or planted) is never
+    written through; another name beside it is taken. OSError propagates: the callers decide whether
+    a vanished directory matters.
     """
     path = Path(path)
     temporary = Path(temporary) if temporary is not None else path.with_name(f".{path.name}.tmp")
-    binary = isinstance(data, bytes)
-    if mode is None:
-        with open(temporary, "wb" if binary else "w") as f:
-            f.write(data)
-    else:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            f.write(data)
-    os.replace(temporary, path)
+    payload = data if isinstance(data, bytes) else data.encode(locale.getpreferredencoding(False), "backslashreplace")
+    fd, temporary = _create_new(temporary, 0o666 if mode is None else mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # the error that got here is the one to report
+            temporary.unlink()
+        raise
+
+
+def _create_new(temporary: Path, mode: int) -> tuple[int, Path]:
+    """Open a file that did not exist, `temporary` or a name beside it, for writing; its descriptor and path."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    candidate = temporary
+    for _ in range(_TEMPORARY_TRIES):
+        try:
+            return os.open(candidate, flags, mode), candidate
+        except FileExistsError:
+            candidate = temporary.with_name(f"{temporary.name}.{secrets.token_hex(4)}")
+    raise FileExistsError(errno.EEXIST, f"every temporary name tried beside {temporary.name} exists "
+                          f"({_TEMPORARY_TRIES} tried)", str(temporary))
 
 
 def write_service_file(launcher_dir: str, address: str, secret: str) -> None:

@@ -103,20 +103,23 @@ def _launcher_dir(raw: str) -> Path | None:
 
 
 def _write_marker(name: str, text: str) -> None:
+    """Leave marker `name` for the launcher; never raises (what comes after it, an abort above all, must run)."""
     directory = _state.launcher_dir
     if _state.forked:
         return
     if name.startswith(marker_name("failed", "")):
         _state.failure_recorded = True
-    if directory is None:
-        if _state.launcher_relay:  # a rank on another host than unisonrun's
-            if not send_marker(_state.launcher_relay, name, text):
-                _state.launcher_relay = ""  # unreachable once: do not make every later marker wait too
-        return
     try:
+        if directory is None:
+            if _state.launcher_relay and not send_marker(_state.launcher_relay, name, text):
+                _state.launcher_relay = ""  # unreachable once: do not make every later marker wait too
+            return
         write_atomically(directory / name, text)
     except OSError:  # the launcher is gone or the directory was removed; nothing left to tell
         pass
+    except Exception as exc:  # noqa: BLE001  (named here; the marker is a report, the job goes on stopping)
+        log.warning("unison: rank %d could not leave its %s marker for the launcher: %s: %s", _state.rank, name,
+                    type(exc).__name__, exc)
 
 
 def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None,
