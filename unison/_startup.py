@@ -18,19 +18,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import StartupError
 
-__all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict"]
+__all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict", "verdict_message"]
 
 _TAG_REPORT = 7311
 _TAG_VERDICT = 7312
 REPORT_BYTES = 1024  # a rank's report, truncated to this
-_VERDICT_BYTES = 16384
+_VERDICT_BYTES = 16384  # rank 0's answer, JSON, bounded to this (the receivers' buffer)
+_VERDICT_CHARS = _VERDICT_BYTES // 2  # the verdict's text, cut to this before it is encoded
 _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.05
 
@@ -45,7 +46,7 @@ def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float)
 
     Example:
         >>> verdict({0: "", 1: ""}, [2], 60.0)[:63]
-        'init() failed: rank 2 did not reach init() within 60 s (it rai'
+        'init() failed: rank 2 did not reach init() within 60 s (it rais'
     """
     problems = []
     if missing:
@@ -61,6 +62,50 @@ def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float)
     if not problems:
         return ""
     return "init() failed: " + "; ".join(problems) + "."
+
+
+def verdict_message(text: str, missing: Sequence[int], limit_bytes: int = _VERDICT_BYTES) -> bytes:
+    """Rank 0's answer, JSON ``{"text": ..., "missing": [ranks]}``, cut to at most `limit_bytes`. Pure.
+
+    The receivers' buffer holds `limit_bytes`, and JSON escapes each non-ASCII character to 6 bytes or
+    more, so the cut is measured on the encoded message: ``missing`` keeps the ranks that fit in half
+    of it, and the text is cut (ending in ``...``) to what fits in the rest. The result always parses.
+
+    Example:
+        >>> message = verdict_message("é" * 5000, list(range(1, 5000)), 4096)
+        >>> told = json.loads(message)
+        >>> len(message) <= 4096, told["text"][-4:], told["missing"][:3]
+        (True, 'é...', [1, 2, 3])
+    """
+    ranks = list(missing)
+    if len(json.dumps(ranks)) > limit_bytes // 2:
+        ranks = ranks[:_longest(len(ranks), lambda n: len(json.dumps(ranks[:n])) <= limit_bytes // 2)]
+
+    def encoded(shown: str) -> bytes:
+        return json.dumps({"text": shown, "missing": ranks}).encode()
+
+    if len(text) > _VERDICT_CHARS:
+        text = text[: _VERDICT_CHARS - 3] + "..."
+    if len(encoded(text)) <= limit_bytes:
+        return encoded(text)
+    return encoded(text[:_longest(len(text), lambda n: len(encoded(text[:n] + "...")) <= limit_bytes)] + "...")
+
+
+def _longest(count: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in range(count + 1) with `fits(n)`, for a `fits` that holds up to some n and not after."""
+    low, high = 0, count
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _report(problem: str) -> bytes:
+    """A rank's report as sent: UTF-8 (any text: what UTF-8 cannot encode as its escape), cut to `REPORT_BYTES`."""
+    return problem.encode("utf-8", "backslashreplace")[:REPORT_BYTES]
 
 
 def _wait_all(requests: dict[int, Any], deadline: float, statuses: dict[int, Any] | None = None) -> list[int]:
@@ -96,7 +141,7 @@ def check_start(comm: Any, mpi: Any, problem: str, timeout_seconds: float) -> No
     if size == 1:
         return
     bound = timeout_seconds if timeout_seconds > 0 else float("inf")
-    report = np.frombuffer(problem.encode()[:REPORT_BYTES], dtype=np.uint8).copy()
+    report = np.frombuffer(_report(problem), dtype=np.uint8).copy()
     if rank != 0:
         sent = comm.Isend([report, mpi.BYTE], dest=0, tag=_TAG_REPORT)
         answer = np.zeros(_VERDICT_BYTES, dtype=np.uint8)
@@ -115,15 +160,13 @@ def check_start(comm: Any, mpi: Any, problem: str, timeout_seconds: float) -> No
     requests = {r: comm.Irecv([buffers[r], mpi.BYTE], source=r, tag=_TAG_REPORT) for r in range(1, size)}
     pending = dict(requests)
     missing = _wait_all(pending, time.monotonic() + bound, statuses)
-    reports = {0: problem}
+    reports = {0: _report(problem).decode("utf-8", "replace")}  # cut as every other rank's is
     for r in range(1, size):
         if r not in missing:
             reports[r] = _text(buffers[r], statuses[r])
-    text = verdict(reports, missing, timeout_seconds)
-    if len(text) > _VERDICT_BYTES // 2:
-        text = text[: _VERDICT_BYTES // 2 - 3] + "..."
-    message = json.dumps({"text": text, "missing": missing})
-    payload = np.frombuffer(message.encode(), dtype=np.uint8).copy()
+    message = verdict_message(verdict(reports, missing, timeout_seconds), missing)
+    text = json.loads(message)["text"]
+    payload = np.frombuffer(message, dtype=np.uint8).copy()
     sends = [comm.Isend([payload, mpi.BYTE], dest=r, tag=_TAG_VERDICT) for r in range(1, size) if r not in missing]
     _wait_all(dict(enumerate(sends)), time.monotonic() + 5.0)
     if text:
