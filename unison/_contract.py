@@ -2,8 +2,8 @@
 
 Both sides take these names and formats from here: the ranks (`unison._failure`, `unison.service.setup`,
 `unison._runtime`, `unison.elastic`) and the launcher (`unison.launcher`), the per-rank keeper included.
-The keeper runs as ``python -I -S _keeper.py`` and loads this file by its path, so it imports the
-standard library only, and nothing of unison.
+The keeper runs as ``python -I -S unison/launcher/supervision/keeper.py`` and loads this file by its
+path, so it imports the standard library only, and nothing of unison.
 
 Variables the launcher sets for every rank it starts (`unison.config` reads them as settings):
 ``UNISON_LAUNCHER_DIR`` (the launcher directory on unisonrun's host), ``UNISON_LAUNCHER_HOSTS`` (the

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from unison.launcher._cli import main
+from unison.launcher.cli import main
 
 from ._harness import HOSTS, check_committed, run
 

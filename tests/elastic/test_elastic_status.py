@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from unison.elastic.store import CommitId, StateStore
-from unison.launcher._jobs import elastic_lines
+from unison.launcher.jobs import elastic_lines
 
 from ._harness import HOSTS
 
@@ -153,7 +153,7 @@ def test_status_lines_of_an_ended_epoch_and_a_cooling_down_host(tmp_path: Path) 
 
 def test_a_launch_ending_while_status_reads_its_table_is_said_so(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from unison.launcher._jobs import _table
+    from unison.launcher.jobs import _table
 
     assert _table(tmp_path / "gone" / "service.json", 1.0) == 0
     assert "the launch that had one has just ended; ask again" in capsys.readouterr().out

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from unison.errors import LaunchError
-from unison.launcher._blame import Markers, blame, read_markers
-from unison.launcher._deaths import DeathWatch
-from unison.launcher._environment import env_pairs, name_flags
-from unison.launcher._mpiexec import MpiExec
-from unison.launcher._program import check_program
-from unison.launcher._supervise import JobOutcome, exit_status
+from unison.launcher.mpi.mpiexec import MpiExec
+from unison.launcher.mpi.program import check_program
+from unison.launcher.mpi.variables import env_pairs, name_flags
+from unison.launcher.supervision.blame import Markers, blame, read_markers
+from unison.launcher.supervision.deaths import DeathWatch
+from unison.launcher.supervision.supervise import JobOutcome, exit_status
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ import pytest
 from unison import _failure
 from unison.backends._liveness import probe_window
 from unison.config import load_settings
-from unison.launcher import _supervise
-from unison.launcher._supervise import JobOutcome, exit_status
+from unison.launcher.supervision import supervise
+from unison.launcher.supervision.supervise import JobOutcome, exit_status
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 LAUNCHER = (DOCS / "launcher.md").read_text()
@@ -28,8 +28,8 @@ def test_the_stop_bounds_are_the_code_s() -> None:
     text = _flat(LAUNCHER)
     assert f"still alive {_failure.GRACE_SECONDS:g} s after the abort prints why and exits with status 1" in text
     assert f"If the abort does not get through within {_failure.ABORT_TIMEOUT_SECONDS:g} s" in text
-    assert f"anything left after {_supervise.GRACE_SECONDS:g} s is killed" in text
-    assert f"whatever is left after {_supervise.INTERRUPT_GRACE_SECONDS:g} s is killed" in text
+    assert f"anything left after {supervise.GRACE_SECONDS:g} s is killed" in text
+    assert f"whatever is left after {supervise.INTERRUPT_GRACE_SECONDS:g} s is killed" in text
     assert f"after `UNISON_DEADLOCK_SECONDS` ({DEFAULTS.deadlock_seconds:g} s)" in text
     peer = DEFAULTS.peer_timeout_seconds
     ends = peer + probe_window(peer) + _failure.GRACE_SECONDS
@@ -72,7 +72,7 @@ def test_troubleshooting_says_the_same_statuses() -> None:
 def test_the_parameter_server_and_elastic_bounds_are_the_code_s() -> None:
     import inspect
 
-    from unison.launcher._elastic_driver import DEFAULT_ELASTIC_TIMEOUT_SECONDS
+    from unison.launcher.elastic.driver import DEFAULT_ELASTIC_TIMEOUT_SECONDS
     from unison.ps.client import Client
 
     ps = _flat((DOCS / "ps.md").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from unison.launcher import run
-from unison.launcher._keeper import horovod_variables
+from unison.launcher.supervision.keeper import horovod_variables
 
 from . import _run_work
 

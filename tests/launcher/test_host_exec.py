@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unison.launcher._host_exec import HostAnswer, Reach, reach_of, run_on_hosts
+from unison.launcher.hosts.reach import HostAnswer, Reach, reach_of, run_on_hosts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,7 +75,7 @@ def test_reach_follows_the_jobs_launcher() -> None:
 def test_the_driver_blacklists_no_host_when_every_host_fails_alike(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     from unison.elastic.membership import Epoch, Host
-    from unison.launcher._elastic_driver import _unreachable
+    from unison.launcher.elastic.driver import _unreachable
 
     alike = tmp_path / "alike"
     alike.write_text('#!/bin/sh\necho "ssh: Could not resolve hostname $1" >&2; exit 255\n')

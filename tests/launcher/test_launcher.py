@@ -13,7 +13,7 @@ from faults._jobs import BOUND_SECONDS, PYTHON, run_job, unisonrun
 
 from unison.errors import LaunchError
 from unison.launcher import run
-from unison.launcher._mpiexec import library_vendor
+from unison.launcher.mpi.mpiexec import library_vendor
 
 from . import _work
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from unison._contract import send_marker, sign
-from unison.launcher import _keeper
-from unison.launcher._blame import read_markers
-from unison.launcher._relay import RELAY_VARIABLE, MarkerRelay, accept
+from unison.launcher.supervision import keeper
+from unison.launcher.supervision.blame import read_markers
+from unison.launcher.supervision.relay import RELAY_VARIABLE, MarkerRelay, accept
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,14 +65,14 @@ def test_a_keeper_away_from_the_launcher_directory_reports_the_ranks_end_through
     with MarkerRelay(tmp_path, "127.0.0.1") as relay:
         env = dict(os.environ, PMI_RANK="3", UNISON_LAUNCHER_DIR=str(tmp_path / "on-another-host"),
                    **{RELAY_VARIABLE: relay.variable})
-        done = subprocess.run(_keeper.command(program, remote=True), env=env, timeout=30)
+        done = subprocess.run(keeper.command(program, remote=True), env=env, timeout=30)
     assert done.returncode == -9
     pid, code = read_markers(tmp_path).ended[3]
     assert code == -9 and pid > 0
 
 
 def test_the_remote_form_runs_the_program_bare_where_this_python_is_missing(tmp_path: Path) -> None:
-    command = _keeper.command([PYTHON, "-c", "import sys; sys.exit(7)"], remote=True)
+    command = keeper.command([PYTHON, "-c", "import sys; sys.exit(7)"], remote=True)
     assert command[4] == PYTHON
     command[4] = str(tmp_path / "no-python-here")
     with MarkerRelay(tmp_path, "127.0.0.1") as relay:
@@ -122,9 +122,9 @@ def test_a_sender_trickling_its_line_is_cut_off_after_the_line_time(tmp_path: Pa
     import socket
     import time
 
-    from unison.launcher import _line_server
+    from unison.launcher.supervision import line_server
 
-    monkeypatch.setattr(_line_server, "LINE_SECONDS", 1.0)
+    monkeypatch.setattr(line_server, "LINE_SECONDS", 1.0)
     with MarkerRelay(tmp_path, "127.0.0.1") as relay:
         with socket.create_connection(("127.0.0.1", relay.server_address[1]), timeout=10) as conn:
             started = time.monotonic()

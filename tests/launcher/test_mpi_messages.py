@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from faults._jobs import BOUND_SECONDS, PYTHON, SCENARIO, run_job, unisonrun
 
-from unison.launcher._mpi_messages import MessageFilter
-from unison.launcher._supervise import JobOutcome, _settle_messages
+from unison.launcher.mpi.messages import MessageFilter
+from unison.launcher.supervision.supervise import JobOutcome, _settle_messages
 
 pytestmark = pytest.mark.timeout(180)
 

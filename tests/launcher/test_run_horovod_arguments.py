@@ -7,8 +7,8 @@ import pytest
 from unison.elastic.membership import Host, Limits
 from unison.errors import InvalidArgumentError, LaunchError
 from unison.launcher import run
-from unison.launcher._elastic_driver import ElasticOptions
-from unison.launcher._run_options import DEFAULT_NUM_PROC, ELASTIC_ARGUMENTS, RunPlan, parse_hosts, plan
+from unison.launcher.elastic.driver import ElasticOptions
+from unison.launcher.function.options import DEFAULT_NUM_PROC, ELASTIC_ARGUMENTS, RunPlan, parse_hosts, plan
 
 from . import _run_work
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from unison.launcher._cli import parser
-from unison.launcher._mpiexec import MpiExec
+from unison.launcher.cli import parser
+from unison.launcher.mpi.mpiexec import MpiExec
 
 
 def test_launcher_exec_and_iface_for_mpich() -> None:

@@ -26,8 +26,8 @@ from unison._contract import (
     write_atomically,
     write_service_file,
 )
-from unison.launcher import _keeper
-from unison.launcher._relay import accept
+from unison.launcher.supervision import keeper
+from unison.launcher.supervision.relay import accept
 
 
 def test_examples_in_docstrings() -> None:
@@ -78,7 +78,7 @@ def test_the_relay_accepts_the_line_a_rank_sends() -> None:
 def test_the_keeper_run_as_a_script_loads_the_contract_by_its_path(tmp_path: Path) -> None:
     # python -I -S: no site-packages and no package around the keeper, as mpiexec starts it.
     env = {**os.environ, "PMI_RANK": "1", "PMI_SIZE": "2", LAUNCHER_DIR_VARIABLE: str(tmp_path)}
-    done = subprocess.run([sys.executable, "-I", "-S", _keeper.__file__, sys.executable, "-c", "raise SystemExit(3)"],
+    done = subprocess.run([sys.executable, "-I", "-S", keeper.__file__, sys.executable, "-c", "raise SystemExit(3)"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stderr
     pid, code = (tmp_path / "ended-1").read_text().split()

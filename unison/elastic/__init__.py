@@ -1,6 +1,6 @@
 """The machinery behind unison's elastic modules (``unison.torch.elastic`` and the others); nothing public.
 
-A membership epoch is one MPI launch. The elastic driver in `unisonrun` (``unison/launcher/_elastic_driver.py``)
+A membership epoch is one MPI launch. The elastic driver in `unisonrun` (``unison/launcher/elastic/driver.py``)
 polls the discovery script, decides each epoch's hosts with `membership` (pure), starts ``mpiexec`` for
 it and relaunches on a failure or a host change. In the ranks, ``state.commit()`` writes the state into
 shared memory on each host (`store`, encoded by `_codec`), and the ``run`` wrapper (`_state`) restores

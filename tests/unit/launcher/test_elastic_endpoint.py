@@ -8,8 +8,8 @@ import pytest
 
 from unison._contract import signed_line
 from unison.elastic._environment import ask_driver
-from unison.launcher._elastic_endpoint import Endpoint, driver_host
-from unison.launcher._line_server import REFUSED
+from unison.launcher.elastic.endpoint import Endpoint, driver_host
+from unison.launcher.supervision.line_server import REFUSED
 
 pytestmark = pytest.mark.timeout(30)
 

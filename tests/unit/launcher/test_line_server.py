@@ -10,8 +10,8 @@ import time
 import pytest
 
 from unison._contract import SIGNATURE_CHARS, ask_signed, read_signed, sign, signed_line
-from unison.launcher import _line_server
-from unison.launcher._line_server import REFUSED, LineServer, LineServerState, listen_address
+from unison.launcher.supervision import line_server
+from unison.launcher.supervision.line_server import REFUSED, LineServer, LineServerState, listen_address
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -27,7 +27,7 @@ def _refusals(server: LineServer) -> dict[str, int]:
 
 
 def test_examples_in_docstrings() -> None:
-    result = doctest.testmod(_line_server)
+    result = doctest.testmod(line_server)
     assert result.failed == 0 and result.attempted > 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from unison.errors import LaunchError
-from unison.launcher._pservers import Placement, _spans_hosts, hosts_of, place_servers
+from unison.launcher.pservers.decisions import Placement, hosts_of, place_servers, spans_hosts
 
 
 def test_hosts_come_from_the_option_or_the_hostfile_once_each_in_order() -> None:
@@ -24,12 +24,12 @@ def test_servers_are_dealt_round_robin_and_this_host_is_local() -> None:
 def test_without_hosts_every_server_is_here_on_loopback() -> None:
     placed = place_servers(2, [], "h0")
     assert placed == [Placement(0, "127.0.0.1", True), Placement(1, "127.0.0.1", True)]
-    assert not _spans_hosts(placed, [], "h0")
+    assert not spans_hosts(placed, [], "h0")
 
 
 def test_servers_listen_on_every_interface_when_trainers_may_run_elsewhere() -> None:
-    assert _spans_hosts(place_servers(1, ["h0", "h1"], "h0"), ["h0", "h1"], "h0")  # the server is here, a trainer is not
-    assert not _spans_hosts(place_servers(2, ["h0"], "h0"), ["h0"], "h0")
+    assert spans_hosts(place_servers(1, ["h0", "h1"], "h0"), ["h0", "h1"], "h0")  # the server is here, a trainer is not
+    assert not spans_hosts(place_servers(2, ["h0"], "h0"), ["h0"], "h0")
 
 
 def test_at_least_one_server() -> None:
@@ -38,7 +38,8 @@ def test_at_least_one_server() -> None:
 
 
 def test_what_the_launcher_does_when_a_server_ends() -> None:
-    from unison.launcher._pservers import RESTARTS, how_ended, server_exit
+    from unison.launcher.pservers.decisions import RESTARTS, server_exit
+    from unison.launcher.supervision.blame import how_ended
 
     assert [server_exit(code, restarts=0, checkpoint_dir="/ck") for code in (0, 3)] == ["ended", "ended"]
     assert [server_exit(code, restarts=0, checkpoint_dir="/ck") for code in (-9, 1, 137)] == ["restart"] * 3
@@ -49,7 +50,7 @@ def test_what_the_launcher_does_when_a_server_ends() -> None:
 
 
 def test_a_trainer_is_named_by_its_role_and_every_failure_when_they_are_independent() -> None:
-    from unison.launcher._blame import Markers, blame
+    from unison.launcher.supervision.blame import Markers, blame
 
     seen = Markers(ended={0: (10, 3), 1: (11, -9), 2: (12, 0)},
                    written_ns={("ended", 1): 1, ("ended", 0): 2, ("ended", 2): 3})

@@ -6,13 +6,13 @@ small TCP endpoint (signed lines under a key for the job; every answer names the
 question from an epoch that has ended gets ``STALE``), starts each epoch's mpiexec under `supervise`, and reads how it ended: every rank done
 (exit 0), every rank stopped after a commit for a host change (exit `HOSTS_UPDATED_EXIT`), or a
 failure (anything else). After a failure it blacklists the failed ranks' hosts and the epoch's
-remote hosts that mpiexec's launcher cannot reach any more (`_host_exec`: a vanished host the
+remote hosts that mpiexec's launcher cannot reach any more (`hosts.reach`: a vanished host the
 discovery script still lists fails the launch before any rank starts, so no rank names it).
 
 The job's shared-memory store is a `JobDirectory` under ``/dev/shm``: removed when the driver ends,
 and by its reaper if the driver is killed; the same path on the other hosts that ran ranks is removed
 through mpiexec's launcher when the driver ends (best effort, logged). ``unisonrun --status`` reads
-the job's record (`_jobs`), which the driver rewrites at every change. ``--tag-output`` works per
+the job's record (`launcher.jobs`), which the driver rewrites at every change. ``--tag-output`` works per
 epoch as without elastic; ``--output-filename DIR`` writes each epoch's files under ``DIR/epoch-N``.
 """
 
@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from .._contract import (
+from ..._contract import (
     ELASTIC_DRIVER_VARIABLE,
     ELASTIC_EPOCH_VARIABLE,
     ELASTIC_HOSTS_VARIABLE,
@@ -40,7 +40,7 @@ from .._contract import (
     LAUNCHER_HOSTS_VARIABLE,
     LAUNCHER_RELAY_VARIABLE,
 )
-from ..elastic.membership import (
+from ...elastic.membership import (
     Ending,
     Epoch,
     Host,
@@ -52,15 +52,15 @@ from ..elastic.membership import (
     error_of,
     parse_discovery,
 )
-from ..errors import InvalidArgumentError, LaunchError
-from ._elastic_endpoint import Endpoint, driver_host
-from ._host_exec import Reach, address_seen_from, local_names, reach_of, run_on_hosts
-from ._jobs import ElasticRecord
-from ._keeper import command as keeper_command
-from ._mpiexec import MpiExec, find_mpiexec
-from ._reaper import JobDirectory
-from ._relay import MarkerRelay
-from ._supervise import JobOutcome, exit_status, report, supervise
+from ...errors import InvalidArgumentError, LaunchError
+from ..hosts.reach import Reach, address_seen_from, local_names, reach_of, run_on_hosts
+from ..jobs import ElasticRecord
+from ..mpi.mpiexec import MpiExec, find_mpiexec
+from ..supervision.keeper import command as keeper_command
+from ..supervision.reaper import JobDirectory
+from ..supervision.relay import MarkerRelay
+from ..supervision.supervise import JobOutcome, exit_status, report, supervise
+from .endpoint import Endpoint, driver_host
 
 __all__ = ["ElasticOptions", "add_arguments", "as_elastic_host", "options_from", "run_elastic"]
 
@@ -157,7 +157,7 @@ def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = N
             raise LaunchError(f"{', '.join(given)} make the job elastic, which needs its hosts: "
                               "--host-discovery-script SCRIPT (hosts that come and go) or -H/--hostfile "
                               "(fixed hosts, as horovodrun -H a:2,b:2 --min-np 2).")
-        from ._hostfile import parse_hosts, read_hostfile
+        from ..hosts.hostfile import parse_hosts, read_hostfile
 
         try:
             entries = args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile)
@@ -267,7 +267,7 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
             output_dir = os.path.join(output_dir, f"epoch-{epoch.number}")
             os.makedirs(output_dir, exist_ok=True)
         tails = None
-        if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (_cli.launch)
+        if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (cli.launch)
             output_dir = output_dir or str(job.path)
             tails = (epoch.np, output_dir)
         cmd = found.command(epoch.np, keeper_command(list(program), remote=remote),

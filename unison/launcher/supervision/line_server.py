@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._contract import SIGNATURE_CHARS, read_signed, signed_line
-from ..ops import TextEnum
+from ..._contract import SIGNATURE_CHARS, read_signed, signed_line
+from ...ops import TextEnum
 
 __all__ = ["LINE_SECONDS", "MAX_LINE_BYTES", "REFUSED", "LineServer", "LineServerState", "listen_address"]
 

@@ -1,6 +1,6 @@
 """Carry the marker files of ranks on other hosts into the launcher's directory, over a signed TCP line.
 
-The launcher names a failed rank from marker files (`_blame`): ``started-R``, ``failed-R``,
+The launcher names a failed rank from marker files (`blame`): ``started-R``, ``failed-R``,
 ``finished-R`` from the rank and ``ended-R`` from its keeper. On unisonrun's own host they are written
 straight into its directory. On another host that directory does not exist, so the rank and its keeper
 send each marker here instead (`unison._contract.send_marker`): one signed line to the relay's
@@ -16,9 +16,9 @@ import json
 import re
 from pathlib import Path
 
-from .._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
-from .._contract import MARKER_KINDS, read_signed, write_atomically
-from ._line_server import MAX_LINE_BYTES, LineServer
+from ..._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
+from ..._contract import MARKER_KINDS, read_signed, write_atomically
+from .line_server import MAX_LINE_BYTES, LineServer
 
 __all__ = ["MAX_LINE_BYTES", "MarkerRelay", "RELAY_VARIABLE", "accept", "marker_of"]
 

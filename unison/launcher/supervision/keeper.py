@@ -13,7 +13,7 @@ signals mpiexec forwards to the whole process group (the rank gets them too), an
 rank's status (re-raising the same signal). The rank dies with its keeper (``PR_SET_PDEATHSIG``).
 
 On another host than unisonrun's, where the launcher's directory does not exist, the keeper sends
-the marker over the launcher's marker relay instead (`unison.launcher._relay`; `unison._contract`'s
+the marker over the launcher's marker relay instead (`unison.launcher.supervision.relay`; `unison._contract`'s
 ``send_marker``, which the ranks use too): a line signed with the relay's key, answered once the marker is on disk.
 
 Before the program starts, the keeper gives it the variables horovodrun gives its workers
@@ -21,7 +21,7 @@ Before the program starts, the keeper gives it the variables horovodrun gives it
 ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE``, ``HOROVOD_CROSS_RANK`` and ``HOROVOD_CROSS_SIZE``,
 read from mpiexec's variables and the launch's host list (``UNISON_LAUNCHER_HOSTS``, in rank order).
 
-Run as ``python -I -S _keeper.py PROGRAM [ARGS...]``: only the standard library and `unison._contract`
+Run as ``python -I -S keeper.py PROGRAM [ARGS...]`` (this file, by its path): only the standard library and `unison._contract`
 (loaded from its file, as it imports nothing else), so it starts in a few tens of milliseconds. Without a rank number, or with neither the launcher's directory nor a relay,
 it simply becomes the program. `command` with ``remote=True`` starts it through ``sh`` so that a host
 without this Python at this path runs the program bare instead of failing.
@@ -36,8 +36,8 @@ import signal
 import socket
 import sys
 
-if __package__:  # imported as unison.launcher._keeper
-    from .._contract import (
+if __package__:  # imported as unison.launcher.supervision.keeper
+    from ..._contract import (
         LAUNCHER_DIR_VARIABLE,
         LAUNCHER_HOSTS_VARIABLE,
         LAUNCHER_KEEP_GOING_VARIABLE,
@@ -47,18 +47,17 @@ if __package__:  # imported as unison.launcher._keeper
         send_marker,
         write_atomically,
     )
-else:  # run as ``python -I -S _keeper.py``: no package, so the contract is loaded from its file
+else:  # run as ``python -I -S keeper.py``: no package, so the contract is loaded from its file
     import importlib.util
 
-    _spec = importlib.util.spec_from_file_location(
-        "unison_contract", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_contract.py"))
+    _unison = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # unison/launcher/supervision/
+    _spec = importlib.util.spec_from_file_location("unison_contract", os.path.join(_unison, "_contract.py"))
     assert _spec is not None and _spec.loader is not None
     _contract = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_contract)
     globals().update({name: getattr(_contract, name) for name in _contract.__all__})
 
-# HOSTS_VARIABLE, KEEP_GOING_VARIABLE and RELAY_VARIABLE: the contract's names, which launcher/_cli.py
-# and launcher/_run.py still import from here.
+# HOSTS_VARIABLE, KEEP_GOING_VARIABLE and RELAY_VARIABLE: the contract's names, under the keeper's shorter ones.
 __all__ = ["HOSTS_VARIABLE", "KEEP_GOING_VARIABLE", "RELAY_VARIABLE", "command", "horovod_variables", "main",
            "placement"]
 
@@ -67,7 +66,6 @@ _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 _LOCAL_RANK_VARIABLES = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK")
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-# The contract's names under which the launcher's modules import them from here.
 HOSTS_VARIABLE = LAUNCHER_HOSTS_VARIABLE  # the launch's hosts, host:slots,... in rank order
 RELAY_VARIABLE = LAUNCHER_RELAY_VARIABLE  # KEY@HOST:PORT of the launcher's marker relay
 # "1": a rank killed by a signal is reported to mpiexec as exit status 128+N, not as that signal, since
@@ -183,7 +181,7 @@ def main(program: list[str]) -> int:
     rank = next((os.environ[v] for v in _RANK_VARIABLES if os.environ.get(v, "").isdigit()), "")
     directory = os.environ.get(LAUNCHER_DIR_VARIABLE, "")
     if not program:
-        sys.stderr.write("usage: _keeper.py PROGRAM [ARGS...]\n")
+        sys.stderr.write("usage: keeper.py PROGRAM [ARGS...]\n")
         return 2
     os.environ.update(horovod_variables(dict(os.environ)))
     reachable = bool(directory) and (os.path.isdir(directory) or bool(os.environ.get(RELAY_VARIABLE)))

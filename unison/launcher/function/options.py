@@ -15,12 +15,12 @@ import math
 import os
 from typing import Any
 
-from ..elastic.membership import Host, Limits
-from ..errors import InvalidArgumentError, LaunchError
-from ._elastic_driver import ElasticOptions
-from ._elastic_driver import elastic_timeout as driver_elastic_timeout
-from ._host_exec import local_names
-from ._hostfile import parse_hosts, read_hostfile
+from ...elastic.membership import Host, Limits
+from ...errors import InvalidArgumentError, LaunchError
+from ..elastic.driver import ElasticOptions
+from ..elastic.driver import elastic_timeout as driver_elastic_timeout
+from ..hosts.hostfile import parse_hosts, read_hostfile
+from ..hosts.reach import local_names
 
 __all__ = ["DEFAULT_NUM_PROC", "ELASTIC_ARGUMENTS", "RunPlan", "parse_hosts", "plan", "read_hostfile"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._reaper import mapped_segments, remove_segments
+from .reaper import mapped_segments, remove_segments
 
 __all__ = ["Segments"]
 

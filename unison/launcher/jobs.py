@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._contract import SERVICE_FILE, write_atomically
 from ..errors import LaunchError
-from ._deaths import alive
+from .supervision.deaths import alive
 
 if TYPE_CHECKING:
     from ..elastic.membership import Host, Membership

@@ -10,16 +10,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._contract import LAUNCHER_DIR_VARIABLE
-from .._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
-from ..elastic.membership import Epoch
-from ..errors import AbortedError, LaunchError, ShutdownError
-from ._elastic_driver import ElasticOptions, run_elastic
-from ._keeper import command as keeper_command
-from ._mpiexec import find_mpiexec
-from ._reaper import JobDirectory
-from ._run_options import plan
-from ._supervise import exit_status, report, supervise
+from ..._contract import LAUNCHER_DIR_VARIABLE
+from ..._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
+from ...elastic.membership import Epoch
+from ...errors import AbortedError, LaunchError, ShutdownError
+from ..elastic.driver import ElasticOptions, run_elastic
+from ..mpi.mpiexec import find_mpiexec
+from ..supervision.keeper import command as keeper_command
+from ..supervision.reaper import JobDirectory
+from ..supervision.supervise import exit_status, report, supervise
+from .options import plan
 
 __all__ = ["run"]
 
@@ -147,10 +147,10 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         run_env[HOSTS_VARIABLE] = decided.hosts or f"localhost:{np}"  # horovod.run's default hosts: localhost
         python = decided.executable or sys.executable
         if decided.elastic is not None:
-            return _run_elastic(decided.elastic, [python, "-m", "unison.launcher._bootstrap", directory], job,
+            return _run_elastic(decided.elastic, [python, "-m", "unison.launcher.function.bootstrap", directory], job,
                                 {**decided.env, **(env or {})}, mpiexec=mpiexec, mpi_args=mpi_args or "",
                                 output_dir=decided.output_dir, timeout=timeout)
-        program = keeper_command([python, "-m", "unison.launcher._bootstrap", directory])
+        program = keeper_command([python, "-m", "unison.launcher.function.bootstrap", directory])
         cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[Any] = []

@@ -14,7 +14,7 @@ import shlex
 import shutil
 from collections.abc import Sequence
 
-from ..errors import LaunchError
+from ...errors import LaunchError
 
 __all__ = ["check_program"]
 

@@ -5,7 +5,7 @@ With hosts, server ``i`` runs on the ``i % H``-th distinct host in the order giv
 ``-H a:2,b:2 --pservers 3`` puts servers 0 and 2 on ``a`` and server 1 on ``b``). Then every server
 listens on all interfaces, and the trainers reach it as ``HOST:PORT`` with the host's name as given
 (the name mpiexec reaches it by). A server on another host is started the way mpiexec starts ranks
-there, ``LAUNCHER HOST COMMAND`` (``--launcher-exec``, else ssh; `_host_exec.Reach`); the command
+there, ``LAUNCHER HOST COMMAND`` (``--launcher-exec``, else ssh; `hosts.reach.Reach`); the command
 reads the job secret from its standard input (never the command line), runs the script, prints the
 address once the server listens, and stops the server when its standard input closes (``unisonrun``
 exited or was killed).
@@ -18,13 +18,12 @@ named, so the job ends. A server that dies otherwise is named at once and, when 
 checkpoints (``UNISON_PS_CHECKPOINT_DIR``), started again on the same address, resuming from its
 last checkpoint, up to `RESTARTS` times; without checkpoints its shard is lost and the trainers
 that use it stop with ``ServerUnavailableError`` within ``UNISON_PS_RECONNECT_SECONDS``. What to do
-is decided by `server_exit` from plain data.
+is decided by `decisions.server_exit` from plain data, where each server runs by `decisions.place_servers`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import select
@@ -39,18 +38,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import load_settings
-from ..errors import ConfigError, LaunchError
-from ._blame import how_ended
-from ._deaths import alive
-from ._host_exec import Reach, local_names
+from ...config import load_settings
+from ...errors import ConfigError, LaunchError
+from ..hosts.reach import Reach, local_names
+from ..supervision.blame import how_ended
+from ..supervision.deaths import alive
+from .decisions import RESTARTS, Placement, hosts_of, place_servers, server_exit, spans_hosts
 
-__all__ = ["RESTARTS", "Placement", "ServerSet", "hosts_of", "parameter_servers", "place_servers", "server_exit"]
+__all__ = ["ServerSet", "parameter_servers"]
 
 _START_SECONDS = 60.0
 _EXIT_SECONDS = 30.0
-RESTARTS = 3  # a lost server is started again at most this many times
-ENDED_STATUSES = (0, 3)  # a server's own end: every trainer finished, or the rest were lost (LOST_EXIT_STATUS)
 _CHECK_SECONDS = 0.1
 # Forwarded to a server on another host (its environment is the remote login's, not this one's);
 # the job secret travels on its standard input instead.
@@ -75,73 +73,6 @@ rc=$?
 if [ -s "$d/address.end" ]; then cat "$d/address.end"; echo; fi
 rm -rf "$d"
 exit $rc"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one server runs: `host` as the trainers reach it, and whether that is this host."""
-
-    index: int
-    host: str
-    local: bool
-
-
-def hosts_of(hosts: str, hostfile_text: str = "") -> list[str]:
-    """The distinct host names of ``-H host:slots,...`` or of a hostfile's lines, in order.
-
-    Example:
-        >>> hosts_of("a:2,b:2,a:1")
-        ['a', 'b']
-        >>> hosts_of("", "node1 slots=4\\n# comment\\nnode2:2\\n")
-        ['node1', 'node2']
-    """
-    names = [entry.split(":", 1)[0].strip() for entry in hosts.split(",")] if hosts else []
-    for line in hostfile_text.splitlines():
-        words = line.split("#", 1)[0].split()
-        if words:
-            names.append(words[0].split(":", 1)[0])
-    return list(dict.fromkeys(name for name in names if name))
-
-
-def place_servers(count: int, hosts: Sequence[str], this_host: str) -> list[Placement]:
-    """Deal `count` servers round robin over `hosts` (none: all on this host, on loopback).
-
-    Example:
-        >>> [(p.host, p.local) for p in place_servers(3, ["h0", "h1"], "h0")]
-        [('h0', True), ('h1', False), ('h0', True)]
-        >>> place_servers(1, [], "h0")
-        [Placement(index=0, host='127.0.0.1', local=True)]
-    """
-    if count < 1:
-        raise LaunchError(f"--pservers must be at least 1. Got --pservers {count}.")
-    if not hosts:
-        return [Placement(i, "127.0.0.1", True) for i in range(count)]
-    here = local_names(this_host)
-    return [Placement(i, host, host in here) for i, host in ((i, hosts[i % len(hosts)]) for i in range(count))]
-
-
-def _spans_hosts(placements: Sequence[Placement], hosts: Sequence[str], this_host: str) -> bool:
-    """Whether trainers may run elsewhere than here (then servers listen on every interface)."""
-    here = local_names(this_host)
-    return any(not p.local for p in placements) or any(h not in here for h in hosts)
-
-
-def server_exit(code: int, *, restarts: int, checkpoint_dir: str, limit: int = RESTARTS) -> str:
-    """What the launcher does about a server process that ended with `code` (negative: a signal).
-
-    ``"ended"``: the server's own end (`ENDED_STATUSES`); ``"restart"``: it died, and the job keeps
-    checkpoints to resume from, and it has been restarted fewer than `limit` times; ``"lost"``: it
-    died and stays down.
-
-    Example:
-        >>> server_exit(3, restarts=0, checkpoint_dir=""), server_exit(-9, restarts=0, checkpoint_dir="/ck")
-        ('ended', 'restart')
-        >>> server_exit(-9, restarts=0, checkpoint_dir=""), server_exit(1, restarts=3, checkpoint_dir="/ck")
-        ('lost', 'lost')
-    """
-    if code in ENDED_STATUSES:
-        return "ended"
-    return "restart" if checkpoint_dir and restarts < limit else "lost"
 
 
 class _Server:
@@ -328,7 +259,7 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
     """
     if not program:
         raise LaunchError("No program given: unisonrun -np N --pservers M python train.py")
-    from ..service.security import new_secret
+    from ...service.security import new_secret
 
     try:
         settings = load_settings(os.environ)
@@ -343,7 +274,7 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
     this_host = socket.gethostname()
     names = hosts_of(hosts, hostfile_text)
     placements = place_servers(count, names, this_host)
-    wide = _spans_hosts(placements, names, this_host)
+    wide = spans_hosts(placements, names, this_host)
     secret = os.environ.get("UNISON_SECRET") or new_secret()
     common = {"UNISON_PS_NUM_TRAINERS": str(num_trainers), "UNISON_PS_NUM_SERVERS": str(count),
               **({"UNISON_PS_MODE": mode} if mode else {})}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Mapping, Sequence
 
-from ..errors import LaunchError
+from ...errors import LaunchError
 
 __all__ = ["env_pairs", "hide_values", "name_flags"]
 

@@ -15,7 +15,7 @@ epoch that could still write there, then removes it. When the job ends normally,
 reaper, which exits without touching anything. Ranks on other hosts end when their mpiexec proxy
 loses its connection to mpiexec.
 
-The reaper runs as ``python -I -S _reaper.py FD DIRECTORY [VARIABLE]``: standard library only.
+The reaper runs as ``python -I -S reaper.py FD DIRECTORY [VARIABLE]`` (this file, by its path): standard library only.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Markers in the launcher's directory, one file per rank and event: ``started-R`` (host and pid, written
 by ``init()``), ``failed-R`` (the abort reason, from the exception hook), ``finished-R`` (an orderly
 ``shutdown()``), all from `unison._failure`; and ``ended-R`` (pid and exit code, negative for a
-signal), written by the rank's keeper (`_keeper`) as soon as the rank ended and before mpiexec learns
+signal), written by the rank's keeper (`keeper`) as soon as the rank ended and before mpiexec learns
 of it. `blame` is pure: the supervisor feeds it what it saw since its last look.
 
 The rule: the first thing that went wrong is the cause and is named; ranks that end after it are its
@@ -21,7 +21,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .._contract import parse_marker_name
+from ..._contract import parse_marker_name
 
 __all__ = ["Markers", "blame", "read_markers"]
 

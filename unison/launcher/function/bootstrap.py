@@ -16,7 +16,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from .._contract import (
+from ..._contract import (
     HOSTS_UPDATED_EXIT,
     JOB_FILE,
     META_FILE,
@@ -28,8 +28,8 @@ from .._contract import (
 
 
 def _rank() -> int:
-    from .. import _runtime
-    from ..config import process_environment
+    from ... import _runtime
+    from ...config import process_environment
 
     if _runtime.is_initialized():
         return _runtime.rank()
@@ -41,7 +41,7 @@ def _rank() -> int:
 
 
 def _outcome_directory(directory: Path) -> Path:
-    from ..config import load_settings
+    from ...config import load_settings
 
     settings = load_settings()
     if not settings.elastic_driver:
@@ -78,7 +78,7 @@ def _failed(directory: Path, exc: BaseException) -> int:
         pass
     _write(directory, error_file(_rank()), info)
     traceback.print_exc()
-    from .._failure import abort_job
+    from ..._failure import abort_job
 
     abort_job(exc)
     return 1

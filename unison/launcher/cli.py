@@ -17,19 +17,19 @@ from .._contract import LAUNCHER_KEEP_GOING_VARIABLE as KEEP_GOING_VARIABLE
 from .._contract import LAUNCHER_RELAY_VARIABLE as RELAY_VARIABLE
 from ..config import load_settings
 from ..errors import ConfigError, InvalidArgumentError, LaunchError
-from ._elastic_driver import add_arguments as add_elastic_arguments
-from ._elastic_driver import options_from as elastic_options
-from ._elastic_driver import run_elastic
-from ._environment import env_pairs, hide_values
-from ._host_exec import address_seen_from
-from ._hostfile import parse_hosts, read_hostfile
-from ._jobs import register, show_status
-from ._keeper import command as keeper_command
-from ._mpiexec import find_mpiexec
-from ._program import check_program
-from ._reaper import JobDirectory
-from ._relay import MarkerRelay
-from ._supervise import exit_status, report, supervise
+from .elastic.driver import add_arguments as add_elastic_arguments
+from .elastic.driver import options_from as elastic_options
+from .elastic.driver import run_elastic
+from .hosts.hostfile import parse_hosts, read_hostfile
+from .hosts.reach import address_seen_from
+from .jobs import register, show_status
+from .mpi.mpiexec import find_mpiexec
+from .mpi.program import check_program
+from .mpi.variables import env_pairs, hide_values
+from .supervision.keeper import command as keeper_command
+from .supervision.reaper import JobDirectory
+from .supervision.relay import MarkerRelay
+from .supervision.supervise import exit_status, report, supervise
 
 __all__ = ["main", "parser"]
 
@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         if args.check_build:
-            from ._check_build import check_build
+            from .check_build import check_build
 
             return check_build(mpiexec=args.mpiexec)
         if args.status is not None:
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                iface=args.iface, timeout=args.timeout, tag_output=args.tag_output,
                                output_dir=args.output_filename)
         if args.pservers:
-            from ._pservers import parameter_servers
+            from .pservers.servers import parameter_servers
 
             with parameter_servers(args.pservers, args.np, command, hosts=args.hosts, hostfile=args.hostfile,
                                    launcher_exec=args.launcher_exec) as servers:

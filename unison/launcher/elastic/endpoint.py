@@ -3,7 +3,7 @@
 Rank 0 asks inside ``commit()`` (`unison.elastic._environment.ask_driver`) whether the driver wants the
 ranks to stop for a new host set. The answer names the epoch: ``OK <epoch> <changes>`` for the running
 epoch, ``STALE <epoch>`` to a question from an epoch that has ended (that launch is being replaced).
-Questions and answers travel as signed lines (`_line_server`): the ranks get the key with the address
+Questions and answers travel as signed lines (`supervision.line_server`): the ranks get the key with the address
 in ``UNISON_ELASTIC_DRIVER`` (``KEY@HOST:PORT``), so nobody else who reaches the port can ask, or
 answer in the driver's place. The server listens where the epoch's ranks reach the driver (`listen`).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ._host_exec import address_seen_from
-from ._line_server import LineServer, LineServerState
+from ..hosts.reach import address_seen_from
+from ..supervision.line_server import LineServer, LineServerState
 
 __all__ = ["MAX_QUESTION_BYTES", "Endpoint", "driver_host"]
 

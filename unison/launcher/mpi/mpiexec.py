@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import LaunchError
-from ._environment import name_flags
+from ...errors import LaunchError
+from .variables import name_flags
 
 __all__ = ["MpiExec", "find_mpiexec", "library_vendor", "mpiexec_vendor"]
 
@@ -76,7 +76,7 @@ class MpiExec:
         """The full mpiexec command line for `program` on `np` processes.
 
         `env_names` are variables to pass to every rank from mpiexec's environment: the caller puts
-        their values there (`_environment`); the command line, readable by every user, names them at
+        their values there (`variables`); the command line, readable by every user, names them at
         most.
 
         `launcher_exec` replaces ssh for starting processes on other hosts. `iface` names the network

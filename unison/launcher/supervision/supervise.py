@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
-from ._blame import blame, read_markers
-from ._deaths import DeathWatch, alive
-from ._mpi_messages import OutputRelay
-from ._segments import Segments
+from ..._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
+from ..mpi.messages import OutputRelay
+from .blame import blame, read_markers
+from .deaths import DeathWatch, alive
+from .segments import Segments
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 
@@ -98,7 +98,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     SIGINT and SIGTERM received meanwhile are forwarded to mpiexec; ranks still alive
     `INTERRUPT_GRACE_SECONDS` later are killed. With `announce`, the timeout line is printed the
     moment the timeout fires, before mpiexec's own messages about the ranks it stops. `keepers` says
-    the local ranks run under `_keeper`, whose ``ended-R`` markers say exactly which rank ended first.
+    the local ranks run under `keeper`, whose ``ended-R`` markers say exactly which rank ended first.
     After a failure the job gets `grace_seconds` (default `GRACE_SECONDS`) to end by itself before
     everything is killed; an elastic launch passes 0: its state is in the commits, and the next
     launch starts as soon as this one is gone. MPICH's shared-memory segments that the local ranks

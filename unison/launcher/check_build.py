@@ -59,7 +59,7 @@ def _imports(module: str) -> str:
 def check_build(mpiexec: str = "") -> int:
     """Print the build report and run the self-test; return 0 on PASS."""
     from .._version import __version__
-    from ._mpiexec import find_mpiexec, loaded_library
+    from .mpi.mpiexec import find_mpiexec, loaded_library
 
     rows = [("unison", __version__), ("Python", f"{platform.python_version()} ({sys.executable})"),
             ("numpy", _version("numpy")), ("mpi4py", _version("mpi4py"))]

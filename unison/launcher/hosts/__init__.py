@@ -1,0 +1,1 @@
+"""Hosts: lists as users write them (``-H``, hostfiles), and reaching them the way mpiexec does."""
