@@ -427,6 +427,60 @@ def test_the_checkpoint_state_round_trips_through_a_file(tmp_path: Path) -> None
         _checkpoint.restore_shard(make("async")[0], header, arrays, source=str(path))
 
 
+def _spoiled(change: str) -> tuple[dict, dict]:
+    """The state of a shard with an Adam block and a table, spoiled as `change` says."""
+    shard, _ = make("sync")
+    shard.declare(0, "adam", Adam(0.1).fields(), [pb.DenseDecl(key="w#0", size=3)], [table_decl(dim=2, capacity=8)],
+                  [floats_piece("w#0", [1.0, 2.0, 3.0])])
+    for trainer in (0, 1):
+        push(shard, trainer, [rows_piece("emb", [3, 11], np.ones((2, 2)))], sequence=1, step=0)
+    header, arrays = _checkpoint.shard_state(shard)
+    if change == "no dense":
+        del header["dense"]
+    elif change == "dense a list":
+        header["dense"] = ["w#0"]
+    elif change == "block without size":
+        del header["dense"]["w#0"]["size"]
+    elif change == "size not a number":
+        header["dense"]["w#0"]["size"] = "three"
+    elif change == "unknown optimizer":
+        header["dense"]["w#0"]["optimizer"]["kind"] = "rmsprop"
+    elif change == "values of another shape":
+        arrays["dense/w#0/values"] = np.zeros((1, 4), np.float32)
+    elif change == "slot missing":
+        del arrays["dense/w#0/slot.m"]
+    elif change == "bad initializer":
+        header["tables"]["emb"]["initializer"] = {"kind": "zeros", "spread": 1}
+    elif change == "table rows of another width":
+        arrays["table/emb/values"] = np.zeros((2, 5), np.float32)
+    elif change == "version not a number":
+        header["version"] = None
+    return header, arrays
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ("no dense", r"its header: no 'dense'"),
+    ("dense a list", r'its header: .dense. must be an object of objects. Got \["w#0"\]'),
+    ("block without size", r"dense block 'w#0': no 'size'"),
+    ("size not a number", r"dense block 'w#0': invalid literal for int\(\) with base 10: 'three'"),
+    ("unknown optimizer", r"dense block 'w#0': optimizer must be one of \[.*\]. Got 'rmsprop'."),
+    ("values of another shape", r"dense block 'w#0': array 'dense/w#0/values' is float32\[1, 4\]; expected float32\[1, 3\]"),
+    ("slot missing", r"dense block 'w#0': no 'dense/w#0/slot.m'"),
+    ("bad initializer", r"table 'emb': .*unexpected keyword argument 'spread'"),
+    ("table rows of another width", r"table 'emb': could not broadcast"),
+    ("version not a number", r"its header: int\(\) argument must be"),
+])
+def test_a_malformed_checkpoint_is_refused_by_name_and_restores_nothing(change: str, says: str) -> None:
+    header, arrays = _spoiled(change)
+    fresh, _ = make("sync")
+    with pytest.raises(ConfigError, match=rf"^/ckpt/server-0-of-1.npz is not a readable unison.ps checkpoint \({says}.*\); "
+                                          r"move it away to start from scratch\.$"):
+        _checkpoint.restore_shard(fresh, header, arrays, source="/ckpt/server-0-of-1.npz")
+    assert (fresh.dense, fresh.tables, fresh.version, fresh.restored) == ({}, {}, 0, False)
+    _checkpoint.restore_shard(fresh, *_spoiled("nothing"))  # the same state unspoiled restores
+    assert sorted(fresh.dense) == ["w#0"] and fresh.tables["emb"].state()["ids"].tolist() == [3, 11]
+
+
 def test_statistics_count_memory_pending_steps_and_trainers() -> None:
     shard, clock = make("sync")
     hello(shard, 0)

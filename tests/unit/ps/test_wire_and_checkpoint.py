@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -65,3 +69,36 @@ def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path) -> None:
     path.write_bytes(b"not a zip")
     with pytest.raises(ConfigError, match=r"is not a readable unison.ps checkpoint"):
         _checkpoint.load(path)
+
+
+def _written(path: Path, **arrays: np.ndarray) -> Path:
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
+def _header(value: object) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), dtype=np.uint8)
+
+
+def test_every_malformed_checkpoint_file_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    good = _checkpoint.checkpoint_path(str(tmp_path), 0, 1)
+    _checkpoint.save(good, {"version": 3}, {"dense/w#0/values": np.ones((1, 4096), np.float32)})
+    whole = good.read_bytes()
+    cases = {
+        "truncated.npz": (lambda p: p.write_bytes(whole[: len(whole) // 2]), r"BadZipFile: "),
+        "empty.npz": (lambda p: p.write_bytes(b""), r"EOFError: |ValueError: "),
+        "one-array.npz": (lambda p: np.save(open(p, "wb"), np.zeros(3)), r"it holds one array of shape \(3,\), not an \.npz archive"),
+        "no-header.npz": (lambda p: _written(p, values=np.zeros(3)), r"no __header__ array"),
+        "not-json.npz": (lambda p: _written(p, __header__=np.frombuffer(b"{oops", np.uint8)), r"its __header__ is not UTF-8 JSON"),
+        "not-utf8.npz": (lambda p: _written(p, __header__=np.frombuffer(b"\xff\xfe", np.uint8)), r"its __header__ is not UTF-8 JSON"),
+        "a-list.npz": (lambda p: _written(p, __header__=_header([1, 2])), r"its __header__ is a JSON list, not an object"),
+        "a-string.npz": (lambda p: _written(p, __header__=_header("format")), r"its __header__ is a JSON str, not an object"),
+    }
+    for name, (write, says) in cases.items():
+        path = tmp_path / name
+        write(path)
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))} is not a readable unison.ps checkpoint "
+                                              rf"\(({says}).*\); move it away to start from scratch\.$"):
+            _checkpoint.load(path)
+    assert _checkpoint.load(good) is not None
