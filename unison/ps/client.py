@@ -285,6 +285,13 @@ class Client:
         """Introduce this trainer to every server (waiting for them to come up) and start heartbeats."""
         info = self._info()
         replies = self._on_every(lambda s: self._call(s, "Hello", lambda: iter([info])))
+        for server, reply in enumerate(replies):
+            if reply.server != server:
+                raise ConfigError(
+                    f"The parameter server at {self.endpoints[server]} is server {reply.server} of "
+                    f"{reply.num_servers} (its UNISON_PS_SERVER_INDEX), but trainer {self.trainer}'s "
+                    f"UNISON_PS_ENDPOINTS lists it as server {server} of {self.num_servers}. Give every "
+                    "server the index of its place in UNISON_PS_ENDPOINTS, and every process the same list.")
         for reply in replies:
             self._versions[reply.server] = reply.version
             self._sequences[reply.server] = max(self._sequences[reply.server], reply.sequence)

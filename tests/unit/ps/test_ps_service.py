@@ -169,3 +169,28 @@ def test_a_sync_push_sent_again_is_taken_once_and_the_checkpoint_keeps_applied_n
     assert _checkpoint.load(Path(srv.checkpoint()))[0]["sequences"] == {"0": 2, "1": 2}
     a.close(), b.close()
     srv.stop(0.1)
+
+
+@pytest.mark.timeout(30)
+def test_a_server_at_another_place_in_the_endpoints_is_refused_by_name() -> None:
+    servers = [ParameterServer(index, 2, 1, SECRET, mode="async") for index in (0, 1)]
+    for srv in servers:
+        srv.start()
+    try:
+        first, second = (srv.address for srv in servers)
+        for endpoints, at, says, listed in (([second, first], second, 1, 0),  # swapped: each gets the other's state
+                                            ([second], second, 1, 0)):  # past the end of the trainer's list
+            client = Client(endpoints, SECRET, trainer=0, num_trainers=1, reconnect_seconds=5.0, heartbeat_seconds=0)
+            with pytest.raises(ConfigError, match=(
+                    rf"^The parameter server at {at} is server {says} of 2 \(its UNISON_PS_SERVER_INDEX\), but "
+                    rf"trainer 0's UNISON_PS_ENDPOINTS lists it as server {listed} of {len(endpoints)}\. Give every "
+                    r"server the index of its place in UNISON_PS_ENDPOINTS, and every process the same list\.$")):
+                client.connect()
+            assert client.state.value == "created"
+            client.close()
+        client = Client([first, second], SECRET, trainer=0, num_trainers=1, reconnect_seconds=5.0, heartbeat_seconds=0)
+        assert [reply.server for reply in client.connect()] == [0, 1]  # in their places: connected
+        client.close()
+    finally:
+        for srv in servers:
+            srv.stop(grace_seconds=0.1)
