@@ -105,8 +105,8 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("elastic_epoch", "UNISON_ELASTIC_EPOCH", None, "int", 0,
             "Set by unisonrun's elastic driver for every launch: the membership epoch."),
     Setting("elastic_driver", "UNISON_ELASTIC_DRIVER", None, "str", "",
-            "Set by unisonrun's elastic driver: host:port of its endpoint, which ranks ask about host "
-            "changes (empty: not an elastic launch)."),
+            "Set by unisonrun's elastic driver: KEY@HOST:PORT of its endpoint, which rank 0 asks about "
+            "host changes in signed lines under KEY (empty: not an elastic launch)."),
     Setting("elastic_store", "UNISON_ELASTIC_STORE", None, "str", "",
             "Set by unisonrun's elastic driver: the job's shared-memory directory for commits."),
     Setting("elastic_hosts", "UNISON_ELASTIC_HOSTS", None, "str", "",

@@ -246,18 +246,17 @@ def test_import_unison_leaves_the_launcher_unloaded() -> None:
 
 
 def test_the_contract_imports_nothing_of_unison() -> None:
-    # The keeper runs as ``python -I -S _keeper.py``, outside the package, and loads the file by its path.
+    # The keeper runs as ``python -I -S launcher/supervision/keeper.py``, outside the package, and loads
+    # the contract by its path.
     _, edges = _graph()
     assert [str(edge) for edge in edges if edge.source == "unison._contract"] == []
 
 
 def test_the_launcher_imports_only_what_the_elastic_package_shares() -> None:
     # The driver decides with elastic.membership and --status reads elastic.store; the rest is the ranks'.
-    # unison/launcher/_run.py still imports Epoch through the old module name, kept for it.
     _, edges = _graph()
     reaches = sorted(str(edge) for edge in edges if edge.source.startswith("unison.launcher.")
-                     and edge.target.startswith("unison.elastic._")
-                     and (edge.source, edge.target) != ("unison.launcher._run", "unison.elastic._membership"))
+                     and edge.target.startswith("unison.elastic._"))
     assert reaches == []
 
 

@@ -259,7 +259,7 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
     """
     if not program:
         raise LaunchError("No program given: unisonrun -np N --pservers M python train.py")
-    from ...service.security import new_secret
+    from ...rpc.security import new_secret
 
     try:
         settings = load_settings(os.environ)
