@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import ConfigError, HorovodInternalError, HostsUpdatedInterrupt
 from . import _codec
 from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
 from .store import CommitId, StateStore
@@ -355,9 +355,20 @@ class SnapshotState(State):
 
         env = environment()
         rank = self._books.get_rank()
-        mine = StateStore(env.store, env.host_of(rank)).newest() if env.store else None
-        found: list[CommitId | None] = allgather_object(mine, name="unison.elastic.commits")
-        newest = max((commit for commit in found if commit is not None), default=None)
+        mine: CommitId | str | None = None
+        if env.store:
+            try:
+                mine = StateStore(env.store, env.host_of(rank)).newest()
+            except ConfigError as exc:  # the store is not safe to read: every rank stops, naming it
+                mine = str(exc)
+        found: list[CommitId | str | None] = allgather_object(mine, name="unison.elastic.commits")
+        refused = {r: text for r, text in enumerate(found) if isinstance(text, str)}
+        if refused:
+            first = min(refused)
+            others = f" (also ranks {sorted(refused)[1:]})" if len(refused) > 1 else ""
+            raise ConfigError(f"rank {first} on host {env.host_of(first)} cannot restore from its elastic "
+                              f"store{others}: {refused[first]}")
+        newest = max((commit for commit in found if isinstance(commit, CommitId)), default=None)
         if newest is None:
             self.sync()
         else:

@@ -11,6 +11,12 @@ before anyone commits.
 The writer keeps each slot mapped between commits and copies into the mapping: on tmpfs that costs
 about half of a ``pwrite`` of the same bytes (no per-page write calls, no page faults after the
 first commit), measured in ``benchmarks/elastic.py``.
+
+Every rank restores the newest commit by unpickling it, so the store is trusted only when no one else
+can write it: the store directory and the host's directory are made with mode 0700, and a directory
+that another user owns, that group or others can write, or that is a symbolic link is refused with a
+`ConfigError` naming it, its owner and its mode (another user could have made the path first on a
+host that joins the job). A ``current`` that is not a commit pointer is refused the same way.
 """
 
 from __future__ import annotations
@@ -20,14 +26,19 @@ import json
 import mmap
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .._contract import write_atomically
+from ..errors import ConfigError
 
-__all__ = ["CommitId", "StateStore"]
+__all__ = ["CommitId", "StateStore", "check_private"]
+
+_POINTER_KEYS = ("commit", "epoch", "slot", "bytes")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -46,11 +57,59 @@ class CommitId:
     commit: int
 
 
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_private(path: Path) -> bool:
+    """Whether directory `path` is there; refuse it unless this user owns it and only this user can write it.
+
+    Raises:
+        ConfigError: `path` is a symbolic link, not a directory, owned by another user, or writable by
+            group or others; the message names its owner and mode.
+    """
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = "belongs to another user"
+    elif mode & 0o022:
+        problem = "is writable by group or others"
+    else:
+        return True
+    raise ConfigError(
+        f"The elastic store directory {path} {problem} (owner {_user(info.st_uid)}, mode 0o{mode:03o}). "
+        f"Every rank unpickles the commits found there, so it must be a directory owned by "
+        f"{_user(os.getuid())} that group and others cannot write. Remove it, or give the job another "
+        "UNISON_ELASTIC_STORE.")
+
+
+def _make_private(path: Path) -> None:
+    """Make directory `path` with mode 0700 unless it is there, then check it (whoever made it)."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass  # there already, or made in between: checked next either way
+    check_private(path)
+
+
 class StateStore:
     """The commits of one host in one job: `write` (atomic), `newest`, `read`."""
 
     def __init__(self, directory: str | Path, host: str) -> None:
-        self.path = Path(directory) / re.sub(r"[^A-Za-z0-9_.-]", "_", host)
+        self.root = Path(directory)
+        self.path = self.root / re.sub(r"[^A-Za-z0-9_.-]", "_", host)
         self.writes = 0
         self.bytes_written = 0
         self._maps: dict[int, mmap.mmap] = {}  # slot -> its mapping, kept between commits
@@ -61,23 +120,55 @@ class StateStore:
     def statistics(self) -> dict[str, int]:
         return {"writes": self.writes, "bytes_written": self.bytes_written}
 
+    def _there(self) -> bool:
+        """Whether this host's directory is there, checked private with the store's (`check_private`)."""
+        return check_private(self.root) and check_private(self.path)
+
     def _current(self) -> dict[str, int] | None:
+        """The commit pointer; None when there is none, or it cannot be read, or is not a JSON object.
+
+        Raises:
+            ConfigError: an object without the pointer's keys, or with values that are not what they must be.
+        """
         try:
             value = json.loads((self.path / "current").read_text())
         except (OSError, ValueError):
             return None
-        return value if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            return None
+        fields: dict[str, Any] = {key: value.get(key) for key in _POINTER_KEYS}
+        if all(type(v) is int and v >= 0 for v in fields.values()) and fields["slot"] in (0, 1):
+            return fields
+        raise ConfigError(
+            f"{self.path / 'current'} is not a commit pointer of unison's elastic store: it must be a JSON "
+            f"object of {list(_POINTER_KEYS)}, integers >= 0 and slot 0 or 1. Got {json.dumps(value)[:200]}. "
+            f"Remove {self.path} to start this host from no commit.")
 
     def newest(self) -> CommitId | None:
-        """The newest complete commit on this host, or None."""
+        """The newest complete commit on this host, or None.
+
+        Raises:
+            ConfigError: the store is not private to this user (`check_private`), or ``current`` is not a
+                commit pointer.
+        """
+        if not self._there():
+            return None
         current = self._current()
-        return None if current is None else CommitId(epoch=int(current["epoch"]), commit=int(current["commit"]))
+        return None if current is None else CommitId(epoch=current["epoch"], commit=current["commit"])
 
     def write(self, commit: CommitId, parts: Sequence[memoryview | bytes]) -> None:
-        """Store `parts` (concatenated) as `commit`; the previous commit stays readable until it is done."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Store `parts` (concatenated) as `commit`; the previous commit stays readable until it is done.
+
+        Raises:
+            ConfigError: the store or the host's directory was there, not private to this user.
+        """
+        if not check_private(self.root):
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            _make_private(self.root)
+        if not check_private(self.path):
+            _make_private(self.path)
         current = self._current()
-        slot = 1 - int(current["slot"]) if current else 0
+        slot = 1 - current["slot"] if current else 0
         views = [memoryview(part).cast("B") for part in parts]
         size = sum(view.nbytes for view in views)
         if size:
@@ -126,12 +217,18 @@ class StateStore:
             self._unmap(slot)
 
     def read(self) -> tuple[CommitId, bytearray] | None:
-        """The newest commit and its bytes (a writable buffer), or None when there is none."""
+        """The newest commit and its bytes (a writable buffer), or None when there is none.
+
+        Raises:
+            ConfigError: as `newest`.
+        """
+        if not self._there():
+            return None
         current = self._current()
         if current is None:
             return None
-        data = bytearray(int(current["bytes"]))
-        with open(self.path / f"slot-{int(current['slot'])}", "rb") as f:
+        data = bytearray(current["bytes"])
+        with open(self.path / f"slot-{current['slot']}", "rb") as f:
             if f.readinto(data) != len(data):
                 return None
-        return CommitId(epoch=int(current["epoch"]), commit=int(current["commit"])), data
+        return CommitId(epoch=current["epoch"], commit=current["commit"]), data

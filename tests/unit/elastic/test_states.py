@@ -188,3 +188,31 @@ def test_a_value_that_would_hide_the_states_methods_is_refused(name: str) -> Non
     with pytest.raises(ValueError, match=r"A state value's name must be an identifier \(values are attributes\). "
                        r"Got 'unison elastic bookkeeping'"):
         ObjectState(lambda obj, root_rank=0: obj, lambda: 0, **{"unison elastic bookkeeping": 1})
+
+
+def test_a_store_open_to_others_stops_every_rank_naming_the_rank_and_the_directory(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 0's host directory is writable by others: nothing is unpickled from it, and what every rank
+    # receives from the commit exchange makes each raise the same error.
+    import unison._objects
+    from unison.elastic import _state
+    from unison.elastic._environment import ElasticEnvironment
+    from unison.elastic.store import CommitId, StateStore
+    from unison.errors import ConfigError
+
+    StateStore(tmp_path, "a").write(CommitId(epoch=0, commit=5), [b"not a pickle"])
+    (tmp_path / "a").chmod(0o777)
+    exchanged = []
+
+    def allgather_object(obj: object, name: str = "") -> list:
+        exchanged.append(obj)
+        return [obj, CommitId(epoch=0, commit=4)]  # rank 1, on host b, found an older commit
+
+    monkeypatch.setattr(unison._objects, "allgather_object", allgather_object)
+    monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(store=str(tmp_path), hosts=(("a", 1), ("b", 1))))
+    state = ObjectState(lambda obj, root_rank=0: obj, lambda: 0, epoch=0)
+    with pytest.raises(ConfigError, match=r"^rank 0 on host a cannot restore from its elastic store: The elastic "
+                                          r"store directory .*/a is writable by group or others \(owner .*, mode "
+                                          r"0o777\)\. Every rank unpickles"):
+        state._begin()
+    assert isinstance(exchanged[0], str)  # what rank 1 raised with, too

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 from unison.elastic import _codec
 from unison.elastic.store import CommitId, StateStore
+from unison.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 
@@ -89,7 +93,7 @@ def test_a_commit_larger_than_the_free_shared_memory_is_an_error_not_a_crash(tmp
 
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small tmpfs")
-    script = (f"mount -t tmpfs -o size=64k tmpfs {tmp_path} || exit 99; "
+    script = (f"mount -t tmpfs -o size=64k,mode=0700 tmpfs {tmp_path} || exit 99; "  # private, as the store must be
               f'exec "{sys.executable}" -c "$0" {tmp_path}')
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script, _FULL_TMPFS], capture_output=True,
                           text=True, timeout=60)
@@ -127,3 +131,59 @@ def test_commit_order_prefers_the_later_epoch_then_more_commits() -> None:
         CommitId(epoch=4, commit=11))
     assert max([CommitId(epoch=1, commit=12), CommitId(epoch=1, commit=11)]) == CommitId(epoch=1, commit=12)
     assert max([CommitId(epoch=0, commit=40), CommitId(epoch=1, commit=3)]) == CommitId(epoch=1, commit=3)
+
+
+def test_the_store_is_made_private_and_a_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = StateStore(root, "h")
+    store.write(CommitId(epoch=0, commit=1), [b"one"])
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (root, store.path)] == [0o700, 0o700]
+    for opened, mode in ((store.path, 0o770), (root, 0o757)):
+        opened.chmod(mode)
+        says = (rf"^The elastic store directory {re.escape(str(opened))} is writable by group or others \(owner "
+                rf".*uid {os.getuid()}\), mode 0o{mode:o}\)\. Every rank unpickles the commits found there")
+        for call in (store.newest, store.read, lambda: store.write(CommitId(epoch=0, commit=2), [b"two"])):
+            with pytest.raises(ConfigError, match=says):
+                call()
+        opened.chmod(0o700)
+    assert store.read() == (CommitId(epoch=0, commit=1), bytearray(b"one"))
+
+
+def test_a_store_directory_of_another_user_or_a_link_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made_first = tmp_path / "made-first"  # as another user of a host joining the job would
+    (made_first / "h").mkdir(parents=True, mode=0o700)
+    made_first.chmod(0o700)
+    (made_first / "h" / "current").write_text(json.dumps({"commit": 9, "epoch": 9, "slot": 0, "bytes": 1}))
+    (made_first / "h" / "slot-0").write_bytes(b"x")
+    owner = os.getuid()
+    from unison.elastic import store as _store
+
+    monkeypatch.setattr(_store.os, "getuid", lambda: owner + 1)
+    with pytest.raises(ConfigError, match=rf"^The elastic store directory {re.escape(str(made_first))} belongs to "
+                                          rf"another user \(owner .*uid {owner}\), mode 0o700\)\. .* owned by "
+                                          rf"(.* \()?uid {owner + 1}\)? that group and others cannot write\. "
+                                          r"Remove it, or give the job another UNISON_ELASTIC_STORE\.$"):
+        StateStore(made_first, "h").newest()
+    monkeypatch.undo()
+    link = tmp_path / "link"
+    link.symlink_to(made_first)
+    with pytest.raises(ConfigError, match=r"is a symbolic link"):
+        StateStore(link, "h").read()
+    with pytest.raises(ConfigError, match=r"is a symbolic link"):
+        StateStore(link, "h").write(CommitId(epoch=0, commit=1), [b"mine"])
+    assert StateStore(tmp_path / "none", "h").newest() is None and not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("pointer", [{"commit": 1, "epoch": 0, "slot": 0}, {"commit": 1, "epoch": 0, "slot": 2, "bytes": 3},
+                                     {"commit": "1", "epoch": 0, "slot": 0, "bytes": 3},
+                                     {"commit": 1, "epoch": 0, "slot": 0, "bytes": -3}])
+def test_a_current_that_is_not_a_commit_pointer_is_refused_by_name(tmp_path: Path, pointer: dict) -> None:
+    store = StateStore(tmp_path, "h")
+    store.write(CommitId(epoch=0, commit=1), [b"one"])
+    (store.path / "current").write_text(json.dumps(pointer))
+    says = (rf"^{re.escape(str(store.path / 'current'))} is not a commit pointer of unison's elastic store: it must "
+            rf"be a JSON object of \['commit', 'epoch', 'slot', 'bytes'\], integers >= 0 and slot 0 or 1\. "
+            rf"Got {re.escape(json.dumps(pointer))}\. Remove {re.escape(str(store.path))} to start this host from no commit\.$")
+    for call in (store.newest, store.read, lambda: store.write(CommitId(epoch=0, commit=2), [b"two"])):
+        with pytest.raises(ConfigError, match=says):
+            call()
