@@ -124,6 +124,31 @@ def _imports(module: str, modules: dict[str, Path]) -> list[Edge]:
     return [edge for edge in edges if edge.target != module]
 
 
+def _unresolved(modules: dict[str, Path]) -> list[str]:
+    """Imports of unison modules that do not exist (a lazy one fails only when its function runs)."""
+    missing: list[str] = []
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    names = [".".join(base + ([node.module] if node.module else []))]
+                else:
+                    names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            missing += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                        if (name == "unison" or name.startswith("unison.")) and name not in modules]
+    return missing
+
+
+def test_every_import_of_unison_names_a_module_that_exists() -> None:
+    assert _unresolved(_modules()) == []
+
+
 def _graph() -> tuple[dict[str, Path], list[Edge]]:
     modules = _modules()
     return modules, [edge for module in modules for edge in _imports(module, modules)]

@@ -64,7 +64,7 @@ def _on(data: Any, share: Callable[[Any], Any], settings: Settings, local_size: 
     """Rank 0's service, every rank's client, over `data`; `share` sends rank 0's value to every rank."""
     from ..backends.grpc import GrpcBackend
     from .client import ControlClient
-    from .security import load_secret, new_secret
+    from ..rpc.security import load_secret, new_secret
 
     rank, size = data.rank, data.size
     secret = load_secret(settings)
