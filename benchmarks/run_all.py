@@ -37,7 +37,7 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 RANKS = 2
 # Benchmark name -> whether it runs under mpiexec; in the order they run.
 BENCHMARKS = {"allreduce": True, "train_torch": True, "train_tensorflow": True, "compression": True,
-              "coordinator_scale": False, "autotune": True}
+              "coordinator_scale": False, "autotune": True, "torch_distributed": True}
 TIMEOUT_SECONDS = 900
 KiB, MiB = 1024, 1024 * 1024
 Results = dict[str, Any]  # one benchmark's JSON
@@ -276,6 +276,17 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
         rate = model["median_samples_per_second"]
         rows.append(("autotune", f"{name}, samples/s with UNISON_AUTOTUNE=1 vs the defaults",
                      f"{rate['tuned']:.1f}", f"{rate['default']:.1f}", f"{model['tuned_over_default']:.2f}x"))
+    if "torch_distributed" in results:
+        data = results["torch_distributed"]
+        for name, model in data["models"].items():
+            rate = model["median_samples_per_second"]
+            rows.append(("torch_distributed", f"DDP on {name}, samples/s: backend unison vs gloo",
+                         f"{rate['unison']:.1f}", f"{rate['gloo']:.1f}", f"{model['unison_over_gloo']:.2f}x"))
+        small = data["allreduce_4kib_median_seconds"]
+        if small:
+            rows.append(("torch_distributed", "4 KiB dist.all_reduce, median: unison vs gloo",
+                         time_label(small["unison"]), time_label(small["gloo"]),
+                         f"{small['unison'] / small['gloo']:.2f}x"))
     return rows
 
 

@@ -11,7 +11,7 @@ backend reports by name). DDP does not run on it: in torch 2.13.0 DDP's construc
 process (SIGSEGV) in DETAIL mode, with gloo alone and no unison in the process. Then the latency of a
 4 KiB ``dist.all_reduce`` on each of the three groups (alternating, median), and the time until a rank learns of a collective issued with another shape on the other
 rank, on each rank: unison raises at once on both; gloo may return a wrong result on one rank and wait
-for its own timeout (10 s here) on the other; DETAIL mode raises after its check. The groups get their store through
+for its own timeout (10 s here; 2 s with --quick) on the other; DETAIL mode raises after its check. The groups get their store through
 unison (no MASTER_ADDR needed). Rank 0 writes everything to ``benchmarks/results/torch_distributed.json``.
 """
 
@@ -37,6 +37,7 @@ import unison.torch as hvd
 MODES = ("unison", "gloo", "gloo-detail")
 DDP_MODES = ("unison", "gloo")
 MISMATCH_TIMEOUT = timedelta(seconds=10)
+QUICK_MISMATCH_TIMEOUT = timedelta(seconds=2)  # --quick: gloo's wait for the rank it left behind
 
 
 def groups() -> dict[str, dist.ProcessGroup]:
@@ -74,11 +75,11 @@ def latency(made: dict[str, dist.ProcessGroup], rounds: int) -> dict[str, float]
     return {mode: statistics.median(values) for mode, values in (times or {}).items()}
 
 
-def time_to_error(backend: str, detail: bool) -> tuple[float, str]:
+def time_to_error(backend: str, detail: bool, timeout: timedelta) -> tuple[float, str]:
     """Seconds until this rank's mismatched all_reduce returned or raised, and what happened."""
     if detail:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
-    group = dist.new_group(backend=backend, timeout=MISMATCH_TIMEOUT)
+    group = dist.new_group(backend=backend, timeout=timeout)
     dist.set_debug_level(dist.DebugLevel.OFF)
     dist.all_reduce(torch.ones(1), group=group)  # the group is up on every rank
     tensor = torch.ones(3 if hvd.rank() == 0 else 4)
@@ -111,8 +112,9 @@ def main() -> None:
     step_seconds = {name: take_turns({mode: make_step(name, made[mode], args.batch_size) for mode in DDP_MODES},
                                      steps, warmup=1 if args.quick else 10) or {} for name in names}
     small = latency(made, 20 if args.quick else 300)
+    timeout = QUICK_MISMATCH_TIMEOUT if args.quick else MISMATCH_TIMEOUT
     errors = {mode: hvd.allgather_object(time_to_error("unison" if mode == "unison" else "gloo",
-                                                       mode == "gloo-detail"))
+                                                       mode == "gloo-detail", timeout))
               for mode in MODES} if hvd.size() > 1 else {}
     load_after, steal = os.getloadavg(), steal_share(cpu_before, cpu_times())
     if hvd.rank() == 0:

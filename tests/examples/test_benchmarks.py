@@ -26,6 +26,7 @@ EXPECTED_KEYS = {
     "compression": {"ranks", "rounds", "steps", "batch_size", "parameters", "baseline", "load_before",
                     "load_after", "schemes"},
     "coordinator_scale": {"cycles", "tensors_per_cycle", "load_before", "load_after", "cases"},
+    "torch_distributed": {"ranks", "steps", "models", "allreduce_4kib_median_seconds", "mismatch"},
 }
 PLOTS = ["allreduce.png", "training_throughput.png", "compression.png", "coordinator_scale.png"]
 
@@ -50,6 +51,10 @@ def test_quick_run_writes_every_json_plot_and_the_summary(tmp_path: Path) -> Non
     tf_results = json.loads((tmp_path / "train_tensorflow.json").read_text())
     assert {"unison", "nocomm", "mpi", "raw"} == tf_results["seconds_per_step"].keys()
     assert all(len(v) == tf_results["steps"] for v in tf_results["seconds_per_step"].values())
+    torch_dist = json.loads((tmp_path / "torch_distributed.json").read_text())
+    assert {"unison", "gloo"} == torch_dist["models"]["mlp"]["step_seconds"].keys()
+    unison_errors = torch_dist["mismatch"]["unison"]
+    assert [entry["outcome"].split(":")[0] for entry in unison_errors] == ["MismatchError"] * 2, unison_errors
     schemes = json.loads((tmp_path / "compression.json").read_text())["schemes"]
     assert {"none", "fp16", "powersgd4"} <= schemes.keys()
     assert schemes["fp16"]["median_wire_bytes_per_step"] < schemes["none"]["median_wire_bytes_per_step"]
