@@ -39,6 +39,7 @@ import locale
 import os
 import secrets
 import socket
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,7 +49,7 @@ __all__ = [
     "LAUNCHER_KEEP_GOING_VARIABLE", "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "META_FILE",
     "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "SIGNATURE_CHARS", "ask_signed", "epoch_directory", "error_file",
     "host_of", "marker_name", "parse_hosts", "parse_marker_name", "read_signed", "relay_line", "result_file",
-    "send_marker", "sign", "signed_line", "split_signed_address", "write_atomically", "write_service_file",
+    "send_marker", "sign", "signed_line", "split_signed_address", "write_atomically", "write_service_file", "untrusted_directory", "user_name",
 ]
 
 LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
@@ -298,3 +299,39 @@ def ask_signed(address: str, payload: bytes, timeout_seconds: float = RELAY_TIME
     except (OSError, ValueError):
         return None  # the server is gone or unreachable
     return read_signed(key, answer, answering=question[:SIGNATURE_CHARS])
+
+
+def untrusted_directory(path: str | os.PathLike[str]) -> str | None:
+    """Why directory `path` cannot be trusted to hold only what this user wrote, or None when it can.
+
+    A directory that this user owns and that group and others cannot write is trusted; a symbolic link,
+    a file, another user's directory, or one that group or others can write is not (another user of a
+    host can make a job's predictable path first and plant files in it). The reason names the owner's
+    uid and the mode.
+
+    Raises:
+        FileNotFoundError: `path` is not there.
+    """
+    info = os.lstat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = "belongs to another user"
+    elif mode & 0o022:
+        problem = "is writable by group or others"
+    else:
+        return None
+    return f"{problem} (owner {user_name(info.st_uid)}, mode 0o{mode:03o})"
+
+
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` where the name cannot be looked up."""
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"

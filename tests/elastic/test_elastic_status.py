@@ -157,3 +157,17 @@ def test_a_launch_ending_while_status_reads_its_table_is_said_so(tmp_path: Path,
 
     assert _table(tmp_path / "gone" / "service.json", 1.0) == 0
     assert "the launch that had one has just ended; ask again" in capsys.readouterr().out
+
+
+def test_status_names_a_host_store_it_refuses_and_reads_the_others(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    StateStore(store, "a").write(CommitId(epoch=1, commit=4), [b"x"])
+    StateStore(store, "b").write(CommitId(epoch=1, commit=5), [b"y"])
+    (store / "b").chmod(0o777)  # writable by others: not trusted, whatever its commit says
+    job = {"pid": 7, "dir": str(store), "command": ["train"], "elastic": {
+        "epoch": 1, "np": 2, "hosts": "a:1,b:1", "epoch_started": 1.0, "running": False, "waiting": "",
+        "resets": 0, "failures": 0, "discovered": "a:1, b:1", "blacklist": {}}}
+    lines = elastic_lines(job, now=2.0)
+    assert "  commits: commit 4 (written in epoch 1, newest on a); resets: 0 (0 after a failure)" in lines
+    refused = [line for line in lines if line.startswith("  store refused: b: ")]
+    assert len(refused) == 1 and str(store / "b") in refused[0], lines

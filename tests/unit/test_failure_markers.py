@@ -89,3 +89,10 @@ def test_a_marker_that_cannot_be_written_does_not_stop_the_abort(
     _failure.abort_job(ValueError("boom"))
     assert failing_rank.aborts == [f"rank 1 (h, pid {os.getpid()}) failed: ValueError: boom"]
     assert "rank 1 could not leave its failed-1 marker for the launcher: RuntimeError: the disk said no" in caplog.text
+
+
+def test_the_launcher_reads_a_marker_that_is_not_text_in_its_encoding(tmp_path: Path) -> None:
+    from unison.launcher.supervision.blame import read_markers
+
+    (tmp_path / "failed-3").write_bytes(b"rank 3 failed: \xff\xfe bytes\n")
+    assert read_markers(tmp_path).failed == {3: "rank 3 failed: \\xff\\xfe bytes"}

@@ -26,14 +26,13 @@ import json
 import mmap
 import os
 import re
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._contract import write_atomically
+from .._contract import untrusted_directory, user_name, write_atomically
 from ..errors import ConfigError
 
 __all__ = ["CommitId", "StateStore", "check_private"]
@@ -57,15 +56,6 @@ class CommitId:
     commit: int
 
 
-def _user(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
 def check_private(path: Path) -> bool:
     """Whether directory `path` is there; refuse it unless this user owns it and only this user can write it.
 
@@ -74,24 +64,15 @@ def check_private(path: Path) -> bool:
             group or others; the message names its owner and mode.
     """
     try:
-        info = os.lstat(path)
+        problem = untrusted_directory(path)
     except (FileNotFoundError, NotADirectoryError):
         return False
-    mode = stat.S_IMODE(info.st_mode)
-    if stat.S_ISLNK(info.st_mode):
-        problem = "is a symbolic link"
-    elif not stat.S_ISDIR(info.st_mode):
-        problem = "is not a directory"
-    elif info.st_uid != os.getuid():
-        problem = "belongs to another user"
-    elif mode & 0o022:
-        problem = "is writable by group or others"
-    else:
+    if problem is None:
         return True
     raise ConfigError(
-        f"The elastic store directory {path} {problem} (owner {_user(info.st_uid)}, mode 0o{mode:03o}). "
+        f"The elastic store directory {path} {problem}. "
         f"Every rank unpickles the commits found there, so it must be a directory owned by "
-        f"{_user(os.getuid())} that group and others cannot write. Remove it, or give the job another "
+        f"{user_name(os.getuid())} that group and others cannot write. Remove it, or give the job another "
         "UNISON_ELASTIC_STORE.")
 
 

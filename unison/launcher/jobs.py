@@ -140,21 +140,27 @@ def _describe(job: dict[str, Any]) -> str:
     return f"  pid {job['pid']:>7}  {job['np']} ranks{kind}  {age:>7.0f} s  {' '.join(job['command'])[:70]}"
 
 
-def _newest_commit(store: str) -> tuple[int, int, str] | None:
+def _newest_commit(store: str) -> tuple[tuple[int, int, str] | None, list[str]]:
     """The newest commit in an elastic job's store on this host (in restore order, `CommitId`'s):
-    (commit, epoch, host), or None."""
+    (commit, epoch, host) or None; and why each host's store that could not be read was refused (one
+    another user could have written, a malformed pointer: `StateStore`'s errors)."""
     from ..elastic.store import CommitId, StateStore
 
     newest: tuple[CommitId, str] | None = None
+    refused: list[str] = []
     try:
         hosts = sorted(entry.name for entry in os.scandir(store) if entry.is_dir())
     except OSError:
-        return None
+        return None, refused
     for host in hosts:
-        found = StateStore(store, host).newest()
+        try:
+            found = StateStore(store, host).newest()
+        except (OSError, ValueError) as exc:
+            refused.append(f"{host}: {exc}")
+            continue
         if found is not None and (newest is None or found > newest[0]):
             newest = (found, host)
-    return None if newest is None else (newest[0].commit, newest[0].epoch, newest[1])
+    return (None if newest is None else (newest[0].commit, newest[0].epoch, newest[1])), refused
 
 
 def elastic_lines(job: dict[str, Any], now: float) -> list[str]:
@@ -171,10 +177,11 @@ def elastic_lines(job: dict[str, Any], now: float) -> list[str]:
                      "started yet")
     if e.get("waiting"):
         lines.append(f"  waiting for hosts: {e['waiting']}")
-    newest = _newest_commit(job["dir"])
+    newest, refused = _newest_commit(job["dir"])
     commits = (f"commit {newest[0]} (written in epoch {newest[1]}, newest on {newest[2]})" if newest
                else "none yet")
     lines.append(f"  commits: {commits}; resets: {e['resets']} ({e['failures']} after a failure)")
+    lines.extend(f"  store refused: {why}" for why in refused)
     blacklisted = []
     for host, (until, why) in sorted(e.get("blacklist", {}).items()):
         if until is None:

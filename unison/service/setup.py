@@ -63,8 +63,8 @@ def _need_grpc() -> None:
 def _on(data: Any, share: Callable[[Any], Any], settings: Settings, local_size: int, host_ranks: list[int]) -> Any:
     """Rank 0's service, every rank's client, over `data`; `share` sends rank 0's value to every rank."""
     from ..backends.grpc import GrpcBackend
-    from .client import ControlClient
     from ..rpc.security import load_secret, new_secret
+    from .client import ControlClient
 
     rank, size = data.rank, data.size
     secret = load_secret(settings)

@@ -23,6 +23,7 @@ from ..._contract import (
     epoch_directory,
     error_file,
     result_file,
+    untrusted_directory,
     write_atomically,
 )
 
@@ -85,6 +86,12 @@ def _failed(directory: Path, exc: BaseException) -> int:
 
 
 def _load(directory: Path) -> dict[str, Any]:
+    # The job directory's path is predictable and its files are run and unpickled: another user of a
+    # host could make it first there. Only a directory this user owns, that no one else can write, is read.
+    problem = untrusted_directory(directory)
+    if problem is not None:
+        raise PermissionError(f"unison.run's job directory {directory} {problem}: its function and arguments "
+                              "are unpickled from it, so it must be this user's and private; not loading it.")
     # The function may live in the caller's main script: restore the caller's sys.path and import
     # that script as __mp_main__ (so its `if __name__ == "__main__":` block stays off) before unpickling.
     meta = json.loads((directory / META_FILE).read_text())

@@ -51,7 +51,7 @@ def read_markers(directory: Path) -> Markers:
         kind, rank = marker
         try:
             markers.written_ns[(kind, rank)] = entry.stat().st_mtime_ns
-            text = "" if kind == "finished" else Path(entry.path).read_text().strip()
+            text = "" if kind == "finished" else Path(entry.path).read_text(errors="backslashreplace").strip()
         except OSError:
             continue
         if kind == "finished":

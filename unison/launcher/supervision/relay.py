@@ -83,6 +83,6 @@ class MarkerRelay(LineServer):
         name, text = marker
         try:
             write_atomically(self.directory / name, text, temporary=self.directory / f".{name}.relay")
-        except OSError:
+        except (OSError, ValueError):  # a full disk, a name the file system refuses: refused, not fatal
             return None
         return b"OK"
