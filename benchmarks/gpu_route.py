@@ -77,7 +77,7 @@ def main() -> int:
         for i in range(args.steps):
             for route in ("host", "gpu") if i % 2 == 0 else ("gpu", "host"):
                 times[route].append(step(route))
-        from unison._runtime import job
+        from unison._job.runtime import job
 
         plane = job().engine.executor.device_plane.statistics()
     finally:

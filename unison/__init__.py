@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._collectives import (
+from ._job.collectives import (
     allgather,
     allgather_async,
     allreduce,
@@ -45,8 +45,8 @@ from ._collectives import (
     reducescatter_async,
     synchronize,
 )
-from ._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
-from ._runtime import (
+from ._job.objects import add_process_set, allgather_object, broadcast_object, remove_process_set
+from ._job.runtime import (
     ccl_built,
     cross_rank,
     cross_size,

@@ -1,7 +1,7 @@
 """The contract between unisonrun and the ranks it starts: variables, the launcher directory, markers.
 
-Both sides take these names and formats from here: the ranks (`unison._failure`, `unison.service.setup`,
-`unison._runtime`, `unison.elastic`) and the launcher (`unison.launcher`), the per-rank keeper included.
+Both sides take these names and formats from here: the ranks (`unison._job.failure`, `unison.service.setup`,
+`unison._job.runtime`, `unison.elastic`) and the launcher (`unison.launcher`), the per-rank keeper included.
 The keeper runs as ``python -I -S unison/launcher/supervision/keeper.py`` and loads this file by its
 path, so it imports the standard library only, and nothing of unison.
 

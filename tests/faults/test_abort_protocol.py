@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unison._failure import describe
+from unison._job.failure import describe
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
 from unison.protocol.messages import Request, ResponseKind, decode_requests, encode_requests

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from unison._failure import ALARM_SECONDS, GRACE_SECONDS
+from unison._job.failure import ALARM_SECONDS, GRACE_SECONDS
 
 from ._jobs import BOUND_SECONDS, HERE, MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from unison._failure import GRACE_SECONDS
+from unison._job.failure import GRACE_SECONDS
 from unison.backends._liveness import PROBE_WINDOW_SECONDS, probe_window
 
 from ._jobs import MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun

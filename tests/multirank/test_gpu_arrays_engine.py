@@ -69,7 +69,7 @@ def job():
 
 
 def _plane_statistics() -> dict[str, int]:
-    from unison._runtime import job as current
+    from unison._job.runtime import job as current
 
     plane = current().engine.executor.device_plane
     assert plane is not None, "the GPU route was not taken"

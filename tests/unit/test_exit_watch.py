@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(60)
 
 PROGRAM = """
 import os, sys
-from unison._exit_watch import ExitWatch
+from unison._job.exit_watch import ExitWatch
 watch = ExitWatch.start("unison: rank 3 ended without a word")
 if sys.argv[1] == "settle":
     watch.settle()
@@ -37,7 +37,7 @@ def test_the_watcher_speaks_only_when_the_rank_ends_without_a_word(how: str, sai
 
 
 def test_the_line_names_the_rank_and_what_to_use() -> None:
-    from unison._exit_watch import watcher_text
+    from unison._job.exit_watch import watcher_text
 
     text = watcher_text(1, "node7", 4242)
     assert text.startswith("unison: rank 1 (node7, pid 4242) ended without shutting unison down")

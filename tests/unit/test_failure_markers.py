@@ -1,4 +1,4 @@
-"""A failing rank's marker (unison/_failure.py over unison/_contract.py's `write_atomically`): any reason is
+"""A failing rank's marker (unison/_job/failure.py over unison/_contract.py's `write_atomically`): any reason is
 written and reads back, a file planted at the temporary name is never written through, and the abort
 reaches the engine whatever happens to the marker."""
 

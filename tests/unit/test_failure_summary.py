@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 import unison
-from unison._failure import describe
+from unison._job.failure import describe
 
 UNISON_DIR = os.path.dirname(os.path.abspath(unison.__file__))
 SITE = os.path.join(os.sep, "opt", "venv", "lib", "python3.11", "site-packages")
@@ -52,12 +52,12 @@ def test_unison_frames_are_skipped_so_the_user_call_site_shows() -> None:
         (os.path.join(UNISON_DIR, "adapters", "torch", "autograd.py"), "allreduce"),
         (os.path.join(SITE, "torch", "autograd", "function.py"), "apply"),
         (os.path.join(UNISON_DIR, "adapters", "torch", "autograd.py"), "forward"),
-        (os.path.join(UNISON_DIR, "_collectives.py"), "synchronize"),
+        (os.path.join(UNISON_DIR, "_job", "collectives.py"), "synchronize"),
     ], RuntimeError("Mismatched ALLREDUCE tensor shapes"))
     text = describe(exc, 0, "h", 1)
     assert text.startswith("rank 0 (h, pid 1) failed: RuntimeError: Mismatched ALLREDUCE tensor shapes "
                            "at train.py:2 in train_step <- test_failure_summary.py:")
-    assert "_collectives.py" not in text and "autograd.py" not in text and "function.py" not in text
+    assert "collectives.py" not in text and "autograd.py" not in text and "function.py" not in text
 
 
 @pytest.mark.parametrize("framework", ["tensorflow", "keras", "tf_keras", "torch"])
@@ -93,10 +93,10 @@ def test_tensorflows_in_user_code_message_gives_the_message_and_the_users_line()
 
 def test_when_every_frame_is_internal_the_innermost_one_shows() -> None:
     exc = raised_through([(os.path.join(SITE, "torch", "a.py"), "outer"),
-                          (os.path.join(UNISON_DIR, "_collectives.py"), "synchronize")], OSError("gone"))
+                          (os.path.join(UNISON_DIR, "_job", "collectives.py"), "synchronize")], OSError("gone"))
     # The test's own frame is the user's; without it only internal frames are left.
     exc.__traceback__ = exc.__traceback__.tb_next if exc.__traceback__ else None
-    assert describe(exc, 0, "h", 1) == "rank 0 (h, pid 1) failed: OSError: gone at _collectives.py:2 in synchronize"
+    assert describe(exc, 0, "h", 1) == "rank 0 (h, pid 1) failed: OSError: gone at collectives.py:2 in synchronize"
 
 
 def test_an_error_without_message_or_traceback() -> None:

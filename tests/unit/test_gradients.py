@@ -1,4 +1,4 @@
-"""The framework-free gradient policy (`unison._gradients`): validation texts, scale factors, names."""
+"""The framework-free gradient policy (`unison._job.gradients`): validation texts, scale factors, names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from unison._gradients import (
+from unison._job.gradients import (
     Framework,
     aggregation_divisor,
     allreduce_scaling,

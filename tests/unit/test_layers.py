@@ -6,7 +6,7 @@ Every module under ``unison/`` is parsed with `ast`; every import counts, the on
 ``if TYPE_CHECKING:`` are left out: they never run, and annotations may name a type from any floor.
 
 The floors, bottom first, are `FLOORS` here and the "Floor plan" section of docs/architecture.md. A
-unit is a subpackage of ``unison`` (``unison.engine``) or a module directly in it (``unison._runtime``);
+unit is a subpackage of ``unison`` (``unison.engine``) or a module directly in it (``unison._job.runtime``);
 a unit may import units on its own floor or below, never above.
 """
 
@@ -31,9 +31,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transports", ("unison.backends", "unison.service")),
     ("engine", ("unison.engine",)),
     ("gpu", ("unison.gpu",)),
-    ("job", ("unison._collectives", "unison._elastic", "unison._exit_watch", "unison._failure",
-             "unison._gpu_available", "unison._gradients", "unison._objects", "unison._runtime",
-             "unison._startup", "unison._submit", "unison._summary", "unison._torch_launch", "unison.compression")),
+    ("job", ("unison._job", "unison.compression")),
     ("elastic", ("unison.elastic",)),
     ("parameter servers", ("unison.ps",)),
     ("adapters", ("unison.adapters",)),
@@ -294,7 +292,7 @@ def test_the_job_owns_process_set_membership() -> None:
     readers = set()
     for path in sorted(PACKAGE.rglob("*.py")):
         shown = str(path.relative_to(ROOT))
-        if shown.startswith("unison/engine/") or shown == "unison/_runtime.py":
+        if shown.startswith("unison/engine/") or shown == "unison/_job/runtime.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=shown)):
             if (isinstance(node, ast.Attribute) and node.attr == "process_sets"

@@ -1,4 +1,4 @@
-"""The start-up check's messages (unison/_startup.py): every report and verdict fits the buffer it is received
+"""The start-up check's messages (unison/_job/startup.py): every report and verdict fits the buffer it is received
 into, whatever the text, so every rank raises `StartupError` with the reason.
 
 `check_start` runs here over a stand-in for MPI's point-to-point calls that, like MPI, fails a receive
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from unison import _startup
-from unison._startup import REPORT_BYTES, check_start, verdict_message
+from unison._job.startup import REPORT_BYTES, check_start, verdict_message
 from unison.errors import StartupError
 
 

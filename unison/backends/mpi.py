@@ -209,7 +209,7 @@ class MpiBackend:
             f"{probe_window(self._peer_timeout):g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
             "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
-        try:  # straight to stderr, like the other last words of a rank (unison._failure)
+        try:  # straight to stderr, like the other last words of a rank (unison._job.failure)
             sys.stderr.write(message + "\n")
         finally:
             abort_with_output(self._mpi.COMM_WORLD)

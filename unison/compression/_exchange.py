@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _submit as core
+from .._job import submit as core
 from ..ops import CollectiveKind, ReduceOp
 from ..process_sets import ProcessSet
 from ._base import Exchange, payload_bytes

@@ -156,7 +156,7 @@ class State:
 
     def _start_check(self) -> None:
         """Start broadcasting rank 0's count of announced host changes, read by the next check."""
-        from .._collectives import broadcast_async_
+        from .._job.collectives import broadcast_async_
 
         env = environment()
         books = self._books
@@ -184,7 +184,7 @@ class State:
 
     def _resolve_check(self) -> None:
         """Wait for this State's check broadcast, if one runs, and keep its value for the next check."""
-        from .._submit import synchronize
+        from .._job.submit import synchronize
 
         pending = self._take_check()
         if pending is not None:
@@ -194,7 +194,7 @@ class State:
     def _drop_check(self, timeout_seconds: float) -> None:
         """At shutdown: let the check broadcast in flight finish (every rank started it), but wait at
         most `timeout_seconds` and never raise: the job is ending either way."""
-        from .._submit import release
+        from .._job.submit import release
 
         pending = self._take_check()
         if pending is not None:
@@ -227,14 +227,14 @@ class State:
 
 
 def _rank() -> int:
-    from .._runtime import rank
+    from .._job.runtime import rank
 
     return rank()
 
 
 def _broadcast_bytes(data: bytearray | None, root_rank: int) -> memoryview:
     """`root_rank`'s `data` on every rank (two broadcasts: the length, then the bytes)."""
-    from .._collectives import broadcast_
+    from .._job.collectives import broadcast_
 
     length = np.array([len(data) if data is not None else 0], dtype=np.int64)
     broadcast_(length, root_rank, name="unison.elastic.state_bytes_length")
@@ -351,7 +351,7 @@ class SnapshotState(State):
 
     def _begin(self) -> None:
         """At the start of a launch: take the newest commit of any host (or rank 0's values)."""
-        from .._objects import allgather_object
+        from .._job.objects import allgather_object
 
         env = environment()
         rank = self._books.get_rank()

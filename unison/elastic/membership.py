@@ -23,7 +23,7 @@ __all__ = ["FAILURES_ALIKE", "FAILURES_WITHOUT_COMMIT", "Ending", "Epoch", "Host
 
 FAILURES_WITHOUT_COMMIT = 3  # failed launches in a row with no commit, after which the job stops
 FAILURES_ALIKE = 3  # failed launches in a row with the same error on more than one host: the program's
-# A failure reason as the ranks write it (unison._summary.describe): its exception type and its
+# A failure reason as the ranks write it (unison._job.summary.describe): its exception type and its
 # innermost user frame, the last " at FILE:LINE in NAME" (the message before it may hold " at " too).
 _REASON = re.compile(r"^rank \d+ \([^)]*\) failed: (?P<type>[A-Za-z_][\w.]*)(?::.*)? at "
                      r"(?P<where>[^ ]+:\d+ in [^ ]+)(?: <- .*)?$", re.DOTALL)

@@ -257,7 +257,7 @@ class Engine:
 
         Returns False when the peers did not answer within `timeout` and they were left: the job is
         then broken (a control operation may never complete), and the caller must not wait for them
-        again (see `unison._failure.job_broken`).
+        again (see `unison._job.failure.job_broken`).
         """
         if self._state is EngineState.CREATED or self._disowned:
             self._state = EngineState.STOPPED

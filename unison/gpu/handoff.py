@@ -97,7 +97,7 @@ def as_cupy(obj: Any) -> Any:
 
 def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any = None,
                    convert: Any = None, xp: Any = None) -> tuple[list[Any], list[Any], list[Any] | None]:
-    """GPU arrays of the NumPy-style API as (buffers, dtypes, outputs) for `unison._submit.submit`.
+    """GPU arrays of the NumPy-style API as (buffers, dtypes, outputs) for `unison._job.submit.submit`.
 
     Each array is wrapped without a copy (`as_cupy`; a non-contiguous one is copied unless in place)
     with an event on the current stream (`mark_ready`); `outputs` are fresh arrays like the inputs when

@@ -1,8 +1,8 @@
 """``import unison.keras as hvd``: Horovod's Keras API for Keras 3 (tensorflow or torch backend), or Keras 2 as tf.keras."""
 
-from .._elastic import elastic_getattr as _elastic_getattr
-from .._objects import add_process_set, remove_process_set
-from .._runtime import (
+from .._job.elastic_module import elastic_getattr as _elastic_getattr
+from .._job.objects import add_process_set, remove_process_set
+from .._job.runtime import (
     ccl_built,
     cross_rank,
     cross_size,

@@ -3,7 +3,7 @@
 Pure functions over plain data, called by the `Coordinator`. Names are ``<kind>.<user name>`` (for
 example ``allreduce.grad``, ``grouped_allreduce.layer_1of3``), and unnamed collectives are
 ``<kind>.noname.<n>`` in the global set and ``<kind>.noname.set<id>.<n>`` in set <id>, where n
-counts one rank's unnamed calls in that process set (see `unison._submit`). Two facts make the checks exact rather than heuristic:
+counts one rank's unnamed calls in that process set (see `unison._job.submit`). Two facts make the checks exact rather than heuristic:
 
 - Horovod keys a collective by its user name alone, so an allreduce on one rank and a broadcast on
   another under the same name is a mismatch, reported once every member has asked for one of them.

@@ -1,9 +1,9 @@
 """``import unison.tensorflow as hvd``: Horovod's TensorFlow API on unison (eager and tf.function)."""
 
-from .._elastic import elastic_getattr as _elastic_getattr
-from .._gpu_available import gpu_available
-from .._objects import add_process_set, remove_process_set
-from .._runtime import (
+from .._job.elastic_module import elastic_getattr as _elastic_getattr
+from .._job.gpu_available import gpu_available
+from .._job.objects import add_process_set, remove_process_set
+from .._job.runtime import (
     ccl_built,
     cross_rank,
     cross_size,

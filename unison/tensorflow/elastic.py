@@ -6,7 +6,7 @@ Example:
     ... def train(state): ...                                                   # doctest: +SKIP
 """
 
-from .._runtime import init, rank, shutdown
+from .._job.runtime import init, rank, shutdown
 from ..adapters.tensorflow.elastic import TensorFlowKerasState, TensorFlowState
 from ..adapters.tensorflow.functions import broadcast_object, broadcast_object_fn, broadcast_variables
 from ..elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn

@@ -243,7 +243,7 @@ class StoreBarrier:
 def torch_store_barrier(environ: Mapping[str, str]) -> StoreBarrier | None:
     """The store barrier of a job launched by torchrun (torch's env:// variables, no MPI launcher),
     on torch's store under a prefix of its own; None for any other launch."""
-    from .._torch_launch import torch_launch
+    from .._job.torch_launch import torch_launch
 
     launch = torch_launch(environ)
     if launch is None:

@@ -9,10 +9,10 @@ Example:
     >>> hvd.broadcast_optimizer_state(opt, root_rank=0)                    # doctest: +SKIP
 """
 
-from .._collectives import barrier, poll
-from .._elastic import elastic_getattr as _elastic_getattr
-from .._objects import add_process_set, allgather_object, broadcast_object, remove_process_set
-from .._runtime import (
+from .._job.collectives import barrier, poll
+from .._job.elastic_module import elastic_getattr as _elastic_getattr
+from .._job.objects import add_process_set, allgather_object, broadcast_object, remove_process_set
+from .._job.runtime import (
     ccl_built,
     cross_rank,
     cross_size,

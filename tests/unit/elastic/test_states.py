@@ -75,8 +75,8 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A fake engine where a broadcast stays in flight until it is synchronized (a peer not there
     # yet): a second one under the same name raises, as the engine does.
-    import unison._collectives
-    import unison._submit
+    import unison._job.collectives
+    import unison._job.submit
     from unison.elastic import _state
     from unison.elastic._environment import ElasticEnvironment
     from unison.errors import DuplicateNameError
@@ -95,8 +95,8 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
         del in_flight[names.pop(handle)]
 
     changes = [0]
-    monkeypatch.setattr(unison._collectives, "broadcast_async_", broadcast_async_)
-    monkeypatch.setattr(unison._submit, "synchronize", synchronize)
+    monkeypatch.setattr(unison._job.collectives, "broadcast_async_", broadcast_async_)
+    monkeypatch.setattr(unison._job.submit, "synchronize", synchronize)
     monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
     monkeypatch.setattr(_state, "ask_driver", lambda address, epoch: changes[0])
     monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
@@ -118,8 +118,8 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
 
 
 def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    import unison._collectives
-    import unison._submit
+    import unison._job.collectives
+    import unison._job.submit
     from unison.elastic import _state
     from unison.elastic._environment import ElasticEnvironment
 
@@ -130,8 +130,8 @@ def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypat
         asked.append(epoch)
         return answers[min(len(asked), len(answers)) - 1]
 
-    monkeypatch.setattr(unison._collectives, "broadcast_async_", lambda tensor, root_rank, name="": 1)
-    monkeypatch.setattr(unison._submit, "synchronize", lambda handle: None)
+    monkeypatch.setattr(unison._job.collectives, "broadcast_async_", lambda tensor, root_rank, name="": 1)
+    monkeypatch.setattr(unison._job.submit, "synchronize", lambda handle: None)
     monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
     monkeypatch.setattr(_state, "ask_driver", ask_driver)
     monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
@@ -194,7 +194,7 @@ def test_a_store_open_to_others_stops_every_rank_naming_the_rank_and_the_directo
         tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Rank 0's host directory is writable by others: nothing is unpickled from it, and what every rank
     # receives from the commit exchange makes each raise the same error.
-    import unison._objects
+    import unison._job.objects
     from unison.elastic import _state
     from unison.elastic._environment import ElasticEnvironment
     from unison.elastic.store import CommitId, StateStore
@@ -208,7 +208,7 @@ def test_a_store_open_to_others_stops_every_rank_naming_the_rank_and_the_directo
         exchanged.append(obj)
         return [obj, CommitId(epoch=0, commit=4)]  # rank 1, on host b, found an older commit
 
-    monkeypatch.setattr(unison._objects, "allgather_object", allgather_object)
+    monkeypatch.setattr(unison._job.objects, "allgather_object", allgather_object)
     monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(store=str(tmp_path), hosts=(("a", 1), ("b", 1))))
     state = ObjectState(lambda obj, root_rank=0: obj, lambda: 0, epoch=0)
     with pytest.raises(ConfigError, match=r"^rank 0 on host a cannot restore from its elastic store: The elastic "

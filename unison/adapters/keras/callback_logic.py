@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ... import _collectives as C
-from ... import _objects
-from ... import _submit as S
-from ..._runtime import job
+from ..._job import collectives as C
+from ..._job import objects as _objects
+from ..._job import submit as S
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from .naming import variable_keys

@@ -6,7 +6,7 @@ from typing import Any
 
 import keras
 
-from ..._runtime import job
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 
 __all__ = ["BestModelCheckpoint", "KerasBestModelCheckpoint"]

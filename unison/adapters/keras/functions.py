@@ -7,7 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from ... import _collectives as C
+from ..._job import collectives as C
 from ...ops import ReduceOp
 from ..array_compression import Compression
 

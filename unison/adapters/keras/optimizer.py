@@ -25,8 +25,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from ... import _collectives as C
-from ..._gradients import (
+from ..._job import collectives as C
+from ..._job.gradients import (
     Framework,
     GradientPolicy,
     aggregation_divisor,
@@ -37,7 +37,7 @@ from ..._gradients import (
     self_reduced_scale,
     split_local,
 )
-from ..._runtime import job
+from ..._job.runtime import job
 from ...compression import Exchange
 from ...compression._exchange import self_reduced, self_reduced_allreduce
 from ...errors import InvalidArgumentError, UnisonNotImplementedError

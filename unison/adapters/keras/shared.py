@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._gradients import GradientPolicy, gradient_group_name
+from ..._job.gradients import GradientPolicy, gradient_group_name
 from ...compression._exchange import average_slices_
 from .naming import variable_keys
 

@@ -2,7 +2,7 @@
 
 An eager collective whose inputs all sit on one GPU, with dtypes the device path carries, reaches the
 engine as CuPy arrays with ``device="cuda"``: ``tf.experimental.dlpack.to_dlpack`` ->
-``cupy.from_dlpack`` (no copy), the NumPy-style collectives (`unison._collectives`, which send CuPy
+``cupy.from_dlpack`` (no copy), the NumPy-style collectives (`unison._job.collectives`, which send CuPy
 arrays to `unison.gpu`), and back through ``tf.experimental.dlpack.from_dlpack`` (no copy). Everything
 else takes the host path the bridge always had (``Tensor.numpy()``, TensorFlow copying back), and
 `choose_route` says why:

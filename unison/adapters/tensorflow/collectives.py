@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ... import _collectives as C
-from ... import _submit as S
-from ..._runtime import job
-from ..._submit import set_rank, set_size
+from ..._job import collectives as C
+from ..._job import submit as S
+from ..._job.runtime import job
+from ..._job.submit import set_rank, set_size
 from ...errors import UnisonNotImplementedError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set

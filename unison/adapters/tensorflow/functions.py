@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ... import _objects
-from ..._runtime import job
+from ..._job import objects as _objects
+from ..._job.runtime import job
 from ...process_sets import ProcessSet, global_process_set
 from ._bridge import executing_eagerly, run
 from ._bridge import no_autograph as _no_autograph

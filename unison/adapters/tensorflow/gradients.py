@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..._gradients import (
+from ..._job.gradients import (
     GradientPolicy,
     allreduce_scaling,
     gradient_group_name,

@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..._gradients import Framework, GradientPolicy, gradient_policy
+from ..._job.gradients import Framework, GradientPolicy, gradient_policy
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression

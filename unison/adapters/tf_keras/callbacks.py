@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from ..._runtime import job
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from ..keras.callback_logic import (
     BroadcastGlobalVariablesLogic,

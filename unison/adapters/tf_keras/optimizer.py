@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..._gradients import (
+from ..._job.gradients import (
     Framework,
     GradientPolicy,
     aggregation_divisor,

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ... import _submit as core
-from ..._runtime import job
-from ..._submit import set_rank, set_size
+from ..._job import submit as core
+from ..._job.runtime import job
+from ..._job.submit import set_rank, set_size
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c

@@ -1,7 +1,7 @@
 """Every collective on torch tensors: Horovod's signatures, zero-copy buffers, handles that yield tensors.
 
 Each call turns its tensors into NumPy views (`buffers.to_buffer`) and submits them to the engine
-through `unison._submit.submit`, which names the op as Horovod does (``<op>.<name>``, or
+through `unison._job.submit.submit`, which names the op as Horovod does (``<op>.<name>``, or
 ``<op>.noname.<n>`` without a name, ``<op>.noname.set<id>.<n>`` in process set <id>; grouped
 members ``_<i>of<N>``). Out-of-place allreduce and broadcast write straight into a torch tensor
 allocated here; gathered results are wrapped with ``torch.from_numpy``. The autograd-aware forms are in `autograd`.
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import _submit as core
-from ..._runtime import job
+from ..._job import submit as core
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set

@@ -14,19 +14,19 @@ __all__ = ["ElasticSampler", "TorchState"]
 
 
 def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
-    from ..._objects import broadcast_object
+    from ..._job.objects import broadcast_object
 
     return broadcast_object(obj, root_rank)
 
 
 def _rank() -> int:
-    from ..._runtime import rank
+    from ..._job.runtime import rank
 
     return rank()
 
 
 def _size() -> int:
-    from ..._runtime import size
+    from ..._job.runtime import size
 
     return size()
 

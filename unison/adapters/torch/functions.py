@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..._objects import broadcast_object
-from ..._runtime import job
+from ..._job.objects import broadcast_object
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from . import collectives as c
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 
-from ... import _collectives
+from ..._job import collectives as _collectives
 from ...errors import InvalidArgumentError
 
 __all__ = ["join"]

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from ... import _submit as core
-from ..._gradients import (
+from ..._job import submit as core
+from ..._job.gradients import (
     Framework,
     GradientPolicy,
     allreduce_scaling,
@@ -49,7 +49,7 @@ from ..._gradients import (
     sparse_name,
     sparsified_name,
 )
-from ..._runtime import job
+from ..._job.runtime import job
 from ...compression import Exchange, payload_bytes
 from ...compression._exchange import lowrank_allreduce
 from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError

@@ -42,8 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ... import _runtime
-from ..._objects import process_set_of, registered_set_of
+from ..._job import runtime as _runtime
+from ..._job.objects import process_set_of, registered_set_of
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -683,7 +683,7 @@ def job_store(timeout: timedelta) -> tuple[Any, int, int]:
     rank, size = _runtime.rank(), _runtime.size()
     if size == 1:
         return dist.HashStore(), rank, size
-    from ..._objects import broadcast_object
+    from ..._job.objects import broadcast_object
 
     address = None
     if rank == 0:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..._runtime import job
+from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
 from . import collectives as c

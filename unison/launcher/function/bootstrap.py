@@ -29,7 +29,7 @@ from ..._contract import (
 
 
 def _rank() -> int:
-    from ... import _runtime
+    from ..._job import runtime as _runtime
     from ...config import process_environment
 
     if _runtime.is_initialized():
@@ -79,7 +79,7 @@ def _failed(directory: Path, exc: BaseException) -> int:
         pass
     _write(directory, error_file(_rank()), info)
     traceback.print_exc()
-    from ..._failure import abort_job
+    from ..._job.failure import abort_job
 
     abort_job(exc)
     return 1

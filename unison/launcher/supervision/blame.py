@@ -2,7 +2,7 @@
 
 Markers in the launcher's directory, one file per rank and event: ``started-R`` (host and pid, written
 by ``init()``), ``failed-R`` (the abort reason, from the exception hook), ``finished-R`` (an orderly
-``shutdown()``), all from `unison._failure`; and ``ended-R`` (pid and exit code, negative for a
+``shutdown()``), all from `unison._job.failure`; and ``ended-R`` (pid and exit code, negative for a
 signal), written by the rank's keeper (`keeper`) as soon as the rank ended and before mpiexec learns
 of it. `blame` is pure: the supervisor feeds it what it saw since its last look.
 

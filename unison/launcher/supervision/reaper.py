@@ -32,7 +32,7 @@ from types import TracebackType
 
 __all__ = ["JobDirectory", "job_processes"]
 
-_LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._failure.LAUNCHER_DIR_VARIABLE (stdlib only here)
+_LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"  # unison._job.failure.LAUNCHER_DIR_VARIABLE (stdlib only here)
 _KILL_ROUNDS = 20  # a process may start another while the reaper kills: look again until none is left
 SEGMENT_PREFIX = "/dev/shm/mpich_shm_"  # MPICH's shared memory between the ranks of a host
 

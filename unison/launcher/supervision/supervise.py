@@ -1,7 +1,7 @@
 """Run one mpiexec job and make sure it ends: watch the ranks, name the one that failed, kill strays.
 
 Every rank started under the launcher writes marker files into the job's directory (see
-`unison._failure`): ``started-R`` (host and pid, at ``init()``), ``failed-R`` (the abort reason, from
+`unison._job.failure`): ``started-R`` (host and pid, at ``init()``), ``failed-R`` (the abort reason, from
 the exception hook) and ``finished-R`` (at an orderly ``shutdown()``). The supervisor polls them with
 mpiexec: a rank on this host whose process ended without ``finished-R`` died (signal, ``os._exit``); a
 ``failed-R`` means an uncaught exception. After either, the job gets `GRACE_SECONDS` to end by itself
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ..._failure import GRACE_SECONDS as RANK_GRACE_SECONDS
+from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ..mpi.messages import OutputRelay
 from .blame import blame, read_markers
 from .deaths import DeathWatch, alive

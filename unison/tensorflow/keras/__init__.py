@@ -1,6 +1,6 @@
 """``import unison.tensorflow.keras as hvd``: unison.keras's API in horovod.tensorflow.keras's signatures, for the Keras that tf.keras is."""
 
-from ..._elastic import elastic_getattr as _elastic_getattr
+from ..._job.elastic_module import elastic_getattr as _elastic_getattr
 from ...adapters.keras.flavour import tf_keras_is_keras2 as _tf_keras_is_keras2
 from ...adapters.keras.optimizer import DistributedOptimizer
 from ...keras import (

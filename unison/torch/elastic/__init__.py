@@ -7,7 +7,7 @@ Example:
     ... def train(state): ...                                                    # doctest: +SKIP
 """
 
-from ..._runtime import init, shutdown
+from ..._job.runtime import init, shutdown
 from ...adapters.torch.elastic import ElasticSampler, TorchState
 from ...elastic._state import HostsUpdatedInterrupt, ObjectState, State, run, run_fn
 from ...errors import HorovodInternalError

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import Settings, process_environment
-from .errors import ConfigError, MissingDependencyError
+from ..config import Settings, process_environment
+from ..errors import ConfigError, MissingDependencyError
 
 __all__ = ["TorchLaunch", "check_settings_agree", "torch_backend", "torch_launch", "torch_launched_alone"]
 
@@ -40,7 +40,7 @@ class TorchLaunch:
 
     @property
     def topology(self) -> tuple[int, int, int, int, bool]:
-        """(local rank, local size, cross rank, cross size, homogeneous), as `unison._runtime` keeps it."""
+        """(local rank, local size, cross rank, cross size, homogeneous), as `unison._job.runtime` keeps it."""
         hosts = max(1, self.size // max(1, self.local_size))
         return self.local_rank, self.local_size, self.rank // max(1, self.local_size), hosts, \
             self.size % max(1, self.local_size) == 0
@@ -98,8 +98,8 @@ def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
             "This process was started by torchrun (torch's env:// variables are set, no MPI launcher), which "
             "needs torch: pip install torch."
         ) from None
-    from .backends import create_backend
-    from .backends.gloo import GlooWorld
+    from ..backends import create_backend
+    from ..backends.gloo import GlooWorld
 
     timeout = timedelta(seconds=settings.start_timeout_seconds or 1800.0)
     store, rank, size = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size, timeout=timeout))
@@ -109,14 +109,14 @@ def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
     data = create_backend("gloo", world, settings)
     if settings.controller != "grpc":
         return data
-    from .service.setup import grpc_over  # UNISON_CONTROLLER=grpc: the coordinator service on rank 0
+    from ..service.setup import grpc_over  # UNISON_CONTROLLER=grpc: the coordinator service on rank 0
 
     return grpc_over(data, settings, launch.local_size)
 
 
 def check_settings_agree(backend: Any, settings: Settings) -> None:
     """Collective: refuse, on every rank, to start when the ranks differ in a job-wide setting."""
-    from .config import disagreement, job_wide_values
+    from ..config import disagreement, job_wide_values
 
     mine = np.frombuffer(json.dumps(job_wide_values(settings), sort_keys=True).encode(), dtype=np.uint8)
     lengths = [int(row[0]) for row in backend.allgather_status(np.array([mine.size], dtype=np.uint64))]

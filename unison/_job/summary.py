@@ -17,7 +17,7 @@ _FRAMES = 3
 _MAX_REASON_CHARS = 600
 # Frames that are not the user's: unison itself, and the frameworks' internals (found under
 # site-packages); TensorFlow's autograph runs user functions from generated files.
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # unison/, not unison/_job/
 _FRAMEWORKS = frozenset({"tensorflow", "keras", "tf_keras", "torch"})
 _INSTALL_DIRS = frozenset({"site-packages", "dist-packages"})
 _AUTOGRAPH_PREFIX = "__autograph_generated_file"

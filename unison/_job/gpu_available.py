@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 __all__ = ["gpu_available"]
 

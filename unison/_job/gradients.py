@@ -21,11 +21,11 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._submit import resolve_op
-from .compression import Exchange
-from .errors import InvalidArgumentError
-from .ops import ReduceOp
-from .process_sets import ProcessSet
+from ..compression import Exchange
+from ..errors import InvalidArgumentError
+from ..ops import ReduceOp
+from ..process_sets import ProcessSet
+from .submit import resolve_op
 
 __all__ = [
     "Framework",

@@ -7,8 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from ._runtime import job
-from ._submit import (
+from ..dtypes import DType
+from ..ops import CollectiveKind, ReduceOp
+from ..process_sets import ProcessSet, global_process_set
+from .runtime import job
+from .submit import (
     check_splits,
     control,
     finish_with,
@@ -21,9 +24,6 @@ from ._submit import (
     submit,
     synchronize,
 )
-from .dtypes import DType
-from .ops import CollectiveKind, ReduceOp
-from .process_sets import ProcessSet, global_process_set
 
 __all__ = [
     "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -49,7 +49,7 @@ def _on_gpu(arrays: Sequence[Any]) -> bool:
 def _device(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process_set: ProcessSet,
             grouped: bool, **kw: Any) -> int:
     """Submit GPU arrays to the GPU data plane (`unison.gpu`); results are arrays of the same kind."""
-    from .gpu.handoff import device_results, prepare_arrays
+    from ..gpu.handoff import device_results, prepare_arrays
 
     in_place = bool(kw.get("in_place"))
     buffers, dtypes, outputs = prepare_arrays(
@@ -238,7 +238,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     current = job()
     _, members = member_set(current, process_set, "Alltoall")
     if _on_gpu([tensor]):
-        from .gpu.handoff import device_results, prepare_arrays
+        from ..gpu.handoff import device_results, prepare_arrays
 
         buffers, device_dtypes, _ = prepare_arrays([tensor], in_place=False, with_outputs=False)
         buffer, split_tuple = check_splits(current, buffers[0], splits, members)

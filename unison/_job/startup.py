@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StartupError
+from ..errors import StartupError
 
 __all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict", "verdict_message"]
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ._collectives import allgather, broadcast
-from ._runtime import job
-from ._submit import control
-from .errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
-from .ops import CollectiveKind
-from .process_sets import ProcessSet, bind, global_process_set, unbind
+from ..errors import ConfigError, InvalidArgumentError, UnisonNotImplementedError
+from ..ops import CollectiveKind
+from ..process_sets import ProcessSet, bind, global_process_set, unbind
+from .collectives import allgather, broadcast
+from .runtime import job
+from .submit import control
 
 __all__ = ["add_process_set", "allgather_object", "broadcast_object", "process_set_of", "registered_set_of", "remove_process_set"]
 

@@ -48,11 +48,11 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from ._contract import LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
-from ._exit_watch import ExitWatch, watcher_text
-from ._summary import describe
-from .errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
-from .protocol.stall import DEADLOCK_TITLE
+from .._contract import LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
+from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
+from ..protocol.stall import DEADLOCK_TITLE
+from .exit_watch import ExitWatch, watcher_text
+from .summary import describe
 
 __all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
            "fork_error", "install", "is_forked_child", "job_broken", "mark_failed_start", "mark_finished",
@@ -296,7 +296,7 @@ def abort_job(exc: BaseException) -> None:
     _stderr(f"unison: {reason}; the other ranks could not be told within {ABORT_TIMEOUT_SECONDS:.0f} s, "
             "calling MPI_Abort.")
     if _state.mpi is not None:
-        from .backends.mpi import abort_with_output
+        from ..backends.mpi import abort_with_output
 
         abort_with_output(_state.mpi.COMM_WORLD)
     os._exit(1)
@@ -459,7 +459,7 @@ def _finish_broken_job() -> None:
     _stderr("unison: " + line)
     if usable:
         try:
-            from .backends.mpi import abort_with_output
+            from ..backends.mpi import abort_with_output
 
             abort_with_output(comm)
         except Exception:  # noqa: BLE001 - os._exit below still ends this process

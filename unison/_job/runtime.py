@@ -15,13 +15,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from . import _failure
-from ._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
-from ._torch_launch import check_settings_agree, torch_backend, torch_launch, torch_launched_alone
-from .backends import create_backend
-from .config import Settings, disagreement, job_wide_values, load_settings, process_environment
-from .engine.loop import Engine, EngineStatistics
-from .errors import (
+from .._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
+from ..backends import create_backend
+from ..config import Settings, disagreement, job_wide_values, load_settings, process_environment
+from ..engine.loop import Engine, EngineStatistics
+from ..errors import (
     ConfigError,
     InvalidArgumentError,
     NotInitializedError,
@@ -29,7 +27,9 @@ from .errors import (
     UnisonNotImplementedError,
     UnnamedThreadError,
 )
-from .process_sets import ProcessSet, bind, global_process_set, unbind
+from ..process_sets import ProcessSet, bind, global_process_set, unbind
+from . import failure as _failure
+from .torch_launch import check_settings_agree, torch_backend, torch_launch, torch_launched_alone
 
 __all__ = [
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
@@ -117,7 +117,7 @@ _mpi_started_here = False  # unison called MPI_Init_thread (the application set 
 
 def _make_device_plane(*args: Any, **kwargs: Any) -> Any:
     """Make the executor's GPU data plane at the first device response (CPU jobs never import it)."""
-    from .gpu.plane import create_device_plane
+    from ..gpu.plane import create_device_plane
 
     return create_device_plane(*args, **kwargs)
 
@@ -302,13 +302,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         elif importlib.util.find_spec("mpi4py") is not None and (
             comm is not None or _launcher_size() > 1 or (mpi_built() and not torch_launched_alone())
         ):  # a torch launch of one process (torchrun --nproc-per-node 1) starts no MPI, as one of several
-            from .backends.mpi import import_mpi
+            from ..backends.mpi import import_mpi
 
             if settings.mpi_threads_disable:
                 import mpi4py
 
                 mpi4py.rc.thread_level = "serialized"
-            from ._startup import guard_mpi_start
+            from .startup import guard_mpi_start
 
             launched = _launcher_size()
             with guard_mpi_start(settings.start_timeout_seconds, launched):
@@ -340,7 +340,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             if problem is not None:
                 raise problem
             if comm is not None or _launcher_size() > 1:
-                from .backends.mpi import import_mpi
+                from ..backends.mpi import import_mpi
 
                 import_mpi()  # raises MissingDependencyError naming the extra
             if comm is None and (alone := _torch_job_of_one()) is not None:
@@ -374,7 +374,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         engine = Engine(backend, settings, registered, timeline, tune_log)
         engine.executor.device_plane_factory = _make_device_plane
         if getattr(backend, "control", None) is not None:  # the gRPC control plane (over MPI or gloo)
-            from .service.setup import watch_engine
+            from ..service.setup import watch_engine
 
             watch_engine(backend, engine)
         engine.start()
@@ -392,7 +392,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 def _start_mpi(mpi: Any, serialized: bool) -> None:
     """Start MPI if the application kept mpi4py from it, and finalize it at exit if so (once)."""
     global _mpi_started_here
-    from .backends.mpi import initialize_mpi
+    from ..backends.mpi import initialize_mpi
 
     if initialize_mpi(mpi, serialized) and not _mpi_started_here:
         _mpi_started_here = True
@@ -404,7 +404,7 @@ def _finalize_mpi(mpi: Any) -> None:
     """At exit: finalize the MPI that `init()` started, once unison's job has ended cleanly.
 
     A forked child must not act for its parent's rank. After a broken job (a rank failed, froze or
-    stalled) the exit agreement of `unison._failure` still needs MPI, and a finalize could wait for
+    stalled) the exit agreement of `unison._job.failure` still needs MPI, and a finalize could wait for
     a rank that will not come: the process then ends without it, as mpi4py's own exit would.
     """
     if _failure.is_forked_child():
@@ -413,7 +413,7 @@ def _finalize_mpi(mpi: Any) -> None:
         shutdown()
     if _failure._state.broken_reason:
         return
-    from .backends.mpi import finalize_mpi
+    from ..backends.mpi import finalize_mpi
 
     finalize_mpi(mpi)
 
@@ -486,7 +486,7 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
     """Rank 0's timeline, opened now so that a path it cannot write fails init() on every rank."""
     if rank != 0 or not settings.timeline or settings.timeline.upper() == "DYNAMIC":
         return None
-    from .engine.timeline import Timeline
+    from ..engine.timeline import Timeline
 
     try:
         return Timeline(settings.timeline, mark_cycles=settings.timeline_mark_cycles)
@@ -498,18 +498,18 @@ def _open_tune_log(settings: Settings, rank: int) -> Any:
     """Rank 0's autotune log, opened now for the same reason as the timeline."""
     if rank != 0 or not settings.autotune or not settings.autotune_log:
         return None
-    from .engine.loop import open_tune_log
+    from ..engine.loop import open_tune_log
 
     return open_tune_log(settings.autotune_log)
 
 
 def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | None, timeline: Any) -> None:
-    """The bounded start-up check (`unison._startup`): every rank arrived and set up, or all raise.
+    """The bounded start-up check (`unison._job.startup`): every rank arrived and set up, or all raise.
 
     A rank whose own set-up failed raises its own error; the others raise `StartupError` naming it.
     When a rank never arrived, the job is broken: this process must not wait for it at exit either.
     """
-    from ._startup import check_start
+    from .startup import check_start
 
     text = ""
     if problem is not None:
@@ -694,7 +694,7 @@ def gloo_built() -> bool:
 
 def nccl_built() -> int:
     """NCCL's version code as CuPy loads it (e.g. 22005 for 2.20.5), or 0 without CuPy or NCCL."""
-    from .gpu.build import nccl_built as probe
+    from ..gpu.build import nccl_built as probe
 
     return probe()
 
@@ -711,7 +711,7 @@ def ccl_built() -> bool:
 
 def cuda_built() -> bool:
     """True when a CUDA build of CuPy imports (the GPU data plane can run where a GPU is visible)."""
-    from .gpu.build import cuda_built as probe
+    from ..gpu.build import cuda_built as probe
 
     return probe()
 
@@ -731,7 +731,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
         raise ValueError("Set UNISON_TIMELINE=DYNAMIC to enable dynamic timeline usage.")
     if current.rank != 0:
         return
-    from .engine.timeline import Timeline
+    from ..engine.timeline import Timeline
 
     current.engine.set_timeline(Timeline(file_path, mark_cycles=mark_cycles))
 

@@ -1,6 +1,6 @@
 """The submit path every API shares: checks, op naming, handles, and the submission of NumPy buffers to the engine.
 
-The public NumPy API (`unison._collectives`) and the framework adapters (torch, TensorFlow, Keras)
+The public NumPy API (`unison._job.collectives`) and the framework adapters (torch, TensorFlow, Keras)
 call these; users never do. A collective becomes one `Request` per buffer, named
 ``<kind>.<name>`` (or ``<kind>.noname.<n>``, ``<kind>.noname.set<id>.<n>`` in process set <id>), handed to the engine as one atomic group, and a handle
 id that `poll`/`synchronize` resolve through the job's handle table.
@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _runtime
-from ._runtime import Job, job
-from .dtypes import DType, check_supported, dtype_of
-from .engine.adasum import is_power_of_two
-from .engine.handles import Entry, Handle
-from .errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
-from .ops import CollectiveKind, ReduceOp
-from .process_sets import ProcessSet, global_process_set
-from .protocol.messages import Request
+from ..dtypes import DType, check_supported, dtype_of
+from ..engine.adasum import is_power_of_two
+from ..engine.handles import Entry, Handle
+from ..errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
+from ..ops import CollectiveKind, ReduceOp
+from ..process_sets import ProcessSet, global_process_set
+from ..protocol.messages import Request
+from . import runtime as _runtime
+from .runtime import Job, job
 
 __all__ = [
     "check_adasum", "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
