@@ -117,7 +117,7 @@ def main() -> None:
     # Fusion policy sweep on the same step: which tensors are worth copying into the fusion buffer.
     from unison.protocol.fusion import FusionPolicy
 
-    engine = hvd._runtime.job().engine
+    engine = hvd._job.runtime.job().engine
     default_policy = engine.policy
     policies = {"no_fusion": FusionPolicy(threshold_bytes=0)}
     for limit in (64 * KiB, 1 * MiB, 16 * MiB, 128 * MiB):
@@ -133,7 +133,7 @@ def main() -> None:
     cases.append({"case": "fusion_policy_resnet50", **med})
 
     # Chunk-size sweep on 64 MiB: the policy behind UNISON_CHUNK_BYTES.
-    backend: Any = hvd._runtime.job().engine.backend  # the MPI backend: its chunk size is swept
+    backend: Any = hvd._job.runtime.job().engine.backend  # the MPI backend: its chunk size is swept
     default_chunk = backend.chunk_bytes
     x = np.ones(64 * MiB // 4, np.float32)
     chunk_sides = {}

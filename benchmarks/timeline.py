@@ -102,7 +102,7 @@ def run_steps(baseline: Any, steps: int, repeats: int) -> dict[str, Any] | None:
     from mpi4py import MPI
 
     import unison as hvd
-    from unison import _runtime
+    from unison._job import runtime as _runtime
 
     hvd.init()
     comm = MPI.COMM_WORLD

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import unison as hvd
-from unison import _runtime
+from unison._job import runtime as _runtime
 
 pid_dir = Path(sys.argv[1])
 hvd.init()

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import unison as hvd
-from unison import _runtime
+from unison._job import runtime as _runtime
 
 pid_dir, mode, failing = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 give_up = float(os.environ.get("FAULT_GIVE_UP_SECONDS", "0"))

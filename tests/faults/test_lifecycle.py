@@ -109,7 +109,7 @@ def test_a_frozen_peer_given_up_on_ends_the_job_instead_of_hanging_in_finalize(t
 
 def test_sigalrm_ends_a_process_of_a_broken_job_that_no_thread_can_end() -> None:
     # After the break, C code holds the GIL: the grace timer (a thread) cannot run; SIGALRM can.
-    code = ("import ctypes; from unison import _failure; _failure.job_broken('rank 1 was lost'); "
+    code = ("import ctypes; from unison._job import failure as _failure; _failure.job_broken('rank 1 was lost'); "
             "ctypes.PyDLL(None).sleep(60)")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=40)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unison import _failure
+from unison._job import failure as _failure
 from unison.backends._liveness import probe_window
 from unison.config import load_settings
 from unison.launcher.supervision import supervise

@@ -53,7 +53,7 @@ def main() -> None:
         small=[s.tolist() for s in small], average=average.tolist(), gathered=gathered[:, 0].tolist(),
         broadcast=broadcast.tolist(), hosts=hosts,
     )
-    backend = hvd._runtime.job().engine.backend
+    backend = hvd._job.runtime.job().engine.backend
     result["backend"] = repr(backend)
     result["hierarchical_calls"] = backend.statistics().get("hierarchical_calls", 0)
     address = os.environ.get("MULTIHOST_OUTSIDER")

@@ -66,7 +66,7 @@ def test_status_table_of_a_running_job(tmp_path: Path) -> None:
         import logging, time, numpy as np, unison as hvd
         hvd.init()
         if hvd.rank() == 0:
-            address = hvd._runtime.job().engine.backend.control.address
+            address = hvd._job.runtime.job().engine.backend.control.address
             open("address.tmp", "w").write(address)
             import os; os.replace("address.tmp", "address")
         if hvd.rank() == 1:
@@ -180,7 +180,7 @@ def test_an_engine_failure_reaches_the_other_rank_with_its_cause(tmp_path: Path,
         if hvd.rank() == int(os.environ["FAILING"]):
             def broken(row):
                 raise OSError(f"injected: rank {hvd.rank()}'s control plane broke")
-            hvd._runtime.job().engine.backend.allgather_status = broken
+            hvd._job.runtime.job().engine.backend.allgather_status = broken
         start = time.monotonic()
         try:
             hvd.allreduce(np.ones(3), name="second")
@@ -206,7 +206,7 @@ def test_a_malformed_message_with_the_secret_does_not_delay_the_end_of_the_job(t
         from unison.service.methods import RANK_KEY
         hvd.init()
         if hvd.rank() == 0:
-            channel = grpc.insecure_channel(hvd._runtime.job().engine.backend.control.address)
+            channel = grpc.insecure_channel(hvd._job.runtime.job().engine.backend.control.address)
             never = threading.Event()
             def bad():
                 yield b"\\xff\\xff\\xff\\xff"

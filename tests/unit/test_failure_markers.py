@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from unison import _contract, _failure
+from unison import _contract
 from unison._contract import write_atomically
+from unison._job import failure as _failure
 
 # What an exception built from an undecodable file name says: a lone surrogate.
 UNDECODABLE = "cannot read " + os.fsdecode(b"\xe9")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from unison import _startup
+from unison._job import startup as _startup
 from unison._job.startup import REPORT_BYTES, check_start, verdict_message
 from unison.errors import StartupError
 
