@@ -26,7 +26,7 @@ import numpy as np
 from ..dtypes import DType, bfloat16_to_float32, float32_to_bfloat16
 from ..ops import ReduceOp
 
-__all__ = ["copy_scaled_", "elements", "half_combiner", "narrow", "raw", "scale_", "widen"]
+__all__ = ["REDUCERS", "copy_scaled_", "elements", "half_combiner", "narrow", "raw", "scale_", "widen"]
 
 _UNSIGNED = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
 
@@ -108,7 +108,8 @@ def copy_scaled_(dst: Any, src: Any, factor: float, dtype: DType, xp: Any = np) 
         xp.multiply(src.reshape(-1), flat.dtype.type(factor), out=flat)
 
 
-_HALF_REDUCERS: dict[ReduceOp, Callable[..., Any]] = {
+# How an op combines the members' values along axis 0 (Average is a Sum, scaled after).
+REDUCERS: dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
     ReduceOp.PRODUCT: np.prod}
 
@@ -117,7 +118,7 @@ def half_combiner(dtype: DType, op: ReduceOp, pre: float, post: float) -> Callab
     """The combine step of a half-precision reduction on the host (`Backend.allreduce_pieces_`):
     (members, n) 2-byte bits -> n bits, reduced in float32 in rank order, scaled by `pre` before and
     `post` after, rounded once."""
-    reducer = _HALF_REDUCERS[op]
+    reducer = REDUCERS[op]
 
     def combine(bits: np.ndarray) -> np.ndarray:
         wide = widen(bits, dtype).reshape(bits.shape)

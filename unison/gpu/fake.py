@@ -13,13 +13,14 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import DType
+from ..engine.numerics import REDUCERS, half_combiner
 from ..ops import ReduceOp
 from .device import Array, ArrayDevice, Stream
 
@@ -149,10 +150,6 @@ class FakeDevice(ArrayDevice):
 
 # -- NCCL for threads as ranks ----------------------------------------------------------------------
 
-_REDUCE: dict[ReduceOp, Callable[..., Any]] = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
-           ReduceOp.PRODUCT: np.prod}
-
-
 class _World:
     """The members of one fake communicator; `exchange` is a barrier that hands everyone every value."""
 
@@ -198,13 +195,10 @@ class FakeComm:
     def allreduce_(self, buf: Array, dtype: DType, op: ReduceOp, stream: Stream) -> None:
         self._note("allreduce", stream)
         values = np.stack(self.world.exchange(self.index, buf.reshape(-1).copy()))
-        if dtype.is_half:
-            device = self.device or FakeDevice()
-            wide = device.widen(values.reshape(-1), dtype).reshape(values.shape)
-            narrowed = device.narrow(np.ascontiguousarray(_REDUCE[op](wide, axis=0)), dtype)
-            buf.reshape(-1)[...] = narrowed.view(buf.dtype)
+        if dtype.is_half:  # float32 arithmetic, one rounding: the host executor's combine step
+            buf.reshape(-1)[...] = half_combiner(dtype, op, 1.0, 1.0)(values).view(buf.dtype)
         else:
-            buf.reshape(-1)[...] = _REDUCE[op](values, axis=0).astype(buf.dtype)
+            buf.reshape(-1)[...] = REDUCERS[op](values, axis=0).astype(buf.dtype)
 
     def allgather(self, send: Array, recv: Array, stream: Stream) -> None:
         self._note("allgather", stream)
