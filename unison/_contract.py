@@ -47,9 +47,10 @@ __all__ = [
     "ELASTIC_DRIVER_VARIABLE", "ELASTIC_EPOCH_VARIABLE", "ELASTIC_HOSTS_VARIABLE", "ELASTIC_STORE_VARIABLE",
     "HOSTS_UPDATED_EXIT", "JOB_FILE", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE",
     "LAUNCHER_KEEP_GOING_VARIABLE", "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "META_FILE",
-    "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "SIGNATURE_CHARS", "ask_signed", "epoch_directory", "error_file",
-    "host_of", "marker_name", "parse_hosts", "parse_marker_name", "read_signed", "relay_line", "result_file",
-    "send_marker", "sign", "signed_line", "split_signed_address", "write_atomically", "write_service_file", "untrusted_directory", "user_name",
+    "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "SIGNATURE_CHARS", "ask_signed", "epoch_directory",
+    "error_file", "host_of", "marker_name", "parse_hosts", "parse_marker_name", "read_signed", "relay_line",
+    "result_file", "send_marker", "sign", "signed_line", "split_signed_address", "untrusted_directory",
+    "user_name", "write_atomically", "write_service_file",
 ]
 
 LAUNCHER_DIR_VARIABLE = "UNISON_LAUNCHER_DIR"
@@ -207,10 +208,13 @@ def sign(key: str, payload: bytes) -> str:
     return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest()
 
 
+def _marker_payload(name: str, text: str) -> bytes:
+    return json.dumps({"name": name, "text": text}).encode()
+
+
 def relay_line(key: str, name: str, text: str) -> bytes:
     """The line that carries marker `name` with `text` to the relay: ``SIGNATURE JSON`` and a newline."""
-    payload = json.dumps({"name": name, "text": text}).encode()
-    return sign(key, payload).encode() + b" " + payload + b"\n"
+    return signed_line(key, _marker_payload(name, text))
 
 
 def send_marker(relay: str, name: str, text: str) -> bool:
@@ -218,7 +222,7 @@ def send_marker(relay: str, name: str, text: str) -> bool:
 
     False when the relay is gone, unreachable, refused the marker, or answered without the job's key.
     """
-    return ask_signed(relay, json.dumps({"name": name, "text": text}).encode()) == b"OK"
+    return ask_signed(relay, _marker_payload(name, text)) == b"OK"
 
 
 def _answer_input(question_signature: bytes, payload: bytes) -> bytes:

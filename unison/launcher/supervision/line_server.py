@@ -140,10 +140,6 @@ class LineServer(socketserver.ThreadingTCPServer):
             self._counts[why] += 1
         return REFUSED
 
-    def _count_incomplete(self) -> None:
-        with self._lock:
-            self._counts["incomplete"] += 1
-
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
@@ -152,7 +148,7 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             line = _read_line(self.request, time.monotonic() + server.line_seconds, server.max_line_bytes)
         except OSError:  # the client went away, or took too long: it gives up by itself
-            server._count_incomplete()
+            server._refuse("incomplete")
             return
         try:
             self.request.sendall(server.receive(line))
