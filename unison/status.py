@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import load_settings
     from .errors import ConfigError
+    from .rpc.endpoints import open_channel
     from .rpc.security import load_secret, token_metadata
     from .rpc.stub import Stub
     from .service import coordinator_pb2 as pb
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if secret is None:
         print("unison.status: set UNISON_SECRET or UNISON_SECRET_FILE to the job's secret.", file=sys.stderr)
         return 2
-    with grpc.insecure_channel(args.address) as channel:
+    with open_channel(args.address) as channel:  # the service's own message limits and keepalive
         try:
             reply = Stub(channel, COORDINATOR, token_metadata(secret)).call("Status", pb.StatusRequest(),
                                                                             timeout=args.timeout)
