@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 SCRIPT = "import unison as hvd; hvd.init(); print(f'rank {hvd.rank()} of {hvd.size()}', flush=True); hvd.shutdown()"
 
 
