@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +39,11 @@ from ...errors import (
 )
 from . import _status_op
 from ._gpu import route_for, run_on_device
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ...gpu.device import Array
 
 __all__ = ["executing_eagerly", "graph_name", "no_autograph", "run", "to_tf_error"]
 
@@ -94,7 +99,7 @@ def executing_eagerly() -> bool:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/]")
 
 
-def graph_name(prefix: str, name: str | None, tensor: Any = None, ignore_name_scope: bool = False) -> str | None:
+def graph_name(prefix: str, name: str | None, tensor: object = None, ignore_name_scope: bool = False) -> str | None:
     """The collective's name: None (engine default) eagerly without a name, else a name fixed at trace.
 
     In a graph, the default is ``<prefix>_<input tensor name>`` as in Horovod, made unique in the
@@ -113,7 +118,7 @@ def graph_name(prefix: str, name: str | None, tensor: Any = None, ignore_name_sc
     return unique
 
 
-def _numpy_args(tensors: Sequence[Any]) -> list[np.ndarray]:
+def _numpy_args(tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
     return [t.numpy() if hasattr(t, "numpy") else np.asarray(t) for t in tensors]
 
 
@@ -168,8 +173,9 @@ def _off_pool(graph_fn: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Ten
                                                    output_shapes=shapes))
 
 
-def run(fn: Callable[..., Any], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
-        op_name: str = "UnisonCollective", blocking: bool = True, device_path: bool = False) -> list[tf.Tensor]:
+def run(fn: Callable[..., Sequence[Array | npt.ArrayLike]], inputs: Sequence[tf.Tensor],
+        output_dtypes: Sequence[tf.DType], op_name: str = "UnisonCollective", blocking: bool = True,
+        device_path: bool = False) -> list[tf.Tensor]:
     """Call ``fn(*numpy_inputs) -> list of arrays`` on tensors and return tensors of `output_dtypes`.
 
     Eagerly `fn` runs at once in this thread; with `device_path` (`fn` also takes CuPy arrays), eager

@@ -31,9 +31,12 @@ import dataclasses
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from ...gpu.device import Array
 
 __all__ = ["DEVICE_DTYPES", "Route", "choose_route", "gpu_ordinal", "route_for", "run_on_device"]
 
@@ -121,11 +124,11 @@ def choose_route(devices: Sequence[str], dtypes: Sequence[str], *, eager: bool, 
     return Route("cuda")
 
 
-def _device_of(tensor: Any) -> str:
+def _device_of(tensor: object) -> str:
     return str(getattr(tensor, "device", "") or "")
 
 
-def route_for(inputs: Sequence[Any], *, device_path: bool, op_name: str) -> Route:
+def route_for(inputs: Sequence[tf.Tensor], *, device_path: bool, op_name: str) -> Route:
     """`choose_route` for eager tensors; a host-path reason is logged once per distinct reason."""
     devices = [_device_of(t) for t in inputs]
     if not any(gpu_ordinal(d) is not None for d in devices):
@@ -144,7 +147,7 @@ def _sync_devices() -> None:
     tf.test.experimental.sync_devices()
 
 
-def _wait_for_results(xp: Any, outputs: Sequence[Any] = ()) -> None:
+def _wait_for_results(xp: Any, outputs: Sequence[Array] = ()) -> None:
     """Wait on the host for CuPy's current stream of each result's GPU, which waits for unison's
     stream (ordering rule 4; CuPy's current stream is per device, so each device is entered)."""
     ordinals: list[int | None] = [*sorted({int(o.device.id) for o in outputs})] or [None]
@@ -156,10 +159,12 @@ def _wait_for_results(xp: Any, outputs: Sequence[Any] = ()) -> None:
                 xp.cuda.get_current_stream().synchronize()
 
 
-def run_on_device(fn: Callable[..., Sequence[Any]], inputs: Sequence[Any], output_dtypes: Sequence[tf.DType],
-                  *, xp: Any = None, to_dlpack: Callable[[Any], Any] | None = None,
-                  from_dlpack: Callable[[Any], Any] | None = None, sync: Callable[[], None] = _sync_devices,
-                  wait: Callable[[Any, Sequence[Any]], None] = _wait_for_results) -> list[tf.Tensor]:
+# `xp` stays Any: it is the CuPy module (imported lazily, untyped) or a test's stand-in for it.
+# `fn` returns CuPy arrays and host values mixed, told apart only at run time.
+def run_on_device(fn: Callable[..., Sequence[Any]], inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.DType],
+                  *, xp: Any = None, to_dlpack: Callable[[tf.Tensor], object] | None = None,
+                  from_dlpack: Callable[[object], tf.Tensor] | None = None, sync: Callable[[], None] = _sync_devices,
+                  wait: Callable[[Any, Sequence[Array]], None] = _wait_for_results) -> list[tf.Tensor]:
     """Run `fn` on CuPy views of GPU `inputs` and return its results as TensorFlow GPU tensors.
 
     Arrays `fn` returns on the GPU come back through DLPack without a copy; host values (a count, a

@@ -21,7 +21,7 @@ import itertools
 import logging
 import os
 import threading
-from typing import Any
+from typing import TypedDict
 
 import tensorflow as tf
 
@@ -44,7 +44,14 @@ _INTERNAL = 13  # TF_INTERNAL
 _filed: dict[int, tuple[int, str]] = {}
 _ids = itertools.count(1)
 _lock = threading.Lock()
-_state: dict[str, Any] = {}  # "ok": bool once registration was tried; "keep": callbacks kept alive
+
+
+class _State(TypedDict, total=False):
+    ok: bool  # set once registration was tried
+    keep: tuple[object, ...]  # the ctypes callbacks, kept alive for TensorFlow
+
+
+_state: _State = {}
 
 
 def file_error(code: int, message: str) -> int:
@@ -54,7 +61,7 @@ def file_error(code: int, message: str) -> int:
     return error_id
 
 
-def _library() -> Any:
+def _library() -> ctypes.CDLL:
     lib = ctypes.CDLL(os.path.join(tf.sysconfig.get_lib(), "libtensorflow_framework.so.2"))
     lib.TF_NewStatus.restype = _P
     lib.TF_DeleteStatus.argtypes = [_P]
@@ -87,7 +94,7 @@ def _register() -> bool:
         logger.debug("graph-mode error codes unavailable (%s): failures surface as UnknownError", error)
         return False
 
-    def compute(_kernel: Any, context: Any) -> None:
+    def compute(_kernel: int | None, context: int | None) -> None:
         status = lib.TF_NewStatus()
         try:
             tensor = _P()

@@ -7,8 +7,8 @@ op, so a step's tensors are negotiated and reduced together instead of one block
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -24,13 +24,23 @@ from ..array_compression import Compression
 from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from tensorflow.types.experimental import TensorLike
+
+    from ...compression import Compressor
+
+    # What the tf.custom_gradient functions of one tensor or a group return: the output(s) and their gradient.
+    _WithGradient: TypeAlias = tuple[tf.Tensor | list[tf.Tensor], Callable[..., list[tf.Tensor]]]
+
 __all__ = [
     "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "set_rank", "set_size",
 ]
 
 
-def _zeros_for(dys: Sequence[Any], xs: Sequence[Any]) -> list[Any]:
+def _zeros_for(dys: Sequence[tf.Tensor | None], xs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     return [tf.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
 
 
@@ -47,7 +57,7 @@ def _gradient_name(name: str | None, suffix: str = "grad") -> str | None:
     return graph_name("HorovodGradient", f"{name}_{suffix}")
 
 
-def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[Any]) -> list[tf.Tensor]:
+def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
     for output, shape in zip(outputs, shapes):
         output.set_shape(shape)
     return outputs
@@ -68,7 +78,7 @@ def _pooled_outputs(name: str, arrays: Sequence[np.ndarray]) -> list[np.ndarray]
     return pool
 
 
-def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, postscale: float,
+def _allreduce_group(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float, postscale: float,
                      name: str | None, process_set: ProcessSet, grouped: bool) -> list[tf.Tensor]:
     """Dense allreduce of one tensor or one group, with the allreduce-of-gradient gradient."""
     xs = [tf.convert_to_tensor(t) for t in tensors]
@@ -79,7 +89,7 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
     reuse_outputs = name is not None and not tf.executing_eagerly()
 
     @tf.custom_gradient
-    def reduce(*inputs: tf.Tensor) -> Any:
+    def reduce(*inputs: tf.Tensor) -> _WithGradient:
         def fn(*arrays: np.ndarray) -> list[np.ndarray]:
             if reuse_outputs and name is not None:
                 outs = _pooled_outputs(name, arrays)
@@ -101,7 +111,7 @@ def _allreduce_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, post
                                   device_path=True),
                               [x.shape for x in inputs])
 
-        def grad(*dys: Any) -> list[tf.Tensor]:
+        def grad(*dys: tf.Tensor | None) -> list[tf.Tensor]:
             grad_name = _gradient_name(name)
             return _allreduce_group(_zeros_for(dys, inputs), op, prescale, postscale, grad_name,
                                     process_set, grouped)
@@ -145,10 +155,11 @@ def _sparse_allreduce(tensor: tf.IndexedSlices, op: ReduceOp, prescale: float, p
 
 
 @_no_autograph
-def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_sparse: str = "",
-              compression: Any = Compression.none, op: Any = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, name: str | None = None,
-              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False) -> Any:
+def allreduce(tensor: TensorLike | tf.IndexedSlices, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: Compressor | type[Compressor] = Compression.none,
+              op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: str | None = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor | tf.IndexedSlices:
     """Reduce `tensor` across the set's ranks (default op Average); differentiable.
 
     A `tf.IndexedSlices` is gathered (values and indices) instead, as Horovod does; Average then
@@ -171,11 +182,12 @@ def allreduce(tensor: Any, average: Any = None, device_dense: str = "", device_s
 
 
 @_no_autograph
-def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense: str = "",
-                      device_sparse: str = "", compression: Any = Compression.none, op: Any = None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def grouped_allreduce(tensors: Sequence[TensorLike | tf.IndexedSlices], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: Compressor | type[Compressor] = Compression.none,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
-                      name: str | None = None) -> list[Any]:
+                      name: str | None = None) -> list[tf.Tensor | tf.IndexedSlices]:
     """Reduce a list of tensors as one group in one op; IndexedSlices in it are gathered.
 
     Dense members may have different dtypes (Horovod requires one dtype).
@@ -183,7 +195,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
     if not tensors:
         return list(tensors)
     resolved = S.resolve_op(op, average)
-    out: list[Any] = [None] * len(tensors)
+    out: list[tf.Tensor | tf.IndexedSlices | None] = [None] * len(tensors)
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse_at = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     if sparse_at:  # before the dense members are submitted: a refusal leaves nothing in flight
@@ -207,12 +219,12 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, device_dense:
 # -- allgather -------------------------------------------------------------------------------------
 
 
-def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: ProcessSet,
+def _allgather_group(tensors: Sequence[tf.Tensor], name: str | None, process_set: ProcessSet,
                      grouped: bool) -> list[tf.Tensor]:
     xs = [tf.convert_to_tensor(t) for t in tensors]
 
     @tf.custom_gradient
-    def gather(*inputs: tf.Tensor) -> Any:
+    def gather(*inputs: tf.Tensor) -> _WithGradient:
         def fn(*arrays: np.ndarray) -> list[np.ndarray]:
             if grouped:
                 return C.grouped_allgather(list(arrays), name=name, process_set=process_set)
@@ -222,7 +234,7 @@ def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: Proc
                                   device_path=True),
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
-        def grad(*dys: Any) -> list[tf.Tensor]:
+        def grad(*dys: tf.Tensor | None) -> list[tf.Tensor]:
             # Horovod: average the gradient over ranks, then keep this rank's rows.
             reduced = _allreduce_group(_zeros_for(dys, outputs), ReduceOp.AVERAGE, 1.0, 1.0,
                                        _gradient_name(name), process_set, grouped=True)
@@ -244,7 +256,7 @@ def _allgather_group(tensors: Sequence[Any], name: str | None, process_set: Proc
 
 
 @_no_autograph
-def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's `tensor` along dimension 0 (first dimensions may differ).
 
@@ -257,7 +269,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
 
 
 @_no_autograph
-def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
+def grouped_allgather(tensors: Sequence[TensorLike], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Gather a list of tensors as one group in one op."""
     if not tensors:
@@ -270,7 +282,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_na
 # -- broadcast -------------------------------------------------------------------------------------
 
 
-def _broadcast_many(tensors: Sequence[Any], root_rank: int, names: Sequence[str | None],
+def _broadcast_many(tensors: Sequence[tf.Tensor], root_rank: int, names: Sequence[str | None],
                     process_set: ProcessSet) -> list[tf.Tensor]:
     """Broadcast several tensors from one op: all submitted at once, then all awaited."""
     root_rank = int(root_rank)
@@ -286,7 +298,7 @@ def _broadcast_many(tensors: Sequence[Any], root_rank: int, names: Sequence[str 
 
 
 @_no_autograph
-def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Return `root_rank`'s `tensor` on every rank (a global rank); differentiable.
 
@@ -295,7 +307,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     fixed = graph_name("HorovodBroadcast", name, tensor, ignore_name_scope)
 
     @tf.custom_gradient
-    def bcast(x: tf.Tensor) -> Any:
+    def bcast(x: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
         y = _broadcast_many([x], root_rank, [fixed], process_set)[0]
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
@@ -327,12 +339,14 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | Non
 # -- alltoall --------------------------------------------------------------------------------------
 
 
-def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
+def _alltoall(tensor: tf.Tensor, splits: TensorLike | None, name: str | None,
               process_set: ProcessSet) -> tuple[tf.Tensor, tf.Tensor]:
     has_splits = splits is not None
 
     @tf.custom_gradient
-    def exchange(x: tf.Tensor, *split_args: tf.Tensor) -> Any:
+    def exchange(
+        x: tf.Tensor, *split_args: tf.Tensor
+    ) -> tuple[tuple[tf.Tensor, tf.Tensor], Callable[..., tuple[tf.Tensor | None, ...]]]:
         def fn(array: np.ndarray, *split_arrays: np.ndarray) -> list[np.ndarray]:
             chosen = split_arrays[0] if split_arrays else None
             output, received = S.synchronize(C.alltoall_async(array, chosen, name, process_set))
@@ -342,7 +356,7 @@ def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
         output.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
         received.set_shape([None])
 
-        def grad(dy: Any, _dsplits: Any = None) -> Any:
+        def grad(dy: tf.Tensor | None, _dsplits: tf.Tensor | None = None) -> tuple[tf.Tensor | None, ...]:
             dy = tf.zeros_like(output) if dy is None else dy
             back, _ = _alltoall(dy, received, _gradient_name(name), process_set)
             return (back, *([None] * len(split_args)))
@@ -355,8 +369,9 @@ def _alltoall(tensor: tf.Tensor, splits: Any, name: str | None,
 
 
 @_no_autograph
-def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
-             process_set: ProcessSet = global_process_set) -> Any:
+def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | None = None,
+             ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
     """Send dim-0 slices of `tensor` to each rank and gather theirs; differentiable.
 
     Returns the output, or ``(output, received_splits)`` when `splits` is given.
@@ -370,12 +385,12 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 # -- reducescatter ---------------------------------------------------------------------------------
 
 
-def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, postscale: float,
+def _reducescatter_group(tensors: Sequence[tf.Tensor], op: ReduceOp, prescale: float, postscale: float,
                          name: str | None, process_set: ProcessSet, grouped: bool) -> list[tf.Tensor]:
     xs = [tf.convert_to_tensor(t) for t in tensors]
 
     @tf.custom_gradient
-    def scatter(*inputs: tf.Tensor) -> Any:
+    def scatter(*inputs: tf.Tensor) -> _WithGradient:
         def fn(*arrays: np.ndarray) -> list[np.ndarray]:
             if grouped:
                 return C.grouped_reducescatter(list(arrays), name=name, op=op, process_set=process_set,
@@ -387,7 +402,7 @@ def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, 
                                   device_path=True),
                               [tf.TensorShape([None]).concatenate(x.shape[1:]) for x in inputs])
 
-        def grad(*dys: Any) -> list[tf.Tensor]:
+        def grad(*dys: tf.Tensor | None) -> list[tf.Tensor]:
             # Horovod's gradient: the allgather of the upstream gradient, times the set's size for
             # Sum (as its torch gradient and unison's torch adapter); times the scale factors here.
             gathered = _allgather_group(_zeros_for(dys, outputs), _gradient_name(name), process_set,
@@ -404,8 +419,9 @@ def _reducescatter_group(tensors: Sequence[Any], op: ReduceOp, prescale: float, 
 
 
 @_no_autograph
-def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
-                  op: Any = ReduceOp.AVERAGE, name: str | None = None,
+def reducescatter(tensor: TensorLike, device_dense: str = "",
+                  compression: Compressor | type[Compressor] = Compression.none,
+                  op: ReduceOp | None = ReduceOp.AVERAGE, name: str | None = None,
                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce `tensor` across ranks and return this rank's dim-0 slice; differentiable."""
@@ -419,8 +435,9 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
 
 
 @_no_autograph
-def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: Any = Compression.none, op: Any = ReduceOp.AVERAGE,
+def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
+                          compression: Compressor | type[Compressor] = Compression.none,
+                          op: ReduceOp | None = ReduceOp.AVERAGE,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: str | None = None,
                           ignore_name_scope: bool = False) -> list[tf.Tensor]:

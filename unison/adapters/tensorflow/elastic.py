@@ -7,18 +7,54 @@ Keras 3's ``Callback``, and `unison.adapters.tf_keras.elastic` on Keras 2's (tf_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 import keras
 
 from ...elastic._state import SnapshotState
 
+if TYPE_CHECKING:
+    import numpy as np
+    import tensorflow as tf
+
+    from ...elastic._state import State
+
 __all__ = ["CommitStateCallback", "CommitStateLogic", "TensorFlowKerasState", "TensorFlowState",
            "UpdateBatchStateCallback", "UpdateBatchStateLogic", "UpdateEpochStateCallback",
            "UpdateEpochStateLogic"]
 
+# A Python object, the same kind on every rank.
+_T = TypeVar("_T")
 
-def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+
+class _Snapshot(TypedDict):
+    """What a TensorFlowState commits."""
+
+    variables: list[np.ndarray]
+    values: dict[str, object]
+
+
+class _KerasSnapshot(TypedDict):
+    """What a TensorFlowKerasState commits."""
+
+    model: list[np.ndarray]
+    optimizer: list[np.ndarray]
+    values: dict[str, object]
+
+
+class _BatchState(Protocol):
+    """What `UpdateBatchStateLogic` needs of its state: a plain value named batch."""
+
+    batch: int
+
+
+class _EpochState(Protocol):
+    """What `UpdateEpochStateLogic` needs of its state: a plain value named epoch."""
+
+    epoch: int
+
+
+def _broadcast_object(obj: _T, root_rank: int = 0) -> _T:
     from ..._job.objects import broadcast_object
 
     return broadcast_object(obj, root_rank)
@@ -30,7 +66,7 @@ def _rank() -> int:
     return rank()
 
 
-def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
+def _assign(variables: Sequence[tf.Variable | keras.Variable], values: Sequence[np.ndarray], what: str) -> None:
     if len(variables) != len(values):
         raise ValueError(f"the committed state has {len(values)} {what}, this process {len(variables)}: "
                          "build the same model and optimizer on every launch")
@@ -38,7 +74,7 @@ def _assign(variables: Sequence[Any], values: Sequence[Any], what: str) -> None:
         variable.assign(value)
 
 
-def _variables_of(optimizer: Any) -> list[Any]:
+def _variables_of(optimizer: tf.keras.optimizers.Optimizer | None) -> list[tf.Variable | keras.Variable]:
     """The optimizer's variables: a list in Keras 3 and tf_keras, a method of Keras 2's legacy optimizers.
 
     The rule of `unison.adapters.keras.callback_logic.optimizer_variables`, which the elastic package,
@@ -53,10 +89,10 @@ def _variables_of(optimizer: Any) -> list[Any]:
 class _ValuesState(SnapshotState):
     """Plain values (epoch, batch, ...) kept as attributes beside the framework's variables."""
 
-    def _values(self) -> dict[str, Any]:
+    def _values(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self._books.names}
 
-    def _apply_values(self, values: dict[str, Any]) -> None:
+    def _apply_values(self, values: dict[str, object]) -> None:
         for name, value in values.items():
             setattr(self, name, value)
 
@@ -67,7 +103,8 @@ class TensorFlowState(_ValuesState):
     Eager execution only: `session` (TensorFlow 1 graph mode) must be None.
     """
 
-    def __init__(self, variables: Sequence[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
+    def __init__(self, variables: Sequence[tf.Variable | keras.Variable] | None = None,
+                 session: tf.compat.v1.Session | None = None, **kwargs: object) -> None:
         if session is not None:
             raise ValueError("TensorFlowState(session=...) is TensorFlow 1 graph mode, which unison does not "
                              "support; pass the variables of an eager program")
@@ -78,10 +115,10 @@ class TensorFlowState(_ValuesState):
         self._set_values(kwargs)
         self.save()
 
-    def _capture(self) -> Any:
+    def _capture(self) -> _Snapshot:
         return {"variables": [v.numpy() for v in self.variables], "values": self._values()}
 
-    def _apply(self, values: Any) -> None:
+    def _apply(self, values: _Snapshot) -> None:
         _assign(self.variables, values["variables"], "variables")
         self._apply_values(values["values"])
 
@@ -89,7 +126,8 @@ class TensorFlowState(_ValuesState):
 class TensorFlowKerasState(_ValuesState):
     """A built Keras model, its optimizer and plain values: ``TensorFlowKerasState(model, epoch=0, batch=0)``."""
 
-    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: tf.keras.Model, optimizer: tf.keras.optimizers.Optimizer | None = None,
+                 backend: object = None, **kwargs: object) -> None:
         super().__init__(_broadcast_object, _rank)
         self.model = model
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
@@ -97,7 +135,7 @@ class TensorFlowKerasState(_ValuesState):
         self._set_values(kwargs)
         self.save()
 
-    def _optimizer_variables(self, wanted: int = 0) -> list[Any]:
+    def _optimizer_variables(self, wanted: int = 0) -> list[tf.Variable | keras.Variable]:
         variables = _variables_of(self.optimizer)
         if wanted > len(variables):
             # Slots are made lazily, at the first step: Keras 3's and tf_keras's `build`, or the
@@ -108,11 +146,11 @@ class TensorFlowKerasState(_ValuesState):
                 variables = _variables_of(self.optimizer)
         return variables
 
-    def _capture(self) -> Any:
+    def _capture(self) -> _KerasSnapshot:
         return {"model": self.model.get_weights(),
                 "optimizer": [v.numpy() for v in self._optimizer_variables()], "values": self._values()}
 
-    def _apply(self, values: Any) -> None:
+    def _apply(self, values: _KerasSnapshot) -> None:
         self.model.set_weights(values["model"])
         if values["optimizer"]:
             _assign(self._optimizer_variables(len(values["optimizer"])), values["optimizer"], "optimizer variables")
@@ -122,25 +160,26 @@ class TensorFlowKerasState(_ValuesState):
 class CommitStateLogic:
     """Commit `state` every `batches_per_commit` batches and at the end of every epoch."""
 
-    model: Any  # set by the Keras Callback the logic is mixed into
-    params: Any
+    # Set by the Keras Callback the logic is mixed into; params holds fit's settings, of several types.
+    model: tf.keras.Model | None
+    params: dict[str, Any] | None
 
-    def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
+    def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
 
-    def on_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_batch_end(self, batch: int, logs: dict[str, object] | None = None) -> None:
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
             self.state.commit()
             self.batches_remaining = self.batches_per_commit
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, object] | None = None) -> None:
         self.on_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, object] | None = None) -> None:
         self.state.commit()
         self.batches_remaining = self.batches_per_commit
 
@@ -158,10 +197,11 @@ class UpdateBatchStateLogic:
     more (Keras runs at least one step an epoch).
     """
 
-    model: Any  # set by the Keras Callback the logic is mixed into
-    params: Any
+    # Set by the Keras Callback the logic is mixed into; params holds fit's settings, of several types.
+    model: tf.keras.Model | None
+    params: dict[str, Any] | None
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: _BatchState) -> None:
         super().__init__()
         self.state = state
         self.steps_per_epoch: int | None = None
@@ -169,7 +209,7 @@ class UpdateBatchStateLogic:
         self._last_batch: int | None = None  # the fit's batch that ends a resumed epoch
         self._stopped = False
 
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict[str, object] | None = None) -> None:
         params = self.params if isinstance(self.params, dict) else {}
         self._first_batch, self._last_batch = 0, None
         if params.get("steps"):
@@ -180,16 +220,16 @@ class UpdateBatchStateLogic:
             if done:
                 self._first_batch, self._last_batch = done, self.steps_per_epoch - done - 1
 
-    def on_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_batch_end(self, batch: int, logs: dict[str, object] | None = None) -> None:
         self.state.batch = self._first_batch + batch
         model = self.model
         if self._last_batch is not None and batch >= self._last_batch and model is not None and not model.stop_training:
             model.stop_training = self._stopped = True  # a stop another callback asked for stays
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, object] | None = None) -> None:
         self.on_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, object] | None = None) -> None:
         self.state.batch = 0
         self._first_batch, self._last_batch = 0, None
         if self._stopped and self.model is not None:
@@ -199,18 +239,19 @@ class UpdateBatchStateLogic:
 class UpdateEpochStateLogic:
     """Keep ``state.epoch`` at the number of epochs finished since the job began."""
 
-    model: Any  # set by the Keras Callback the logic is mixed into
-    params: Any
+    # Set by the Keras Callback the logic is mixed into; params holds fit's settings, of several types.
+    model: tf.keras.Model | None
+    params: dict[str, Any] | None
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: _EpochState) -> None:
         super().__init__()
         self.state = state
         self.initial_epoch = state.epoch
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def on_train_begin(self, logs: dict[str, object] | None = None) -> None:
         self.initial_epoch = self.state.epoch  # the restored epoch: fit() counts from 0 again
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, object] | None = None) -> None:
         self.state.epoch = self.initial_epoch + epoch + 1
 
 

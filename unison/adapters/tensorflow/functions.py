@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -21,15 +21,18 @@ __all__ = [
     "process_set_included_op", "rank_op", "size_op",
 ]
 
+# A Python object, the same kind on every rank.
+_T = TypeVar("_T")
 
-def _variables_key(variables: Sequence[Any]) -> str:
+
+def _variables_key(variables: Sequence[tf.Variable]) -> str:
     names = "|".join(f"{getattr(v, 'name', '')}{tuple(v.shape)}" for v in variables)
     return f"{len(variables)}.{zlib.crc32(names.encode()):08x}"
 
 
 @_no_autograph
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
-                        process_set: ProcessSet = global_process_set, inplace: bool = False) -> Any:
+                        process_set: ProcessSet = global_process_set, inplace: bool = False) -> tf.Operation | None:
     """Assign every variable `root_rank`'s value, all in one batch of broadcasts.
 
     Eagerly this runs at once; inside a graph it returns the grouped assign op. `inplace` is
@@ -49,14 +52,14 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
 
 
 @_no_autograph
-def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> Any:
+def broadcast_object(obj: _T, root_rank: int = 0, session: tf.compat.v1.Session | None = None,
+                     name: str | None = None, process_set: ProcessSet = global_process_set) -> _T:
     """Return `root_rank`'s Python object on every rank (pickled; trusted peers only). Eager only."""
     return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
-def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
-                        process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
+def broadcast_object_fn(root_rank: int = 0, session: tf.compat.v1.Session | None = None, name: str | None = None,
+                        process_set: ProcessSet = global_process_set) -> Callable[[_T], _T]:
     """Return a function of one object that `broadcast_object`s it with these arguments.
 
     Example:
@@ -64,20 +67,20 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | Non
         >>> config = share(config)                         # doctest: +SKIP
     """
 
-    def broadcast(obj: Any) -> Any:
+    def broadcast(obj: _T) -> _T:
         return broadcast_object(obj, root_rank, session, name, process_set)
 
     return broadcast
 
 
 @_no_autograph
-def allgather_object(obj: Any, session: Any = None, name: str | None = None,
-                     process_set: ProcessSet = global_process_set) -> list[Any]:
+def allgather_object(obj: _T, session: tf.compat.v1.Session | None = None, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[_T]:
     """Return every set member's Python object, in set-rank order (pickled). Eager only."""
     return _objects.allgather_object(obj, name=name, process_set=process_set)
 
 
-def _int_op(value: Any, name: str | None) -> tf.Tensor:
+def _int_op(value: Callable[[], int], name: str | None) -> tf.Tensor:
     """An int32 scalar read when the op runs (so a graph sees the job as it is at run time)."""
     if executing_eagerly():
         return tf.constant(int(value()), dtype=tf.int32)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -20,12 +20,17 @@ from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
 from .collectives import grouped_allreduce, set_size
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 __all__ = ["reduce_gradients", "run_on_arrays"]
 
 
+# `grads` holds tf.Tensor, tf.IndexedSlices or None: Any, as mypy cannot see that those divided are not None.
 @_no_autograph
 def reduce_gradients(policy: GradientPolicy, grads: Sequence[Any], names: Sequence[str],
-                     local: Sequence[bool] = ()) -> list[Any]:
+                     local: Sequence[bool] = ()) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """Return `grads` reduced across the policy's set in one grouped allreduce (None entries stay None).
 
     `names` (one per gradient, usually the variable names) fix the group's name, so every rank agrees
@@ -61,7 +66,8 @@ def reduce_gradients(policy: GradientPolicy, grads: Sequence[Any], names: Sequen
     return out
 
 
-def run_on_arrays(fn: Callable[..., list[Any]], tensors: Sequence[Any], op_name: str) -> list[tf.Tensor]:
+def run_on_arrays(fn: Callable[..., Sequence[npt.ArrayLike]], tensors: Sequence[tf.Tensor],
+                  op_name: str) -> list[tf.Tensor]:
     """Run `fn` on the tensors' NumPy values (eagerly, or as one numpy_function op); same shapes out."""
     results = run(fn, list(tensors), [t.dtype for t in tensors], op_name=op_name)
     for result, t in zip(results, tensors):
@@ -69,15 +75,15 @@ def run_on_arrays(fn: Callable[..., list[Any]], tensors: Sequence[Any], op_name:
     return results
 
 
-def _sparsified(policy: GradientPolicy, grads: list[Any], chosen: list[int], names: Sequence[str],
-                scale: float) -> list[Any]:
+def _sparsified(policy: GradientPolicy, grads: Sequence[tf.Tensor | tf.IndexedSlices | None], chosen: list[int],
+                names: Sequence[str], scale: float) -> list[tf.Tensor]:
     """Exchange the chosen gradients through the compressor's own exchange (sparsified pairs or
     PowerSGD factors)."""
     dense = [tf.convert_to_tensor(grads[i]) for i in chosen]
     chosen_names = [str(names[i]) for i in chosen]
     group = gradient_group_name(chosen_names)
 
-    def exchange(*arrays: Any) -> list[Any]:
+    def exchange(*arrays: np.ndarray) -> list[np.ndarray]:
         return self_reduced_allreduce(policy.compression, arrays, chosen_names, group, policy.process_set,
                                       scale)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import tensorflow as tf
 
@@ -25,14 +23,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         >>> layer = hvd.SyncBatchNormalization()   # doctest: +SKIP
     """
 
-    def __init__(self, fused: Any = False, **kwargs: Any) -> None:
+    def __init__(self, fused: bool | None = False, **kwargs: object) -> None:
         if fused in (True, None):
             raise InvalidArgumentError("SyncBatchNormalization does not support fused=True.")
         kwargs.setdefault("name", "sync_batch_normalization")
         super().__init__(**kwargs)
 
     @tf.autograph.experimental.do_not_convert
-    def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+    def _moments(self, inputs: tf.Tensor, mask: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor]:
         if mask is not None:
             raise InvalidArgumentError("SyncBatchNormalization does not support masks.")
         axes = list(self._reduction_axes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -13,6 +13,9 @@ from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
 from ._bridge import no_autograph as _no_autograph
 from .gradients import reduce_gradients
+
+if TYPE_CHECKING:
+    from ...compression import Compressor
 
 __all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]
 
@@ -39,9 +42,10 @@ class _DistributedGradientTape(tf.GradientTape):
         """Keep `source`'s gradient local (not reduced; scaled by 1/size if scale_local_gradients)."""
         self._local_refs.add(id(source))
 
+    # Returns Any: gradients nested like `sources` (tf.nest has no type for a nest).
     @_no_autograph
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
+    def gradient(self, target: object, sources: object, output_gradients: object = None,
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
@@ -56,9 +60,10 @@ class _DistributedGradientTape(tf.GradientTape):
 
 @_no_autograph
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
-                            compression: Any = Compression.none, sparse_as_dense: bool = False,
-                            op: Any = ReduceOp.AVERAGE, gradient_predivide_factor: float = 1.0,
-                            num_groups: int = 0, groups: Any = None,
+                            compression: Compressor | type[Compressor] = Compression.none,
+                            sparse_as_dense: bool = False, op: ReduceOp = ReduceOp.AVERAGE,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: int | Sequence[Sequence[tf.Variable]] | None = None,
                             process_set: ProcessSet = global_process_set,
                             scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a recorded tape so that `gradient()` averages (or sums) the gradients across ranks.
@@ -81,11 +86,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 
 @_no_autograph
 def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                                   device_sparse: str = "", compression: Any = Compression.none,
-                                   sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
+                                   device_sparse: str = "",
+                                   compression: Compressor | type[Compressor] = Compression.none,
+                                   sparse_as_dense: bool = False, op: ReduceOp = ReduceOp.AVERAGE,
                                    gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                                   groups: Any = None, process_set: ProcessSet = global_process_set,
-                                   local_layers: Any = None,
+                                   groups: int | Sequence[Sequence[tf.Variable]] | None = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   local_layers: tf.keras.layers.Layer | Sequence[tf.keras.layers.Layer] | None = None,
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """A DistributedGradientTape whose `local_layers`' trainable weights keep local gradients."""
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense,
