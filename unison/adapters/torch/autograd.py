@@ -10,7 +10,7 @@ scale factors). Backward collectives are unnamed, so every rank must run backwar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -26,6 +26,7 @@ __all__ = ["allgather", "allreduce", "alltoall", "broadcast", "grouped_allgather
            "grouped_reducescatter", "reducescatter"]
 
 
+# `ctx` is Any: forward keeps what backward needs in attributes that torch's FunctionCtx does not declare.
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
@@ -34,7 +35,7 @@ class _Allreduce(torch.autograd.Function):
         return c.synchronize(c.allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, pre, post, ps = ctx.args
         reduced = c.synchronize(c.allreduce_async(grad, None, None, op, pre, post, ps))
         return reduced, None, None, None, None, None
@@ -49,14 +50,14 @@ class _GroupedAllreduce(torch.autograd.Function):
                                                              postscale, process_set)))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, pre, post, ps = ctx.args
         reduced = c.synchronize(c.grouped_allreduce_async(list(grads), None, None, op, pre, post, ps))
         return (None, None, None, None, None, *reduced)
 
 
-def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None,
-              compression: type[Compressor] = Compression.none, op: Any = None,
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: ReduceOp | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return the reduction of `tensor` across the set (default Average); differentiable.
@@ -71,8 +72,8 @@ def allreduce(tensor: torch.Tensor, average: Any = None, name: str | None = None
     return compression.decompress(summed, ctx)
 
 
-def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
-                      compression: type[Compressor] = Compression.none, op: Any = None,
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: type[Compressor] = Compression.none, op: ReduceOp | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors as one atomic group (fused together); differentiable."""
@@ -98,7 +99,7 @@ class _Allgather(torch.autograd.Function):
         return c.synchronize(c.allgather_async(tensor, name, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         reduced = c.synchronize(c.allreduce_async(grad, None, None, ReduceOp.AVERAGE,
                                                   process_set=ctx.process_set))
         return _own_rows(reduced, ctx.dim0, ctx.process_set), None, None
@@ -112,7 +113,7 @@ class _GroupedAllgather(torch.autograd.Function):
         return tuple(c.synchronize(c.grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ps = ctx.process_set
         reduced = c.synchronize(c.grouped_allreduce_async(list(grads), None, None, ReduceOp.AVERAGE,
                                                           process_set=ps))
@@ -143,7 +144,7 @@ class _Broadcast(torch.autograd.Function):
         return c.synchronize(c.broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         reduced = c.synchronize(c.allreduce_async(grad, None, None, ReduceOp.AVERAGE,
                                                   process_set=ctx.process_set))
         if job().rank != ctx.root_rank:
@@ -159,7 +160,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
+    def forward(ctx: Any, tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None, name: str | None,
                 process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
         output, received = c.synchronize(c.alltoall_async(tensor, splits, name, process_set))
         ctx.received, ctx.process_set, ctx.dim0 = received, process_set, tensor.shape[0]
@@ -167,7 +168,8 @@ class _Alltoall(torch.autograd.Function):
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor, _received: Any) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor,
+                 _received: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         back, _ = c.synchronize(c.alltoall_async(grad.contiguous(), ctx.received, None, ctx.process_set))
         if back.shape[0] < ctx.dim0:  # rows beyond sum(splits) were not sent: zero gradient
             pad = back.new_zeros((ctx.dim0 - back.shape[0], *back.shape[1:]))
@@ -175,8 +177,19 @@ class _Alltoall(torch.autograd.Function):
         return back, None, None, None
 
 
-def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> Any:
+@overload
+def alltoall(tensor: torch.Tensor, splits: None = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> torch.Tensor: ...
+
+
+@overload
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int], name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
+             name: str | None = None, process_set: ProcessSet = global_process_set,
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Send dim-0 slices to each rank (per `splits`, default equal) and gather theirs; differentiable.
 
     Returns the output, or ``(output, received_splits)`` when `splits` is given.
@@ -193,7 +206,7 @@ class _Reducescatter(torch.autograd.Function):
         return c.synchronize(c.reducescatter_async(tensor, name, op, process_set, prescale, postscale))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, ps, pre, post = ctx.args
         gathered = c.synchronize(c.allgather_async(grad.contiguous(), None, ps))
         return _scale_back(gathered, op, ps, pre, post), None, None, None, None, None
@@ -214,14 +227,15 @@ class _GroupedReducescatter(torch.autograd.Function):
                                                                  prescale, postscale)))
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, ps, pre, post = ctx.args
         gathered = c.synchronize(c.grouped_allgather_async([g.contiguous() for g in grads], None, ps))
         return (None, None, None, None, None, *[_scale_back(g, op, ps, pre, post) for g in gathered])
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None,
-                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.AVERAGE,
+                  compression: type[Compressor] = Compression.none,
+                  op: ReduceOp | None = ReduceOp.AVERAGE,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce `tensor` across the set and return this rank's dim-0 slice; differentiable.
@@ -235,7 +249,8 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None,
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
-                          compression: type[Compressor] = Compression.none, op: Any = ReduceOp.AVERAGE,
+                          compression: type[Compressor] = Compression.none,
+                          op: ReduceOp | None = ReduceOp.AVERAGE,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
     """Reducescatter a list of tensors as one group; differentiable."""

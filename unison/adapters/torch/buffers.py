@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ...dtypes import DType
 from ...errors import InvalidArgumentError, UnisonNotImplementedError, UnsupportedDtypeError
+
+if TYPE_CHECKING:
+    from ...gpu.device import DeviceBuffer
 
 __all__ = [
     "check_same_device", "cuda_buffer", "dtype_of_tensor", "from_device_result", "from_result", "to_buffer",
@@ -56,14 +59,14 @@ def _dense_contiguous(tensor: torch.Tensor, in_place: bool) -> tuple[torch.Tenso
 
 
 # CuPy's array dtype for each torch dtype the GPU data plane carries (bfloat16 travels as uint16 bits).
-_STORAGE: dict[torch.dtype, Any] = {
+_STORAGE: dict[torch.dtype, type[np.generic]] = {
     torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
     torch.int64: np.int64, torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float32: np.float32,
     torch.float64: np.float64, torch.bool: np.bool_,
 }
 
 
-def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, DType]:
+def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[DeviceBuffer, DType]:
     """Hand a CUDA tensor to the GPU data plane as a CuPy array sharing its memory (no copy).
 
     The returned `DeviceBuffer` carries an event recorded on torch's current stream, which unison's
@@ -96,6 +99,7 @@ def cuda_buffer(tensor: torch.Tensor, *, in_place: bool = False) -> tuple[Any, D
     return mark_ready(device, array, "torch"), dtype
 
 
+# `result` is a DeviceBuffer (Any: callers may hold it as publish()'s DeviceBuffer | None)
 def from_device_result(result: Any, dtype: DType) -> torch.Tensor:
     """Wrap a GPU data-plane result as a CUDA tensor without copying, after torch's current stream
     waits for unison's (`unison.gpu.ordering.consume`)."""
@@ -108,7 +112,7 @@ def from_device_result(result: Any, dtype: DType) -> torch.Tensor:
     return torch.from_dlpack(array)
 
 
-def wait_for_result(result: Any) -> None:
+def wait_for_result(result: DeviceBuffer) -> None:
     """Make torch's current stream wait for a GPU result written into a tensor the caller already holds
     (in place, or an output allocated before submission): no new tensor is made."""
     from ...gpu.handoff import device_for
@@ -117,7 +121,7 @@ def wait_for_result(result: Any) -> None:
     consume(device_for(result.ordinal), result, "torch")
 
 
-def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DType]:
+def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray | DeviceBuffer, DType]:
     """Return a NumPy view sharing `tensor`'s memory (bfloat16 as uint16 bits) and its dtype.
 
     In-place operations refuse non-contiguous tensors (Horovod's message); out-of-place ones take a
@@ -129,7 +133,7 @@ def to_buffer(tensor: torch.Tensor, *, in_place: bool) -> tuple[np.ndarray, DTyp
         )
     if tensor.device.type != "cpu":
         if tensor.device.type == "cuda":
-            return cuda_buffer(tensor, in_place=in_place)  # type: ignore[no-any-return]
+            return cuda_buffer(tensor, in_place=in_place)
         raise UnisonNotImplementedError(
             f"Tensors on device {tensor.device} are not supported; move them to the CPU first."
         )

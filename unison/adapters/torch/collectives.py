@@ -10,7 +10,7 @@ allocated here; gathered results are wrapped with ``torch.from_numpy``. The auto
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,21 @@ from ...errors import InvalidArgumentError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from .buffers import check_same_device, from_result, to_buffer, wait_for_result
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from typing_extensions import Unpack
+
+    from ...dtypes import DType
+
+    class _SubmitOptions(TypedDict, total=False):
+        """What `submit_tensors` passes on to `core.submit` besides its own arguments."""
+
+        op: ReduceOp
+        prescale: float
+        postscale: float
+        root_rank: int
 
 __all__ = [
     "allgather_async", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall_async",
@@ -36,7 +51,7 @@ synchronize = core.synchronize
 
 def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: str | None,
                    process_set: ProcessSet, *, in_place: bool = False, grouped: bool = False,
-                   **kw: Any) -> int:
+                   **kw: Unpack[_SubmitOptions]) -> int:
     """Submit torch tensors; `synchronize` on the handle returns tensors (a list when grouped)."""
     if grouped:
         check_same_device(list(tensors))
@@ -46,18 +61,19 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
         arrays.append(array)
         dtypes.append(dtype)
     torch_outputs: list[torch.Tensor] | None = None
-    outputs = None
+    outputs: list[Any] | None = None  # DeviceBuffers on a GPU: core.submit takes them as NumPy arrays
     if not in_place and kind in (_ALLREDUCE, _BROADCAST):
         torch_outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
         outputs = [to_buffer(o, in_place=True)[0] for o in torch_outputs]
     device = tensors[0].device.type if tensors else "cpu"
     handle, _, _ = core.submit(kind, arrays, name, process_set, in_place=in_place, grouped=grouped,
                                dtypes=dtypes, outputs=outputs, device=device, **kw)
-    finish: Callable[[list[Any]], Any]
+    # the engine's results: NumPy arrays, or DeviceBuffers on a GPU (told apart by duck typing)
+    finish: Callable[[list[Any]], torch.Tensor | list[torch.Tensor]]
     if in_place or torch_outputs is not None:
         kept = list(tensors) if in_place else list(torch_outputs or [])
 
-        def finish(results: list[Any]) -> Any:
+        def finish(results: list[Any]) -> torch.Tensor | list[torch.Tensor]:
             for result in results:
                 if result is not None and hasattr(result, "ready"):  # a GPU result: torch's stream
                     wait_for_result(result)  # waits for unison's before anyone reads it
@@ -67,8 +83,8 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
     return core.finish_with(handle, finish)
 
 
-def _wrap(dtypes: list[Any], grouped: bool) -> Callable[[list[Any]], Any]:
-    def finish(results: list[Any]) -> Any:
+def _wrap(dtypes: list[DType], grouped: bool) -> Callable[[list[Any]], torch.Tensor | list[torch.Tensor]]:
+    def finish(results: list[Any]) -> torch.Tensor | list[torch.Tensor]:
         tensors = [from_result(r, d) for r, d in zip(results, dtypes)]
         return tensors if grouped else tensors[0]
     return finish
@@ -81,24 +97,24 @@ def _empty_group() -> int:
 # -- allreduce -------------------------------------------------------------------------------------
 
 
-def allreduce_async(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an out-of-place allreduce of `tensor`; `synchronize(handle)` returns the new tensor."""
     return submit_tensors(_ALLREDUCE, [tensor], name, process_set, op=core.resolve_op(op, average),
                           prescale=prescale_factor, postscale=postscale_factor)
 
 
-def allreduce_async_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce of `tensor` (must be contiguous); return a handle."""
     return submit_tensors(_ALLREDUCE, [tensor], name, process_set, op=core.resolve_op(op, average),
                           prescale=prescale_factor, postscale=postscale_factor, in_place=True)
 
 
-def allreduce_(tensor: torch.Tensor, average: Any = None, name: str | None = None, op: Any = None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: ReduceOp | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce `tensor` in place across the set and return it.
 
@@ -109,8 +125,9 @@ def allreduce_(tensor: torch.Tensor, average: Any = None, name: str | None = Non
                                         process_set))
 
 
-def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
-                            op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: ReduceOp | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors as one atomic group (out of place); return a handle."""
     if not tensors:
@@ -120,8 +137,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Any = None
                           postscale=postscale_factor)
 
 
-def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
-                             op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: ReduceOp | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors in place as one group; return a handle."""
     if not tensors:
@@ -131,15 +149,16 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Any = Non
                           postscale=postscale_factor)
 
 
-def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Any = None, name: str | None = None,
-                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: ReduceOp | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors in place as one group; return them."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: Any,
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp | None,
                            process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
     """Start summing (or averaging) a sparse COO tensor with two allgathers; return a function that
     waits and returns the reduced sparse tensor.
@@ -205,7 +224,7 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
-def _splits_array(splits: Any) -> Any:
+def _splits_array(splits: torch.Tensor | Sequence[int] | None) -> np.ndarray | None:
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
@@ -217,8 +236,8 @@ def _splits_array(splits: Any) -> Any:
     return np.asarray(splits)
 
 
-def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
-                   process_set: ProcessSet = global_process_set) -> int:
+def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
+                   name: str | None = None, process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall; `synchronize` returns ``(output, received_splits)`` (int32 tensor)."""
     current = job()
     _, members = core.member_set(current, process_set, "Alltoall")
@@ -234,7 +253,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     return core.finish_with(handle, finish)
 
 
-def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any = ReduceOp.AVERAGE,
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = ReduceOp.AVERAGE,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter; `synchronize` returns this rank's slice of the reduced tensor."""
@@ -244,7 +263,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: Any =
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
-                                op: Any = ReduceOp.AVERAGE,
+                                op: ReduceOp | None = ReduceOp.AVERAGE,
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of a list of tensors as one group; return a handle."""

@@ -19,6 +19,7 @@ __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "Non
 class Compressor(_CoreCompressor):
     """Interface: `compress` returns ``(tensor, ctx)``; `decompress(tensor, ctx)` undoes it."""
 
+    # `ctx` is Any: each compressor keeps its own kind of context (a dtype, None) and declares it itself
     @staticmethod
     def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Return the tensor to send and whatever `decompress` needs."""
@@ -34,11 +35,11 @@ class NoneCompressor(Compressor):
     """Send tensors unchanged."""
 
     @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
         return tensor, None
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+    def decompress(tensor: torch.Tensor, ctx: None) -> torch.Tensor:
         return tensor
 
 
@@ -49,14 +50,14 @@ class FP16Compressor(Compressor):
     """
 
     @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
         dtype = tensor.dtype
         if dtype.is_floating_point and dtype != torch.float16:
             return tensor.type(torch.float16), dtype
         return tensor, dtype
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None) -> torch.Tensor:
         if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
             return tensor.type(ctx)
         return tensor
@@ -66,14 +67,14 @@ class BF16Compressor(Compressor):
     """Send float32/float64 tensors as bfloat16 and cast back (reduced through float32)."""
 
     @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
         dtype = tensor.dtype
         if dtype in (torch.float32, torch.float64):
             return tensor.to(torch.bfloat16), dtype
         return tensor, None
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None) -> torch.Tensor:
         return tensor if ctx is None or tensor.dtype == ctx else tensor.to(ctx)
 
 

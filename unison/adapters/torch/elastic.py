@@ -6,14 +6,27 @@ import copy
 import math
 import random
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...elastic._state import SnapshotState
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    import torch
+    from torch.optim.optimizer import StateDict
+
+    class _Snapshot(TypedDict):
+        """What `TorchState` commits: the state dicts (torch's type for them) and the other values."""
+
+        model: dict[str, Any] | None
+        optimizer: StateDict | None
+        values: dict[str, tuple[str, object]]  # name -> ("sampler", its state_dict) or ("value", the value)
 
 __all__ = ["ElasticSampler", "TorchState"]
 
 
-def _broadcast_object(obj: Any, root_rank: int = 0) -> Any:
+def _broadcast_object(obj: object, root_rank: int = 0) -> object:
     from ..._job.objects import broadcast_object
 
     return broadcast_object(obj, root_rank)
@@ -90,7 +103,7 @@ class ElasticSampler:
         start = batch_idx * batch_size
         return self.indices[start:min(start + batch_size, len(self.indices))]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
         """Take a `state_dict()` (``{'epoch', 'processed_num'}``, the form Horovod 0.28 saves)."""
         if not isinstance(state_dict, dict) or "epoch" not in state_dict or "processed_num" not in state_dict:
             keys = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
@@ -100,7 +113,7 @@ class ElasticSampler:
         self.processed_num = int(state_dict["processed_num"])
         self.reset()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, int]:
         """``{'epoch': ..., 'processed_num': ...}``."""
         return {"epoch": self.epoch, "processed_num": self.processed_num}
 
@@ -139,7 +152,8 @@ class TorchState(SnapshotState):
         >>> state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, batch=0)  # doctest: +SKIP
     """
 
-    def __init__(self, model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 **kwargs: object) -> None:
         super().__init__(_broadcast_object, _rank)
         self.model = model
         self.optimizer = optimizer
@@ -148,19 +162,20 @@ class TorchState(SnapshotState):
         if optimizer is not None:
             self._hold_steps_for_commits(optimizer)
 
+    # `optimizer` is Any: mypy refuses assigning to a method, and its step is replaced on the instance
     def _hold_steps_for_commits(self, optimizer: Any) -> None:
         """Write commits in the background, finishing each before the optimizer changes a parameter."""
         step = optimizer.step
 
-        def step_after_commit(*args: Any, **kwargs: Any) -> Any:
+        def step_after_commit(*args: object, **kwargs: object) -> object:
             self.finish_commit()
             return step(*args, **kwargs)
 
         optimizer.step = step_after_commit
         self._books.background_commits = True
 
-    def _capture(self) -> Any:
-        values: dict[str, Any] = {}
+    def _capture(self) -> _Snapshot:
+        values: dict[str, tuple[str, object]] = {}
         for name in self._books.names:
             value = getattr(self, name)
             values[name] = ("sampler", value.state_dict()) if isinstance(value, ElasticSampler) else ("value", value)
@@ -170,7 +185,7 @@ class TorchState(SnapshotState):
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "values": values}
 
-    def _apply(self, values: Any) -> None:
+    def _apply(self, values: _Snapshot) -> None:
         if self.model is not None and values["model"] is not None:
             self.model.load_state_dict(values["model"])
         if self.optimizer is not None and values["optimizer"] is not None:

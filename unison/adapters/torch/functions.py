@@ -12,7 +12,7 @@ after Horovod's dummy step: code that reads ``p.grad`` right after the call keep
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,10 +21,15 @@ from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from . import collectives as c
 
+if TYPE_CHECKING:
+    from torch.optim.optimizer import StateDict
+
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 
 
-def broadcast_parameters(params: Any, root_rank: int) -> None:
+def broadcast_parameters(
+        params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor] | torch.Tensor],
+        root_rank: int) -> None:
     """Overwrite every rank's tensors with `root_rank`'s, in place.
 
     Args:
@@ -36,7 +41,7 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)   # doctest: +SKIP
     """
     if isinstance(params, Mapping):
-        items: list[tuple[str | None, Any]] = sorted(params.items(), key=lambda kv: str(kv[0]))
+        items: list[tuple[str | None, object]] = sorted(params.items(), key=lambda kv: str(kv[0]))
     elif isinstance(params, Iterable) and not isinstance(params, torch.Tensor | str):
         items = []
         for p in params:
@@ -67,7 +72,7 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
             tensor.copy_(target)
 
 
-def _skeleton(state_dict: dict[str, Any]) -> dict[str, Any]:
+def _skeleton(state_dict: StateDict) -> StateDict:
     """Replace every state tensor by (shape, dtype) so the structure can be pickled cheaply."""
     state = {
         pid: {key: (("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("value", v))
@@ -77,7 +82,8 @@ def _skeleton(state_dict: dict[str, Any]) -> dict[str, Any]:
     return {"state": state, "param_groups": state_dict["param_groups"]}
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: torch.nn.Module | None = None) -> None:
     """Make every rank's optimizer state and hyperparameters equal to `root_rank`'s.
 
     Works for every ``torch.optim`` optimizer except LBFGS, before or after the first step, without
@@ -101,10 +107,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
             f"{[len(g['params']) for g in skeleton['param_groups']]} on the root. Build the optimizer "
             "the same way on every rank."
         )
-    state: dict[Any, dict[str, Any]] = {}
+    state: dict[object, dict[str, object]] = {}  # by the root's keys (parameter indices)
     handles = []
     for pid in sorted(skeleton["state"], key=str):
-        entry: dict[str, Any] = {}
+        entry: dict[str, object] = {}
         for key in sorted(skeleton["state"][pid]):
             kind, *info = skeleton["state"][pid][key]
             if kind == "value":

@@ -30,8 +30,8 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 
@@ -58,6 +58,9 @@ from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c
 from .compression import Compression
 
+if TYPE_CHECKING:
+    from torch.optim.optimizer import StateDict
+
 __all__ = ["DistributedOptimizer"]
 
 _MISSING_MODES = ("zero", "error")
@@ -68,7 +71,8 @@ class _DistributedOptimizer:
 
     # -- setup -------------------------------------------------------------------------------------
 
-    def _unison_setup(self, named_parameters: Any, policy: GradientPolicy,
+    def _unison_setup(self, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                      policy: GradientPolicy,
                       groups: list[list[torch.Tensor]], missing_grads: str, cpu_overlap: bool | None) -> None:
         self._unison_policy = policy
         self._compression = policy.compression
@@ -91,7 +95,10 @@ class _DistributedOptimizer:
             for p in members:
                 self._unison_group_of[p] = index
         self._unison_countdown: dict[torch.Tensor, int] = {}
-        self._unison_handles: dict[torch.Tensor, tuple[int, Any, torch.Tensor] | Any] = {}
+        # in flight per parameter: (handle, compressor context, compressed tensor), a function that waits
+        # (sparse, sparsified), or None (PowerSGD: reduced together); a context is Any, as in `Compressor`
+        self._unison_handles: dict[
+            torch.Tensor, tuple[int, Any, torch.Tensor] | Callable[[], torch.Tensor] | None] = {}
         self._unison_group_ready: dict[int, set[torch.Tensor]] = {}
         self._unison_group_handles: dict[int, tuple[int, list[torch.Tensor], list[Any]]] = {}
         self._should_synchronize = True
@@ -333,9 +340,9 @@ class _DistributedOptimizer:
             handle, ctx, compressed = launched
             c.synchronize(handle)
             _write_grad(p, self._compression.decompress(compressed, ctx))
-        for group, (handle, compressed, ctxs) in group_handles.items():
+        for group, (handle, tensors, ctxs) in group_handles.items():
             c.synchronize(handle)
-            for p, t, ctx in zip(self._unison_groups[group], compressed, ctxs):
+            for p, t, ctx in zip(self._unison_groups[group], tensors, ctxs):
                 _write_grad(p, self._compression.decompress(t, ctx))
 
     @contextlib.contextmanager
@@ -357,7 +364,13 @@ class _DistributedOptimizer:
         finally:
             self._should_synchronize = True
 
-    def step(self, closure: Any = None) -> Any:
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Wait for this step's gradients (unless already synchronized), then take the wrapped
         optimizer's step. Unlike Horovod, a step() after synchronize() never reduces twice; outside
         ``skip_synchronize()`` it warns once per optimizer, with Horovod's words."""
@@ -383,7 +396,7 @@ class _DistributedOptimizer:
                 self._unison_average_slice()
         return result
 
-    def _unison_adasum_step(self, closure: Any) -> Any:
+    def _unison_adasum_step(self, closure: Callable[[], float] | None) -> float | None:
         """Step locally, then move every parameter by the Adasum of the ranks' changes."""
         params = self._unison_params
         before = [p.detach().clone() for p in params]
@@ -427,7 +440,7 @@ class _DistributedOptimizer:
         self.backward_passes_per_step = passes
         self._unison_new_window()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: StateDict) -> None:
         """Load the wrapped optimizer's state and reset the accumulation window."""
         super().load_state_dict(state_dict)  # type: ignore[misc]
         self._unison_new_window()
@@ -450,7 +463,9 @@ def _write_grad(p: torch.Tensor, result: torch.Tensor) -> None:
         grad.copy_(result)
 
 
-def _parameter_names(param_groups: list[dict[str, Any]], named_parameters: Any) -> dict[torch.Tensor, str]:
+# param_groups are torch's `list[dict[str, Any]]`: a group's options have a type each
+def _parameter_names(param_groups: list[dict[str, Any]],
+                     named_parameters: Iterable[tuple[str, torch.Tensor]] | None) -> dict[torch.Tensor, str]:
     if named_parameters is not None:
         named = list(named_parameters)
     else:
@@ -480,7 +495,8 @@ def _parameter_names(param_groups: list[dict[str, Any]], named_parameters: Any) 
     return {v: k for k, v in sorted(named, key=lambda kv: kv[0])}
 
 
-def _groups(param_groups: list[dict[str, Any]], num_groups: int, groups: Any) -> list[list[torch.Tensor]]:
+def _groups(param_groups: list[dict[str, Any]], num_groups: int,
+            groups: int | list[list[torch.Tensor]] | None) -> list[list[torch.Tensor]]:
     if groups is not None:
         if isinstance(groups, list):
             for members in groups:
@@ -515,10 +531,12 @@ class _Wrapped(_DistributedOptimizer, torch.optim.Optimizer):
     result's real class is a subclass of the wrapped optimizer's own class."""
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
-                         compression: Any = Compression.none,
-                         backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
-                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: object = Compression.none,
+                         backward_passes_per_step: int = 1, op: ReduceOp | None = ReduceOp.AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | list[list[torch.Tensor]] | None = None,
                          sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set,
                          *, missing_grads: str = "zero", cpu_overlap: bool | None = None) -> _Wrapped:
     """Wrap `optimizer` so that ``step()`` uses gradients averaged across the ranks.
@@ -559,7 +577,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         raise InvalidArgumentError("This optimizer is already a DistributedOptimizer; wrap it only once.")
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
-    wrapped: Any = object.__new__(cls)
+    wrapped: _Wrapped = object.__new__(cls)
     state = dict(optimizer.__dict__)
     # An LR scheduler created on the unwrapped optimizer patched a bound `step` onto the instance;
     # copying it would bypass the reduction.

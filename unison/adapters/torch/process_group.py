@@ -34,10 +34,10 @@ import queue
 import socket
 import sys
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from datetime import timedelta
 from functools import reduce as fold
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,19 @@ from .collectives import (
     synchronize,
 )
 
+if TYPE_CHECKING:
+    from typing import TypeAlias, TypeVar
+
+    from torch._C._distributed_c10d import AllgatherOptions, _DistributedBackendOptions
+
+    from ...engine.handles import Handle
+
+    # what a call's work completes with: its output tensors (a list of them per input for the gathers)
+    _Outputs: TypeAlias = list[torch.Tensor] | list[list[torch.Tensor]]
+    # a torch reduce op as c10d hands it: an options object's ReduceOp, or a member such as ReduceOp.SUM
+    _TorchOp: TypeAlias = dist.ReduceOp | dist.ReduceOp.RedOpType
+    _R = TypeVar("_R")  # what a wrapped function returns
+
 __all__ = ["BACKEND_NAME", "UnisonProcessGroup", "UnisonWork", "create_process_group", "job_store", "register"]
 
 log = logging.getLogger(__name__)
@@ -66,7 +79,7 @@ BACKEND_NAME = "unison"
 _RED: Any = dist.ReduceOp.RedOpType  # its members are missing from torch's stubs
 _OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVERAGE, _RED.PRODUCT: ReduceOp.PRODUCT,
         _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.PREMUL_SUM: ReduceOp.SUM}
-_BITWISE: dict[Any, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+_BITWISE: dict[dist.ReduceOp.RedOpType, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
 _group_count: dict[int, int] = {}  # process set id -> groups made on it here (the same on every member)
 _group_lock = threading.Lock()
@@ -81,7 +94,7 @@ class _Failed:
         self.error = error
 
 
-def _value(future: torch.futures.Future[Any]) -> Any:
+def _value(future: torch.futures.Future[_Outputs | _Failed]) -> _Outputs:
     """The inner future's value, raising unison's error in its place."""
     value = future.value()
     if isinstance(value, _Failed):
@@ -98,12 +111,12 @@ class UnisonWork(dist._Work):
     DDP waits for directly crashed the process (torch 2.13, SIGSEGV).
     """
 
-    def __init__(self, pending: _Pending, what: str, waits: Sequence[Any], completer: _Completer) -> None:
+    def __init__(self, pending: _Pending, what: str, waits: Sequence[Handle], completer: _Completer) -> None:
         super().__init__()
         self._pending = pending
         self._inner = pending.future
         self._completer = completer
-        self._future: torch.futures.Future[Any] | None = None  # made by get_future (a then() costs)
+        self._future: torch.futures.Future[_Outputs] | None = None  # made by get_future (a then() costs)
         self._what = what
         self._waits = list(waits)  # unison's own handles: a wait on them counts as blocked in unison
 
@@ -135,7 +148,7 @@ class UnisonWork(dist._Work):
         value = self._inner.value() if self._inner.done() else None
         return value.error if isinstance(value, _Failed) else None
 
-    def get_future(self) -> torch.futures.Future[Any]:
+    def get_future(self) -> torch.futures.Future[_Outputs]:
         """The future the call completes with its output tensors (DDP's hooks chain on it).
 
         From here on the group's completer thread finishes the call if no thread waits for it.
@@ -145,7 +158,7 @@ class UnisonWork(dist._Work):
             self._completer.add(self._pending)
         return self._future
 
-    def result(self) -> Any:
+    def result(self) -> _Outputs:
         """The output tensors, once finished."""
         self.wait()
         return _value(self._inner)
@@ -168,7 +181,9 @@ class _Pending:
 
     __slots__ = ("_claimed", "_lock", "finish", "future", "handles", "on_error")
 
-    def __init__(self, handles: list[int], finish: Callable[[list[Any]], Any], future: torch.futures.Future[Any],
+    # `finish` takes its handles' results (Any: each call's own, from unison's synchronize)
+    def __init__(self, handles: list[int], finish: Callable[[list[Any]], _Outputs],
+                 future: torch.futures.Future[_Outputs | _Failed],
                  on_error: Callable[[BaseException], None]) -> None:
         self.handles, self.finish, self.future, self.on_error = handles, finish, future, on_error
         self._lock = threading.Lock()
@@ -220,7 +235,7 @@ class _Completer:
             pending.run()
 
 
-def _op(reduce_op: Any) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
+def _op(reduce_op: _TorchOp) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
     """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
     kind = getattr(reduce_op, "op", reduce_op)
     if kind in _BITWISE:
@@ -231,7 +246,7 @@ def _op(reduce_op: Any) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.
     return _OPS[kind], None, factor
 
 
-def _premul_factor(reduce_op: Any) -> float:
+def _premul_factor(reduce_op: _TorchOp) -> float:
     """PREMUL_SUM's factor: ``ReduceOp.factor`` from torch 2.12 on, the pickled state before (2.11 has no
     ``factor``); never 1.0 by default, which would sum unscaled without a word."""
     raw = getattr(reduce_op, "factor", None)
@@ -306,8 +321,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
             earlier.settle()  # only with more calls in flight than the names' window (16)
         return name
 
-    def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], Any]) -> UnisonWork:
-        future: torch.futures.Future[Any] = torch.futures.Future()
+    def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], _Outputs]) -> UnisonWork:
+        future: torch.futures.Future[_Outputs | _Failed] = torch.futures.Future()
         table = _runtime.job().handles
         waits = [waiter for handle in handles for waiter in table[handle][0]]
         call, name = self._naming.last
@@ -327,15 +342,17 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     # -- reductions ----------------------------------------------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+    def allreduce(self, tensors: Sequence[torch.Tensor],
+                  opts: dist.AllreduceOptions | None = None) -> UnisonWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._allreduce(list(tensors), op, self._name(("allreduce", _sig(tensors), _op_key(op))), "allreduce")
 
-    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+    def allreduce_coalesced(self, tensors: Sequence[torch.Tensor],
+                            opts: dist.AllreduceCoalescedOptions | None = None) -> UnisonWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         return self._allreduce(list(tensors), op, self._name(("allreduce_coalesced", _sig(tensors), _op_key(op))), "allreduce_coalesced", grouped=True)
 
-    def _allreduce(self, tensors: list[torch.Tensor], reduce_op: Any, name: str, what: str,
+    def _allreduce(self, tensors: list[torch.Tensor], reduce_op: _TorchOp, name: str, what: str,
                    grouped: bool = False,
                    after: Callable[[list[torch.Tensor]], list[torch.Tensor]] = lambda tensors: tensors) -> UnisonWork:
         op, bitwise, factor = _op(reduce_op)
@@ -343,7 +360,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
             handles = [allgather_async(t.reshape(1, *t.shape), name=f"{name}.{i}", process_set=self._set)
                        for i, t in enumerate(tensors)]
 
-            def finish_bitwise(results: list[Any]) -> list[torch.Tensor]:
+            def finish_bitwise(results: list[torch.Tensor]) -> list[torch.Tensor]:
                 for tensor, gathered in zip(tensors, results):
                     tensor.copy_(fold(bitwise, gathered.unbind(0)))
                 return after(tensors)
@@ -356,12 +373,12 @@ class UnisonProcessGroup(dist.ProcessGroup):
             handles = [allreduce_async_(work_tensors[0], name=name, op=op, prescale_factor=factor,
                                         process_set=self._set)]
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[torch.Tensor | list[torch.Tensor]]) -> list[torch.Tensor]:
             _copy_back(copies)
             return after(tensors)
         return self._work(what, handles, finish)
 
-    def reduce(self, tensors: Sequence[torch.Tensor], opts: Any) -> UnisonWork:
+    def reduce(self, tensors: Sequence[torch.Tensor], opts: dist.ReduceOptions) -> UnisonWork:
         # an allreduce out of place, kept by the root alone: exact, at the cost of the others' copy
         name, root = self._name(("reduce", _sig(tensors), _op_key(opts.reduceOp), opts.rootRank)), opts.rootRank
         scratch = [t.detach().clone() for t in tensors]
@@ -370,7 +387,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
                                after=lambda results: _keep_at_root(results, keep, self._rank == root))
 
     def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
-                       opts: Any = None) -> UnisonWork:
+                       opts: dist.ReduceScatterOptions | None = None) -> UnisonWork:
         if len(outputs) != 1 or len(inputs) != 1:
             raise UnisonNotImplementedError("reduce_scatter with several tensors per rank: pass one output "
                                             "and one input list.")
@@ -379,7 +396,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         stacked = torch.stack([p.reshape(outputs[0].shape) for p in pieces])
         return self._reduce_scatter(outputs[0], stacked, opts, "reduce_scatter")
 
-    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> UnisonWork:
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: dist.ReduceScatterOptions | None = None) -> UnisonWork:
         if input.numel() != output.numel() * self._size:
             raise InvalidArgumentError(
                 f"reduce_scatter_tensor needs an input of size * output elements ({self._size} * "
@@ -389,7 +407,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
-    def _reduce_scatter(self, output: torch.Tensor, stacked: torch.Tensor, opts: Any, what: str) -> UnisonWork:
+    def _reduce_scatter(self, output: torch.Tensor, stacked: torch.Tensor,
+                        opts: dist.ReduceScatterOptions | None, what: str) -> UnisonWork:
         op, bitwise, factor = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         if bitwise is not None:
             raise UnisonNotImplementedError(f"{what} with a bitwise op on the unison backend: use all_reduce.")
@@ -397,7 +416,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = reducescatter_async(stacked.contiguous(), name=name, op=op, prescale_factor=factor,
                                      process_set=self._set)
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[torch.Tensor]) -> list[torch.Tensor]:
             output.copy_(results[0].reshape(output.shape))
             return [output]
         return self._work(what, [handle], finish)
@@ -405,7 +424,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     # -- gathers ---------------------------------------------------------------------------------------
 
     def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-                  opts: Any = None) -> UnisonWork:
+                  opts: AllgatherOptions | None = None) -> UnisonWork:
         if len(inputs) != 1 or len(outputs) != 1:
             raise UnisonNotImplementedError("allgather with several tensors per rank: pass one input.")
         targets = list(outputs[0])
@@ -416,7 +435,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
             return self._gather_into(targets, source, "all_gather")
         return self._gather_uneven(targets, source)
 
-    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> UnisonWork:
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: AllgatherOptions | None = None) -> UnisonWork:
         if output.numel() != input.numel() * self._size:
             raise InvalidArgumentError(
                 f"all_gather_into_tensor needs an output of size * input elements ({self._size} * "
@@ -424,7 +444,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = allgather_async(input.reshape(1, *input.shape).contiguous(),
                                  name=self._name(("all_gather_into_tensor", _sig([output, input]))), process_set=self._set)
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[torch.Tensor]) -> list[torch.Tensor]:
             output.copy_(results[0].reshape(output.shape))
             return [output]
         return self._work("all_gather_into_tensor", [handle], finish)
@@ -435,7 +455,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = allgather_async(source.reshape(1, *source.shape).contiguous(),
                                  name=self._name((what, _sig([source, *targets]))), process_set=self._set)
 
-        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+        def finish(results: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             for target, piece in zip(targets, results[0].unbind(0)):
                 target.copy_(piece)
             return [targets]
@@ -447,7 +467,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = allgather_async(source.reshape(-1).contiguous(), name=self._name(("all_gather", _sig([source, *targets]))),
                                  process_set=self._set)
 
-        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+        def finish(results: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             offset = 0
             for target in targets:
                 count = target.numel()
@@ -457,7 +477,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._work("all_gather", [handle], finish)
 
     def gather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
-               opts: Any) -> UnisonWork:
+               opts: dist.GatherOptions) -> UnisonWork:
         source, root = inputs[0], opts.rootRank
         targets = list(outputs[0]) if outputs else []
         if self._rank == root:
@@ -465,7 +485,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = allgather_async(source.reshape(1, *source.shape).contiguous(),
                                  name=self._name(("gather", _sig([source]), root)), process_set=self._set)
 
-        def finish(results: list[Any]) -> list[list[torch.Tensor]]:
+        def finish(results: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             if self._rank == root:
                 for target, piece in zip(targets, results[0].unbind(0)):
                     target.copy_(piece)
@@ -474,7 +494,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     # -- broadcast, scatter, alltoall ------------------------------------------------------------------
 
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+    def broadcast(self, tensors: Sequence[torch.Tensor],
+                  opts: dist.BroadcastOptions | None = None) -> UnisonWork:
         root = opts.rootRank if opts is not None else 0
         name = self._name(("broadcast", _sig(tensors), root))
         work_tensors, copies = _contiguous(list(tensors))
@@ -482,13 +503,13 @@ class UnisonProcessGroup(dist.ProcessGroup):
                                     process_set=self._set)  # unison's roots are global ranks, torch's the group's
                    for i, t in enumerate(work_tensors)]
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[torch.Tensor]) -> list[torch.Tensor]:
             _copy_back(copies)
             return list(tensors)
         return self._work("broadcast", handles, finish)
 
     def scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
-                opts: Any) -> UnisonWork:
+                opts: dist.ScatterOptions) -> UnisonWork:
         output, root = outputs[0], opts.rootRank
         if self._rank == root:
             pieces = list(inputs[0])
@@ -501,13 +522,14 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = alltoall_async(send.contiguous(), splits=splits, name=self._name(("scatter", _sig([output]), root)),
                                 process_set=self._set)
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
             received, _ = results[0]
             output.copy_(received.reshape(output.shape))
             return [output]
         return self._work("scatter", [handle], finish)
 
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None) -> UnisonWork:
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                 opts: dist.AllToAllOptions | None = None) -> UnisonWork:
         _check_count("all_to_all", list(inputs), self._size)
         _check_count("all_to_all", list(outputs), self._size)
         send = torch.cat([t.reshape(-1) for t in inputs])
@@ -515,7 +537,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         handle = alltoall_async(send, splits=splits, name=self._name(("all_to_all", _sig([*inputs, *outputs]))),
                                 process_set=self._set)
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
             received, _ = results[0]
             offset = 0
             for target in outputs:
@@ -525,7 +547,8 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._work("all_to_all", [handle], finish)
 
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
-                      input_split_sizes: Sequence[int], opts: Any = None) -> UnisonWork:
+                      input_split_sizes: Sequence[int],
+                      opts: dist.AllToAllOptions | None = None) -> UnisonWork:
         rows = input.shape[0] if input.dim() else 1
         splits = list(input_split_sizes) or [rows // self._size] * self._size
         if not input_split_sizes and rows % self._size:
@@ -536,7 +559,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
                                 name=self._name(("all_to_all_single", _sig([input, output]), tuple(splits))),
                                 process_set=self._set)
 
-        def finish(results: list[Any]) -> list[torch.Tensor]:
+        def finish(results: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
             received, _ = results[0]
             output.copy_(received.reshape(output.shape))
             return [output]
@@ -544,7 +567,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     all_to_all_single = alltoall_base
 
-    def barrier(self, opts: Any = None) -> UnisonWork:
+    def barrier(self, opts: dist.BarrierOptions | None = None) -> UnisonWork:
         handle = allreduce_async_(torch.zeros(1), name=self._name(("barrier",)), op=ReduceOp.SUM, process_set=self._set)
         return self._work("barrier", [handle], lambda results: [])
 
@@ -560,12 +583,12 @@ class UnisonProcessGroup(dist.ProcessGroup):
         raise _point_to_point("recv")
 
 
-def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
+def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
     """What a call's tensors are, for `CallNames`: shape, dtype and device of each."""
     return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
 
 
-def _op_key(reduce_op: Any) -> tuple[Any, ...]:
+def _op_key(reduce_op: _TorchOp | None) -> tuple[str | float, ...]:
     if reduce_op is None:
         return ()
     kind = getattr(reduce_op, "op", reduce_op)
@@ -580,7 +603,7 @@ def _point_to_point(call: str) -> UnisonNotImplementedError:
     )
 
 
-def _check_count(call: str, tensors: Sequence[Any], size: int) -> None:
+def _check_count(call: str, tensors: Sequence[torch.Tensor], size: int) -> None:
     if len(tensors) != size:
         raise InvalidArgumentError(f"{call} needs one tensor per rank of the group ({size}). Got {len(tensors)}.")
 
@@ -610,7 +633,8 @@ def _keep_at_root(results: list[torch.Tensor], tensors: list[torch.Tensor], root
     return tensors
 
 
-def create_process_group(options: Any, backend_options: Any = None) -> UnisonProcessGroup:
+def create_process_group(options: _DistributedBackendOptions,
+                         backend_options: object = None) -> UnisonProcessGroup:
     """torch's factory for ``"unison"`` (its extended API): start unison if needed, check the group."""
     if not _runtime.is_initialized():
         _runtime.init()
@@ -639,7 +663,7 @@ def _label(process_set: ProcessSet) -> str:
     return base if count == 1 else (f"pg{count}" if set_id == 0 else f"{base}.{count}")
 
 
-def _subset_group(ranks: list[int], options: Any) -> UnisonProcessGroup:
+def _subset_group(ranks: list[int], options: _DistributedBackendOptions) -> UnisonProcessGroup:
     """The group of a `dist.new_group(ranks)` on the unison process set that `_registering_sets` registered."""
     size = _runtime.size()
     process_set = registered_set_of(ranks)
@@ -656,7 +680,7 @@ def _subset_group(ranks: list[int], options: Any) -> UnisonProcessGroup:
     return UnisonProcessGroup(int(options.group_rank), len(ranks), _label(process_set), process_set, ranks)
 
 
-def _warn_timeout(timeout: Any) -> None:
+def _warn_timeout(timeout: object) -> None:
     if not isinstance(timeout, timedelta):
         return
     settings = _runtime.job().settings
@@ -672,7 +696,7 @@ def _warn_timeout(timeout: Any) -> None:
 
 
 
-def job_store(timeout: timedelta) -> tuple[Any, int, int]:
+def job_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
     """A torch store shared by the ranks of the unison job, with this rank and the job's size.
 
     Rank 0 hosts a TCPStore on a free port and the others learn its address through unison (a
@@ -696,12 +720,14 @@ def job_store(timeout: timedelta) -> tuple[Any, int, int]:
     return store, rank, size
 
 
-def _rendezvous_with_fallback(original: Callable[..., Any]) -> Callable[..., Any]:
+def _rendezvous_with_fallback(original: Callable[..., Iterator[tuple[dist.Store, int, int]]],
+                              ) -> Callable[..., Iterator[tuple[dist.Store, int, int]]]:
     """torch's env:// rendezvous, unless MASTER_ADDR is unset: then the unison job's own (`job_store`).
 
     torch reads its launch variables from the environment itself; so does this check, for the same ones.
     """
-    def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Any:
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30),
+                **kwargs: object) -> Iterator[tuple[dist.Store, int, int]]:
         if os.environ.get("MASTER_ADDR"):
             yield from original(url, timeout, **kwargs)
             return
@@ -718,7 +744,7 @@ def _rendezvous_with_fallback(original: Callable[..., Any]) -> Callable[..., Any
     return handler
 
 
-def _registering_sets(original: Callable[..., Any]) -> Callable[..., Any]:
+def _registering_sets(original: Callable[..., _R]) -> Callable[..., _R]:
     """torch's group creation (behind ``new_group``, ``new_subgroups`` and DeviceMesh), registering the
     unison process set of a subset group's ranks on every rank first when the group is unison's.
 
@@ -729,7 +755,7 @@ def _registering_sets(original: Callable[..., Any]) -> Callable[..., Any]:
     """
     signature = inspect.signature(original)
 
-    def create(*args: Any, **kwargs: Any) -> Any:
+    def create(*args: object, **kwargs: object) -> _R:
         call = signature.bind_partial(*args, **kwargs).arguments
         ranks, backend = call.get("ranks"), call.get("backend")
         if (ranks is not None and call.get("pg_tag") is None and _is_unison(backend)
@@ -748,7 +774,7 @@ def _registering_sets(original: Callable[..., Any]) -> Callable[..., Any]:
     return create
 
 
-def _is_unison(backend: Any) -> bool:
+def _is_unison(backend: str | None) -> bool:
     """Whether a group made with `backend` (None: the default group's) runs on the unison backend."""
     if backend is None or backend == "":
         if not dist.is_initialized():

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -179,7 +179,7 @@ class ServerOptimizer:
             for name, p in self.params.items():
                 p.copy_(torch.from_numpy(values[name]))
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Callable[[], object] | None = None) -> None:
         """Push this step's gradients (dense and the embeddings' rows), then pull the updated parameters."""
         if closure is not None:
             with torch.enable_grad():

@@ -74,6 +74,7 @@ def combine_statistics(gathered: torch.Tensor, channels: int) -> tuple[torch.Ten
     return mean, var, total
 
 
+# `ctx` is Any: forward keeps what backward needs in attributes that torch's FunctionCtx does not declare.
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -105,7 +106,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, mean, invstd = ctx.saved_tensors
         xmu = x - _broadcastable(mean, x)
         dy_flat, xmu_flat = _channels_last(dy), _channels_last(xmu)
