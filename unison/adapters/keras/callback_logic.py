@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -21,7 +21,15 @@ from ..._job import submit as S
 from ..._job.runtime import job
 from ...errors import InvalidArgumentError
 from ...ops import ReduceOp
-from .naming import variable_keys
+from .naming import Shaped, variable_keys
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import numpy.typing as npt
+
+    #: A callback's logs as Keras fills them: a float per metric, an array where a metric is not a scalar.
+    Logs: TypeAlias = dict[str, float | np.ndarray]
 
 __all__ = [
     "BroadcastGlobalVariablesLogic", "KerasOps", "LearningRateScheduleLogic", "LearningRateWarmupLogic",
@@ -33,30 +41,53 @@ log = logging.getLogger(__name__)
 _BROADCAST = "BroadcastGlobalVariables"
 
 
+class _Variable(Shaped, Protocol):
+    """What the callbacks use of either Keras's variable: shape and dtype (its broadcast's name), `assign`."""
+
+    def assign(self, value: npt.ArrayLike) -> object: ...
+
+
+class _Optimizer(Protocol):
+    """What the callbacks use of either Keras's optimizer: its variables (a method in Keras 2's legacy)."""
+
+    @property
+    def variables(self) -> Sequence[_Variable] | Callable[[], Sequence[_Variable]]: ...
+
+
+class _Model(Protocol):
+    """What the callbacks use of either Keras's model."""
+
+    @property
+    def variables(self) -> Sequence[_Variable]: ...
+
+    @property
+    def optimizer(self) -> _Optimizer: ...
+
+
 class KerasOps:
     """What differs between the Kerases, for the callbacks; each Keras's adapter subclasses it."""
 
     #: The key under which the learning-rate callbacks log the rate at an epoch's end.
     learning_rate_key = "learning_rate"
 
-    def to_numpy(self, value: Any) -> np.ndarray:
+    def to_numpy(self, value: object) -> np.ndarray:
         """Return a variable's or tensor's value as a NumPy array."""
         raise NotImplementedError
 
-    def learning_rate(self, optimizer: Any) -> float:
+    def learning_rate(self, optimizer: _Optimizer) -> float:
         """Return the optimizer's current learning rate."""
         raise NotImplementedError
 
-    def set_learning_rate(self, optimizer: Any, value: float) -> None:
+    def set_learning_rate(self, optimizer: _Optimizer, value: float) -> None:
         """Set the optimizer's learning rate; raise if it follows a schedule."""
         raise NotImplementedError
 
-    def momentum(self, optimizer: Any) -> Any:
+    def momentum(self, optimizer: _Optimizer) -> _Variable | None:
         """Return the optimizer's momentum if a step reads it anew each batch (a variable), else None."""
         return None
 
 
-def optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: _Optimizer | None) -> list[_Variable]:
     """The optimizer's variables: a list in Keras 3 and tf_keras, a method of Keras 2's legacy optimizers."""
     if optimizer is None:
         return []
@@ -64,8 +95,8 @@ def optimizer_variables(optimizer: Any) -> list[Any]:
     return list(variables() if callable(variables) else variables)
 
 
-def broadcast_variables_numpy(variables: Sequence[Any], names: Sequence[str], root_rank: int,
-                              to_numpy: Callable[[Any], np.ndarray]) -> None:
+def broadcast_variables_numpy(variables: Sequence[_Variable], names: Sequence[str], root_rank: int,
+                              to_numpy: Callable[[_Variable], np.ndarray]) -> None:
     """Assign every variable `root_rank`'s value, one named broadcast each, all in flight at once."""
     handles = [C.broadcast_async(np.asarray(to_numpy(v), order="C"), root_rank, name=name)
                for v, name in zip(variables, names)]
@@ -86,9 +117,10 @@ class BroadcastGlobalVariablesLogic:
     """
 
     _keras_ops: KerasOps
-    model: Any
+    model: _Model
 
-    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
+    def __init__(self, root_rank: int, device: str = "",
+                 local_variables: Iterable[object] | None = None) -> None:
         super().__init__()
         self.root_rank = int(root_rank)
         self.device = device
@@ -99,17 +131,17 @@ class BroadcastGlobalVariablesLogic:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(root_rank={self.root_rank}, broadcasts={self.broadcasts})"
 
-    def _model_variables(self) -> list[Any]:
+    def _model_variables(self) -> list[_Variable]:
         if not getattr(self.model, "built", True):
             return []  # a model without an input shape before its first batch (Keras 2 would raise)
         local = {id(v) for v in self.local_variables}
         return [v for v in self.model.variables if id(v) not in local]
 
-    def _broadcast(self, variables: list[Any], names: list[str]) -> None:
+    def _broadcast(self, variables: list[_Variable], names: list[str]) -> None:
         broadcast_variables_numpy(variables, names, self.root_rank, self._keras_ops.to_numpy)
         self.broadcasts += 1
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         if self.broadcast_done:
             return
         variables = self._model_variables()
@@ -120,7 +152,7 @@ class BroadcastGlobalVariablesLogic:
             log.debug("the ranks' models differ before the first batch (%s variables); the broadcast "
                       "waits for the end of the first batch", [len(s) for s in signatures])
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         if self.broadcast_done:
             return
         model_variables = self._model_variables()
@@ -141,7 +173,7 @@ class MetricAverageLogic:
         super().__init__()
         self.device = device
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if not logs:
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
@@ -166,10 +198,10 @@ class LearningRateScheduleLogic:
     """
 
     _keras_ops: KerasOps
-    model: Any
-    params: Any
+    model: _Model
+    params: dict[str, int | None] | None  # Keras's fit parameters: verbose, epochs, steps
 
-    def __init__(self, initial_lr: float, multiplier: Any, start_epoch: int = 0,
+    def __init__(self, initial_lr: float, multiplier: float | Callable[[float], float], start_epoch: int = 0,
                  end_epoch: int | None = None, staircase: bool = True, momentum_correction: bool = True,
                  steps_per_epoch: int | None = None) -> None:
         super().__init__()
@@ -180,7 +212,7 @@ class LearningRateScheduleLogic:
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-        self.restore_momentum: Any = None
+        self.restore_momentum: float | None = None
         if not callable(multiplier):
             self.staircase = True
             constant = float(multiplier)
@@ -198,7 +230,7 @@ class LearningRateScheduleLogic:
             self.restore_momentum = float(ops.to_numpy(momentum))
             momentum.assign(self.restore_momentum * new_lr / old_lr)
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         if self.initial_lr is None:
             self.initial_lr = self._keras_ops.learning_rate(self.model.optimizer)
         if not self.staircase and not self.steps_per_epoch:
@@ -209,10 +241,10 @@ class LearningRateScheduleLogic:
                     "the learning-rate callback."
                 )
 
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Logs | None = None) -> None:
         self.current_epoch = epoch
 
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_begin(self, batch: int, logs: Logs | None = None) -> None:
         if self.current_epoch < self.start_epoch or (
                 self.end_epoch is not None and self.current_epoch >= self.end_epoch):
             return
@@ -221,7 +253,7 @@ class LearningRateScheduleLogic:
         elif not self.staircase:
             self._adjust(self.current_epoch + float(batch) / self._steps())
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         if self.restore_momentum is not None:
             momentum = self._keras_ops.momentum(self.model.optimizer)
             if momentum is not None:
@@ -233,7 +265,7 @@ class LearningRateScheduleLogic:
             raise ValueError("steps_per_epoch is unknown; pass steps_per_epoch= to the callback.")
         return int(self.steps_per_epoch)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if logs is not None:
             logs[self._keras_ops.learning_rate_key] = self._keras_ops.learning_rate(self.model.optimizer)
 
@@ -258,7 +290,7 @@ class LearningRateWarmupLogic(LearningRateScheduleLogic):
         self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1 and self.verbose > 0:
             lr = self._keras_ops.learning_rate(self.model.optimizer)
@@ -266,7 +298,7 @@ class LearningRateWarmupLogic(LearningRateScheduleLogic):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")
 
 
-def schedule_error(schedule: Any) -> InvalidArgumentError:
+def schedule_error(schedule: object) -> InvalidArgumentError:
     """The error for a learning-rate callback on an optimizer that follows a LearningRateSchedule."""
     return InvalidArgumentError(
         "The learning-rate callbacks set optimizer.learning_rate, but this optimizer uses a "

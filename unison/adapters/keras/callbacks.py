@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 import numpy as np
 
@@ -25,13 +23,13 @@ __all__ = [
 class Keras3Ops(KerasOps):
     """Keras 3's values and learning rate; momentum is a compiled constant, so it is never corrected."""
 
-    def to_numpy(self, value: Any) -> np.ndarray:
+    def to_numpy(self, value: object) -> np.ndarray:
         return np.asarray(keras.ops.convert_to_numpy(getattr(value, "value", value)))
 
-    def learning_rate(self, optimizer: Any) -> float:
+    def learning_rate(self, optimizer: keras.optimizers.Optimizer) -> float:
         return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
-    def set_learning_rate(self, optimizer: Any, value: float) -> None:
+    def set_learning_rate(self, optimizer: keras.optimizers.Optimizer, value: float) -> None:
         if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
             raise schedule_error(optimizer._learning_rate)
         optimizer.learning_rate = value

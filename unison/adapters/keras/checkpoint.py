@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import keras
 
 from ..._job.runtime import job
 from ...errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from .callback_logic import Logs
 
 __all__ = ["BestModelCheckpoint", "KerasBestModelCheckpoint"]
 
@@ -26,14 +29,14 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
-                 mode: str = "auto", save_freq: Any = "epoch", *, filepath: str | None = None) -> None:
+                 mode: str = "auto", save_freq: str | int = "epoch", *, filepath: str | None = None) -> None:
         # Keras checks the path's extension when constructed; without a path yet, it checks a stand-in.
         stand_in = "best.weights.h5" if save_weights_only else "best.keras"
         super().__init__(filepath or stand_in, monitor=monitor, verbose=verbose, save_best_only=True,
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
         self.filepath: str | None = None if filepath is None else self.filepath
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         if not self.filepath:
             raise InvalidArgumentError(
                 "BestModelCheckpoint needs a file path to save to: pass filepath='best.keras' (or "
@@ -42,11 +45,11 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
             )
         super().on_train_begin(logs)
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         if job().rank == 0:
             super().on_train_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if job().rank == 0:
             super().on_epoch_end(epoch, logs)
 
@@ -60,6 +63,6 @@ class KerasBestModelCheckpoint(BestModelCheckpoint):
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
-                 save_freq: Any = "epoch", *, save_weights_only: bool = False,
+                 save_freq: str | int = "epoch", *, save_weights_only: bool = False,
                  filepath: str | None = None) -> None:
         super().__init__(monitor, verbose, save_weights_only, mode, save_freq, filepath=filepath)

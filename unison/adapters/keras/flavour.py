@@ -13,8 +13,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 __all__ = ["is_tf_keras_object", "keras_path_is_keras2", "tf_keras_is_keras2"]
 
 
@@ -38,6 +36,6 @@ def keras_path_is_keras2() -> bool:
     return keras.backend.backend() == "tensorflow" and tf_keras_is_keras2()
 
 
-def is_tf_keras_object(obj: Any) -> bool:
+def is_tf_keras_object(obj: object) -> bool:
     """True if `obj`'s class comes from the tf_keras package (Keras 2), without importing it."""
     return any(cls.__module__.split(".")[0] == "tf_keras" for cls in type(obj).__mro__)

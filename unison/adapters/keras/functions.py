@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
@@ -11,10 +11,15 @@ from ..._job import collectives as C
 from ...ops import ReduceOp
 from ..array_compression import Compression
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from ...compression import Compressor
+
 __all__ = ["allgather", "allreduce", "broadcast", "broadcast_global_variables", "reducescatter"]
 
 
-def _array(value: Any) -> np.ndarray:
+def _array(value: ArrayLike) -> np.ndarray:
     """`value` as a C-ordered array of its own shape (a scalar stays 0-d, as Horovod's tensors do).
 
     Python numbers and lists become tensors first, as Horovod's ``tf.constant(value)`` makes them:
@@ -25,9 +30,10 @@ def _array(value: Any) -> np.ndarray:
     return np.asarray(keras.ops.convert_to_numpy(value), order="C")
 
 
-def allreduce(value: Any, name: str | None = None, average: Any = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, op: Any = None,
-              compression: Any = Compression.none) -> Any:
+# Each returns the backend's own tensor (tf.Tensor, torch.Tensor, jax.Array): Keras names no type for it.
+def allreduce(value: ArrayLike, name: str | None = None, average: bool | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: ReduceOp | int | None = None,
+              compression: type[Compressor] | Compressor = Compression.none) -> Any:
     """Reduce a value across ranks and return a Keras tensor of the value's shape (default op Average).
 
     Example:
@@ -39,12 +45,12 @@ def allreduce(value: Any, name: str | None = None, average: Any = None, prescale
     return keras.ops.convert_to_tensor(compression.decompress(np.reshape(out, array.shape), ctx))
 
 
-def allgather(value: Any, name: str | None = None) -> Any:
+def allgather(value: ArrayLike, name: str | None = None) -> Any:
     """Concatenate every rank's value along dimension 0 and return a Keras tensor (a scalar counts as one row)."""
     return keras.ops.convert_to_tensor(C.allgather(np.atleast_1d(_array(value)), name=name))
 
 
-def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+def broadcast(value: ArrayLike, root_rank: int, name: str | None = None) -> Any:
     """Return `root_rank`'s value on every rank as a Keras tensor of the value's shape.
 
     Example:
@@ -54,7 +60,7 @@ def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
     return keras.ops.convert_to_tensor(np.reshape(C.broadcast(array, root_rank, name=name), array.shape))
 
 
-def reducescatter(value: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE) -> Any:
+def reducescatter(value: ArrayLike, name: str | None = None, op: ReduceOp | int = ReduceOp.AVERAGE) -> Any:
     """Reduce a value across ranks and return this rank's dim-0 slice as a Keras tensor."""
     return keras.ops.convert_to_tensor(C.reducescatter(np.atleast_1d(_array(value)), name=name, op=op))
 

@@ -17,13 +17,23 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Protocol, SupportsIndex
 
-__all__ = ["variable_keys"]
+__all__ = ["Shaped", "variable_keys"]
 
 
-def variable_keys(variables: Sequence[Any]) -> list[str]:
+class Shaped(Protocol):
+    """What a key is made of: the shape and dtype of a variable (either Keras's), a tensor or an array."""
+
+    @property
+    def shape(self) -> Iterable[SupportsIndex]: ...
+
+    @property
+    def dtype(self) -> object: ...
+
+
+def variable_keys(variables: Sequence[Shaped]) -> list[str]:
     """One key per variable: its position in `variables`, its shape and its dtype."""
     keys = []
     for i, v in enumerate(variables):

@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import keras
 import numpy as np
@@ -48,9 +49,31 @@ from .flavour import is_tf_keras_object
 from .naming import variable_keys
 from .shared import JIT_WARNING, XLA_ERROR, partial_averager, tf_in_xla_context
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import tensorflow as tf
+    import torch
+
+    from ...compression import Compressor
+
+    #: A variable's gradient as the backend makes it (dense or sparse on TensorFlow), or None without one.
+    _Gradient: TypeAlias = tf.Tensor | tf.IndexedSlices | torch.Tensor | np.ndarray | None
+
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed"]
 
 log = logging.getLogger(__name__)
+
+# Keras 3's or Keras 2's optimizer, wrapped in place and returned.
+_OptimizerT = TypeVar("_OptimizerT")
+
+
+class _Layer(Protocol):
+    """What `PartialDistributedOptimizer` reads of either Keras's layer: the weights to keep local."""
+
+    @property
+    def trainable_weights(self) -> Sequence[object]: ...
+
 
 # Keras 2 arguments of Model.compile that Horovod's examples pass and Keras 3 refuses; dropped once
 # with a warning each, since they never changed the result (TF 2.0-2.3 needed them for the wrapper).
@@ -58,7 +81,7 @@ _KERAS2_COMPILE_ARGUMENTS = ("experimental_run_tf_function",)
 _warned_arguments: set[str] = set()
 
 
-def _drop_keras2_arguments(kwargs: dict[str, Any]) -> None:
+def _drop_keras2_arguments(kwargs: dict[str, object]) -> None:
     """Remove Keras 2-only compile arguments from `kwargs`, warning once per argument and process."""
     for name in _KERAS2_COMPILE_ARGUMENTS:
         if name not in kwargs:
@@ -94,16 +117,16 @@ class _Settings:
     def __init__(self, policy: GradientPolicy) -> None:
         self.policy = policy
         self.local_paths: set[str] = set()
-        self.accumulators: list[Any] | None = None
-        self.counter: Any = None
+        self.accumulators: list[keras.Variable] | None = None
+        self.counter: Any = None  # a keras.Variable once made (Any: read unchecked where accumulating)
         self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
 
 
-def _names(variables: list[Any]) -> list[str]:
+def _names(variables: Sequence[object]) -> list[str]:
     return [str(getattr(v, "path", None) or getattr(v, "name", f"var{i}")) for i, v in enumerate(variables)]
 
 
-def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list[Any]:
+def _reduce(settings: _Settings, grads: list[_Gradient], variables: list[keras.Variable]) -> list[_Gradient]:
     """Reduce a step's gradients in one grouped collective on whatever backend Keras runs."""
     settings.statistics["reductions"] += 1
     local = [n in settings.local_paths for n in _names(variables)]
@@ -121,6 +144,7 @@ def _reduce(settings: _Settings, grads: list[Any], variables: list[Any]) -> list
     )
 
 
+# Any: the gradients read here are the ones not None, which the indices pick, not the types.
 def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
                       local: list[bool]) -> list[Any]:
     policy = settings.policy
@@ -161,7 +185,7 @@ def _reduce_via_numpy(settings: _Settings, grads: list[Any], names: list[str],
     return out
 
 
-def _average_partial(settings: _Settings, variables: list[Any]) -> None:
+def _average_partial(settings: _Settings, variables: list[keras.Variable]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
     average = partial_averager(settings.policy, variables)
     if _backend() == "tensorflow":
@@ -192,7 +216,7 @@ def _install_compile_hook() -> None:
     original = Trainer.compile
 
     @functools.wraps(original)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile(self: keras.Model, *args: object, **kwargs: object) -> None:
         _drop_keras2_arguments(kwargs)
         result = original(self, *args, **kwargs)
         optimizer = getattr(self, "optimizer", None)
@@ -214,7 +238,7 @@ class _DistributedMixin:
 
     _unison: _Settings
 
-    def build(self, variables: Any) -> None:
+    def build(self, variables: list[keras.Variable]) -> None:
         super().build(variables)  # type: ignore[misc]
         self._create_accumulators()
 
@@ -228,7 +252,7 @@ class _DistributedMixin:
             ]
             settings.counter = keras.Variable(0, dtype="int64", trainable=False, name="unison_counter")
 
-    def register_local_var(self, var: Any) -> None:
+    def register_local_var(self, var: keras.Variable) -> None:
         """Keep `var`'s gradient local: not reduced (scaled by 1/size if scale_local_gradients)."""
         self._unison.local_paths.add(_names([var])[0])
 
@@ -243,7 +267,8 @@ class _DistributedMixin:
             out["dense_bytes"], out["payload_bytes"] = own["dense_bytes"], own["payload_bytes"]
         return out
 
-    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+    def apply(self, grads: Iterable[_Gradient],
+              trainable_variables: Sequence[keras.Variable] | None = None) -> keras.Variable | None:
         settings = self._unison
         settings.statistics["apply_calls"] += 1
         if _in_xla_context():
@@ -266,8 +291,9 @@ class _DistributedMixin:
             self.built = True
         return self._aggregated_apply(base_apply, grads, variables, trainable_variables)
 
-    def _aggregated_apply(self, base_apply: Any, grads: list[Any], variables: list[Any],
-                          trainable_variables: Any) -> Any:
+    def _aggregated_apply(self, base_apply: Callable[..., object], grads: list[_Gradient],
+                          variables: list[keras.Variable],
+                          trainable_variables: Sequence[keras.Variable] | None) -> keras.Variable:
         settings = self._unison
         steps = settings.policy.backward_passes_per_step
         if _backend() == "tensorflow":
@@ -300,7 +326,7 @@ class _DistributedMixin:
         return self.iterations  # type: ignore[attr-defined]
 
 
-def is_distributed(optimizer: Any) -> bool:
+def is_distributed(optimizer: object) -> bool:
     """True if `optimizer` (Keras 3's or Keras 2's) was wrapped by `DistributedOptimizer`."""
     if is_tf_keras_object(optimizer):
         from ..tf_keras.optimizer import is_distributed as keras2_is_distributed
@@ -309,13 +335,15 @@ def is_distributed(optimizer: Any) -> bool:
     return isinstance(optimizer, _DistributedMixin)
 
 
-def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                         device_sparse: str = "", compression: Any = Compression.none,
+def DistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "",
+                         compression: type[Compressor] | Compressor = Compression.none,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
-                         op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         op: ReduceOp | int = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Any = None, process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
+                         groups: int | Sequence[Sequence[object]] | None = None,
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> _OptimizerT:
     """Make a Keras optimizer reduce gradients across ranks before applying them; return it.
 
     The instance itself is wrapped (its class becomes a same-named subclass), so learning-rate
@@ -355,7 +383,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                              process_set=process_set, scale_local_gradients=scale_local_gradients)
     settings = _Settings(policy)
     cls = type(optimizer)
-    attrs: dict[str, Any] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    attrs: dict[str, object] = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
     if _backend() == "tensorflow":
         import tensorflow as tf
 
@@ -371,18 +399,22 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
     return optimizer
 
 
-def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                                device_sparse: str = "", compression: Any = Compression.none,
+def PartialDistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "",
+                                compression: type[Compressor] | Compressor = Compression.none,
                                 sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
-                                op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
-                                average_aggregated_gradients: bool = False, groups: Any = None,
-                                process_set: ProcessSet = global_process_set, local_layers: Any = None,
-                                scale_local_gradients: bool = True) -> Any:
+                                op: ReduceOp | int = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False,
+                                groups: int | Sequence[Sequence[object]] | None = None,
+                                process_set: ProcessSet = global_process_set,
+                                local_layers: _Layer | list[_Layer] | tuple[_Layer, ...] | None = None,
+                                scale_local_gradients: bool = True) -> _OptimizerT:
     """A DistributedOptimizer whose `local_layers`' trainable weights keep local gradients."""
-    wrapped = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
-                                   sparse_as_dense, gradient_predivide_factor, op,
-                                   backward_passes_per_step, average_aggregated_gradients, 0, groups,
-                                   process_set, scale_local_gradients)
+    # Any: the wrapper's methods (register_local_var) are on it now, which _OptimizerT does not say.
+    wrapped: Any = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                        sparse_as_dense, gradient_predivide_factor, op,
+                                        backward_passes_per_step, average_aggregated_gradients, 0, groups,
+                                        process_set, scale_local_gradients)
     layers = [] if local_layers is None else (
         local_layers if isinstance(local_layers, (list, tuple)) else [local_layers])
     for layer in layers:

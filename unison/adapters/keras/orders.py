@@ -8,23 +8,32 @@ order). A script that passes them by position must reach the same parameters und
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
 from .optimizer import DistributedOptimizer
 
+if TYPE_CHECKING:
+    from ...compression import Compressor
+
 __all__ = ["KerasDistributedOptimizer", "TensorFlowDistributedOptimizer"]
 
+# Keras 3's or Keras 2's optimizer, wrapped in place and returned.
+_OptimizerT = TypeVar("_OptimizerT")
 
-def KerasDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                              device_sparse: str = "", compression: Any = Compression.none,
+
+def KerasDistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, device_dense: str = "",
+                              device_sparse: str = "",
+                              compression: type[Compressor] | Compressor = Compression.none,
                               sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
-                              op: Any = ReduceOp.AVERAGE, num_groups: int = 0, groups: Any = None, *,
+                              op: ReduceOp | int = ReduceOp.AVERAGE, num_groups: int = 0,
+                              groups: int | Sequence[Sequence[object]] | None = None, *,
                               backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
                               process_set: ProcessSet = global_process_set,
-                              scale_local_gradients: bool = True) -> Any:
+                              scale_local_gradients: bool = True) -> _OptimizerT:
     """`DistributedOptimizer` in horovod.keras's order; ``unison.keras.DistributedOptimizer`` is this.
 
     horovod.keras's wrapper stops at `groups`; the aggregation and process-set arguments of
@@ -42,14 +51,16 @@ def KerasDistributedOptimizer(optimizer: Any, name: str | None = None, device_de
                                 scale_local_gradients=scale_local_gradients)
 
 
-def TensorFlowDistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
+def TensorFlowDistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, use_locking: bool = False,
                                    device_dense: str = "", device_sparse: str = "",
-                                   compression: Any = Compression.none, sparse_as_dense: bool = False,
-                                   backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
+                                   compression: type[Compressor] | Compressor = Compression.none,
+                                   sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                                   op: ReduceOp | int = ReduceOp.AVERAGE,
                                    gradient_predivide_factor: float = 1.0,
                                    average_aggregated_gradients: bool = False, num_groups: int = 0,
-                                   groups: Any = None, process_set: ProcessSet = global_process_set,
-                                   scale_local_gradients: bool = True) -> Any:
+                                   groups: int | Sequence[Sequence[object]] | None = None,
+                                   process_set: ProcessSet = global_process_set,
+                                   scale_local_gradients: bool = True) -> _OptimizerT:
     """`DistributedOptimizer` in horovod.tensorflow's order; ``unison.tensorflow.DistributedOptimizer`` is this.
 
     It wraps Keras optimizers: Keras 3's, or Keras 2's (tf_keras, ``tf.keras`` under

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def __init__(self, table: str, input_dim: int, output_dim: int, *, initializer: Initializer | None = None,
                  optimizer: Optimizer | None = None, mask_zero: bool = False, client: Client | None = None,
-                 **kwargs: Any) -> None:
+                 **kwargs: object) -> None:
         check_backend("unison.ps.keras.DistributedEmbedding")
         super().__init__(**kwargs)
         if int(input_dim) < 1 or int(output_dim) < 1:
@@ -107,19 +107,19 @@ class DistributedEmbedding(keras.layers.Layer):
         """This layer's pulls, pushes, and rows moved by them."""
         return dict(self._counts)
 
-    def build(self, input_shape: Any = None) -> None:
+    def build(self, input_shape: tuple[int | None, ...] | None = None) -> None:
         # always zero; its gradient is zero too: it only makes the tape record the lookup
         self._anchor = self.add_weight(name="gradient_anchor", shape=(), initializer="zeros", trainable=True)
         register_embedding(self._anchor, self)
         self.built = True
 
-    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+    def compute_mask(self, inputs: tf.Tensor, mask: tf.Tensor | None = None) -> tf.Tensor | None:
         """``inputs != 0`` with `mask_zero`, else no mask (as ``keras.layers.Embedding``)."""
         if not self.mask_zero:
             return None
         return keras.ops.not_equal(inputs, 0)
 
-    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+    def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return (*tuple(input_shape), self.output_dim)
 
     def _declare(self) -> None:
@@ -128,7 +128,7 @@ class DistributedEmbedding(keras.layers.Layer):
                                       initializer=self._initializer, optimizer=self._optimizer)
             self._declared = True
 
-    def _pull(self, unique: Any) -> np.ndarray:
+    def _pull(self, unique: tf.Tensor) -> np.ndarray:
         self._declare()
         ids = np.asarray(unique.numpy(), dtype=np.int64)
         rows = self.client.pull(sparse={self.table: ids})[1][self.table]
@@ -147,7 +147,7 @@ class DistributedEmbedding(keras.layers.Layer):
             return None
         return np.concatenate([i for i, _ in parts]), np.concatenate([r for _, r in parts])
 
-    def _push(self, unique: Any, grad: Any) -> np.ndarray:
+    def _push(self, unique: tf.Tensor, grad: tf.Tensor) -> np.ndarray:
         ids = np.asarray(unique.numpy(), dtype=np.int64)
         rows = np.asarray(grad.numpy(), dtype=np.float32).reshape(len(ids), self.output_dim)
         if self._kept.deferred:
@@ -158,17 +158,17 @@ class DistributedEmbedding(keras.layers.Layer):
         self._counts["rows_pushed"] += len(ids)
         return np.zeros((), np.float32)
 
-    def call(self, inputs: Any) -> Any:
+    def call(self, inputs: tf.Tensor) -> tf.Tensor:
         ids = tf.cast(inputs, tf.int64)
         unique, inverse = tf.unique(tf.reshape(ids, [-1]))
         dim = self.output_dim
 
         @tf.custom_gradient
-        def lookup(anchor: Any) -> Any:
+        def lookup(anchor: tf.Tensor) -> tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]:
             rows = tf.py_function(self._pull, [unique], tf.float32)
             rows.set_shape([None, dim])
 
-            def grad(dy: Any) -> Any:
+            def grad(dy: tf.Tensor) -> tf.Tensor:
                 # the zero returned depends on the push, so graph mode cannot prune it
                 return tf.py_function(self._push, [unique, tf.convert_to_tensor(dy)], tf.float32)
 
@@ -178,7 +178,7 @@ class DistributedEmbedding(keras.layers.Layer):
         out = tf.gather(rows, inverse)
         return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], 0))
 
-    def get_config(self) -> dict[str, Any]:
+    def get_config(self) -> dict[str, object]:
         config = super().get_config()
         config.update(table=self.table, input_dim=self.input_dim, output_dim=self.output_dim,
                       mask_zero=self.mask_zero)

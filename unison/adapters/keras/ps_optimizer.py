@@ -53,10 +53,10 @@ class _Embedding(Protocol):
 
 
 # the anchor variable of each built DistributedEmbedding, by id, so the optimizer can tell them apart
-_EMBEDDINGS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_EMBEDDINGS: weakref.WeakValueDictionary[int, _Embedding] = weakref.WeakValueDictionary()
 
 
-def register_embedding(anchor: Any, layer: _Embedding) -> None:
+def register_embedding(anchor: keras.Variable, layer: _Embedding) -> None:
     """Record that `anchor` is the weight of an embedding layer, not a dense parameter."""
     _EMBEDDINGS[id(anchor)] = layer
 
@@ -167,18 +167,19 @@ class ServerOptimizer(keras.optimizers.Optimizer):
         """Steps pushed, variables and elements declared, table rows pushed for the layers, and seconds in calls."""
         return dataclasses.asdict(self._counts)
 
-    def get_config(self) -> dict[str, Any]:
+    def get_config(self) -> dict[str, object]:
         return {"name": self.name, "optimizer": {"kind": self.server_optimizer.kind,
                                                  "fields": self.server_optimizer.fields()}}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> ServerOptimizer:
+    def from_config(cls, config: dict[str, Any],  # Keras's config: nested JSON values
+                    custom_objects: dict[str, object] | None = None) -> ServerOptimizer:
         spec = config["optimizer"]
         return cls(from_fields(spec["kind"], dict(spec["fields"])), name=config.get("name"))
 
     # ---- the first step
 
-    def build(self, variables: Sequence[Any]) -> None:
+    def build(self, variables: Sequence[keras.Variable]) -> None:
         """Declare the dense `variables` on the servers and assign their values (trainer 0's) to them.
 
         Keras calls this while tracing ``model.fit``'s first step; the declaration runs outside the
@@ -198,7 +199,7 @@ class ServerOptimizer(keras.optimizers.Optimizer):
         super().build(variables)
         self._declared = declared
 
-    def _declare(self, variables: list[Any]) -> _Declared:
+    def _declare(self, variables: list[keras.Variable]) -> _Declared:
         declared = _Declared()
         values: dict[str, np.ndarray] = {}
         for v in variables:
@@ -233,7 +234,7 @@ class ServerOptimizer(keras.optimizers.Optimizer):
         self._counts.seconds += time.perf_counter() - started
         return declared
 
-    def _check_known(self, variables: Sequence[Any]) -> None:
+    def _check_known(self, variables: Sequence[keras.Variable]) -> None:
         declared = self._declared
         for v in variables:
             if id(v) in declared.names or id(v) in declared.anchors:
@@ -254,7 +255,8 @@ class ServerOptimizer(keras.optimizers.Optimizer):
 
     # ---- every step
 
-    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
+    def apply(self, grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
+              trainable_variables: Sequence[keras.Variable] | None = None) -> None:
         """Push the gradients (and the embedding layers' rows) to the servers; assign the values pulled back."""
         if trainable_variables is None:
             if not self.built:
@@ -295,7 +297,7 @@ class ServerOptimizer(keras.optimizers.Optimizer):
         with tf.control_dependencies([outputs[-1]]):
             self._iterations.assign_add(1)
 
-    def _step(self, names: list[str], tensors: Sequence[Any]) -> list[np.ndarray]:
+    def _step(self, names: list[str], tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
         started = time.perf_counter()
         dense = {name: np.asarray(t.numpy(), np.float32) for name, t in zip(names, tensors)}
         pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}

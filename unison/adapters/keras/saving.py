@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
@@ -11,12 +12,15 @@ import numpy as np
 from ..array_compression import Compression
 from .optimizer import DistributedOptimizer, is_distributed
 
+if TYPE_CHECKING:
+    from ...compression import Compressor
+
 __all__ = ["load_model"]
 
 _H5_SUFFIXES = (".h5", ".hdf5")
 
 
-def _optimizer_weights_h5(filepath: Any) -> list[np.ndarray] | None:
+def _optimizer_weights_h5(filepath: str | os.PathLike[str]) -> list[np.ndarray] | None:
     """The optimizer values an .h5 file holds, in the order they were saved (None if it has none)."""
     import h5py
 
@@ -28,7 +32,7 @@ def _optimizer_weights_h5(filepath: Any) -> list[np.ndarray] | None:
         return [np.asarray(group[n]) for n in names]
 
 
-def _restore_h5_optimizer(model: Any, filepath: Any) -> None:
+def _restore_h5_optimizer(model: keras.Model, filepath: str | os.PathLike[str]) -> None:
     """Give a model loaded from .h5 an optimizer built for its variables, with the saved state.
 
     Keras 3's .h5 loader builds the optimizer for the model's own variable list, which a
@@ -47,8 +51,11 @@ def _restore_h5_optimizer(model: Any, filepath: Any) -> None:
     model.optimizer = rebuilt
 
 
-def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
-               compression: Any = Compression.none, legacy_opts: bool = False) -> Any:
+def load_model(filepath: str | os.PathLike[str],
+               custom_optimizers: Iterable[type[keras.optimizers.Optimizer]] | None = None,
+               custom_objects: Mapping[str, object] | None = None,
+               compression: type[Compressor] | Compressor = Compression.none,
+               legacy_opts: bool = False) -> keras.Model:
     """Load a model with `keras.models.load_model` and make its optimizer distributed.
 
     A wrapped optimizer is saved under its own class name, so plain Keras loads the file too;

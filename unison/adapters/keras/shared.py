@@ -7,13 +7,12 @@ they tell the user about XLA or in how a partial synchronization averages a slic
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from ..._job.gradients import GradientPolicy, gradient_group_name
 from ...compression._exchange import average_slices_
-from .naming import variable_keys
+from .naming import Shaped, variable_keys
 
 __all__ = ["JIT_WARNING", "XLA_ERROR", "partial_averager", "tf_in_xla_context"]
 
@@ -39,12 +38,12 @@ def tf_in_xla_context() -> bool:
     return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
-def partial_averager(policy: GradientPolicy, variables: Sequence[Any]) -> Callable[..., list[np.ndarray]]:
+def partial_averager(policy: GradientPolicy, variables: Sequence[Shaped]) -> Callable[..., list[np.ndarray]]:
     """The function that averages this step's slice of `variables` across the ranks: it takes their
     values as arrays and returns the averaged copies, in order (partial synchronization)."""
     group = gradient_group_name(variable_keys(list(variables)))
 
-    def average(*arrays: Any) -> list[np.ndarray]:
+    def average(*arrays: np.ndarray) -> list[np.ndarray]:
         copies = [np.array(a, copy=True, order="C") for a in arrays]
         average_slices_(policy.compression, copies, group, policy.process_set)
         return copies

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +19,10 @@ from ..keras.callback_logic import (
     schedule_error,
 )
 
+if TYPE_CHECKING:
+    from ..keras.callback_logic import Logs
+    from .optimizer import Keras2Optimizer
+
 __all__ = [
     "BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "KerasBestModelCheckpoint",
     "LearningRateScheduleCallback", "LearningRateWarmupCallback", "MetricAverageCallback",
@@ -27,7 +31,7 @@ __all__ = [
 _Schedule = tf_keras.optimizers.schedules.LearningRateSchedule
 
 
-def _is_legacy(optimizer: Any) -> bool:
+def _is_legacy(optimizer: object) -> bool:
     return isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
 
 
@@ -36,22 +40,22 @@ class Keras2Ops(KerasOps):
 
     learning_rate_key = "lr"  # Horovod's Keras 2 callbacks log the rate as "lr"
 
-    def to_numpy(self, value: Any) -> np.ndarray:
+    def to_numpy(self, value: object) -> np.ndarray:
         return np.asarray(tf_keras.backend.get_value(value))
 
-    def learning_rate(self, optimizer: Any) -> float:
+    def learning_rate(self, optimizer: Keras2Optimizer) -> float:
         value = optimizer.learning_rate
         if isinstance(value, _Schedule):
             value = value(optimizer.iterations)
         return float(self.to_numpy(value))
 
-    def set_learning_rate(self, optimizer: Any, value: float) -> None:
+    def set_learning_rate(self, optimizer: Keras2Optimizer, value: float) -> None:
         current = optimizer._hyper.get("learning_rate") if _is_legacy(optimizer) else optimizer._learning_rate
         if isinstance(current, _Schedule):
             raise schedule_error(current)
         optimizer.learning_rate = value
 
-    def momentum(self, optimizer: Any) -> Any:
+    def momentum(self, optimizer: Keras2Optimizer) -> tf.Variable | None:
         if not _is_legacy(optimizer) or "momentum" not in optimizer._hyper:
             return None  # tf_keras's own optimizers compile momentum as a constant
         # The hyperparameters become variables at the first step otherwise. The iteration counter
@@ -120,11 +124,11 @@ class BestModelCheckpoint(tf_keras.callbacks.ModelCheckpoint):
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
-                 mode: str = "auto", save_freq: Any = "epoch", *, filepath: str | None = None) -> None:
+                 mode: str = "auto", save_freq: str | int = "epoch", *, filepath: str | None = None) -> None:
         super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
                          save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
 
-    def on_train_begin(self, logs: Any = None) -> None:
+    def on_train_begin(self, logs: Logs | None = None) -> None:
         if not self.filepath:
             raise InvalidArgumentError(
                 "BestModelCheckpoint needs a file path to save to: pass filepath='best.h5' (or "
@@ -132,11 +136,11 @@ class BestModelCheckpoint(tf_keras.callbacks.ModelCheckpoint):
             )
         super().on_train_begin(logs)
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs | None = None) -> None:
         if job().rank == 0:
             super().on_train_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs | None = None) -> None:
         if job().rank == 0:
             super().on_epoch_end(epoch, logs)
 
@@ -150,6 +154,6 @@ class KerasBestModelCheckpoint(BestModelCheckpoint):
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
-                 save_freq: Any = "epoch", *, save_weights_only: bool = False,
+                 save_freq: str | int = "epoch", *, save_weights_only: bool = False,
                  filepath: str | None = None) -> None:
         super().__init__(monitor, verbose, save_weights_only, mode, save_freq, filepath=filepath)

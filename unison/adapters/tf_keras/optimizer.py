@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import tensorflow as tf
 
@@ -31,9 +32,25 @@ from ..keras.naming import variable_keys
 from ..keras.shared import JIT_WARNING, XLA_ERROR, partial_averager, tf_in_xla_context
 from ..tensorflow.gradients import reduce_gradients, run_on_arrays
 
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import tf_keras
+
+    from ...compression import Compressor
+
+    #: tf_keras's optimizers: its own, and its legacy ones (``tf.keras.optimizers.legacy.*``).
+    Keras2Optimizer: TypeAlias = tf_keras.optimizers.Optimizer | tf_keras.optimizers.legacy.Optimizer
+    #: A variable's gradient: dense, sparse (an embedding's), or None when the loss does not depend on it.
+    _Gradient: TypeAlias = tf.Tensor | tf.IndexedSlices | None
+
 __all__ = ["DistributedOptimizer", "install_compile_hook", "is_distributed", "is_keras2_optimizer"]
 
-def is_keras2_optimizer(optimizer: Any) -> bool:
+# A Keras 2 optimizer, wrapped in place and returned.
+_OptimizerT = TypeVar("_OptimizerT")
+
+
+def is_keras2_optimizer(optimizer: object) -> bool:
     """True for tf_keras's optimizers, new and legacy (``tf.keras.optimizers[.legacy].*`` under Keras 2)."""
     import tf_keras
 
@@ -46,16 +63,16 @@ class _Settings:
     def __init__(self, policy: GradientPolicy) -> None:
         self.policy = policy
         self.local_names: set[str] = set()
-        self.accumulators: dict[Any, tf.Variable] = {}
+        self.accumulators: dict[Hashable, tf.Variable] = {}  # by the variable's ref()
         self.counter: tf.Variable | None = None
         self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
 
 
-def _names(variables: list[Any]) -> list[str]:
+def _names(variables: Sequence[object]) -> list[str]:
     return [str(getattr(v, "name", f"var{i}")) for i, v in enumerate(variables)]
 
 
-def _build(optimizer: Any, variables: list[Any]) -> None:
+def _build(optimizer: Keras2Optimizer, variables: list[tf.Variable]) -> None:
     """Make the optimizer's slots now (outside any branch): tf_keras's `build`, or a legacy optimizer's own."""
     with tf.init_scope():
         if hasattr(optimizer, "_create_all_weights"):
@@ -64,7 +81,7 @@ def _build(optimizer: Any, variables: list[Any]) -> None:
             optimizer.build(variables)
 
 
-def _average_partial(settings: _Settings, variables: list[Any]) -> None:
+def _average_partial(settings: _Settings, variables: list[tf.Variable]) -> None:
     """Average this step's rotating slice of `variables` across the ranks (partial synchronization)."""
     average = partial_averager(settings.policy, variables)
     results = run_on_arrays(average, [v.read_value() for v in variables], op_name="UnisonPartialSync")
@@ -77,7 +94,7 @@ class _DistributedMixin:
 
     _unison: _Settings
 
-    def register_local_var(self, var: Any) -> None:
+    def register_local_var(self, var: tf.Variable) -> None:
         """Keep `var`'s gradient local: not reduced (scaled by 1/size if scale_local_gradients)."""
         self._unison.local_names.add(_names([var])[0])
 
@@ -92,14 +109,15 @@ class _DistributedMixin:
             out["dense_bytes"], out["payload_bytes"] = own["dense_bytes"], own["payload_bytes"]
         return out
 
-    def _reduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+    def _reduce(self, grads: list[_Gradient], variables: list[tf.Variable]) -> list[_Gradient]:
         settings = self._unison
         settings.statistics["reductions"] += 1
         local = [n in settings.local_names for n in _names(variables)]
         # Named by place, shape and dtype: the same on every rank, loaded model or fresh (naming.py).
         return reduce_gradients(settings.policy, grads, variable_keys(variables), local)
 
-    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+    def apply_gradients(self, grads_and_vars: Iterable[tuple[_Gradient, tf.Variable]], *args: object,
+                        **kwargs: object) -> tf.Variable | tf.Operation:
         settings = self._unison
         settings.statistics["apply_calls"] += 1
         if tf_in_xla_context():
@@ -116,8 +134,9 @@ class _DistributedMixin:
             return base_apply(list(zip(self._reduce(grads, variables), variables)), *args, **kwargs)
         return self._aggregated_apply(base_apply, grads, variables, args, kwargs)
 
-    def _aggregated_apply(self, base_apply: Any, grads: list[Any], variables: list[Any], args: Any,
-                          kwargs: Any) -> Any:
+    def _aggregated_apply(self, base_apply: Callable[..., object], grads: list[_Gradient],
+                          variables: list[tf.Variable], args: tuple[object, ...],
+                          kwargs: dict[str, object]) -> tf.Variable:
         settings = self._unison
         steps = settings.policy.backward_passes_per_step
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
@@ -159,7 +178,7 @@ class _DistributedMixin:
         return iterations
 
 
-def is_distributed(optimizer: Any) -> bool:
+def is_distributed(optimizer: object) -> bool:
     """True if `optimizer` is a Keras 2 optimizer wrapped by `DistributedOptimizer`."""
     return isinstance(optimizer, _DistributedMixin)
 
@@ -180,7 +199,7 @@ def install_compile_hook() -> None:
     original = model_class.compile
 
     @functools.wraps(original)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def compile(self: tf_keras.Model, *args: object, **kwargs: object) -> None:
         result = original(self, *args, **kwargs)
         optimizer = getattr(self, "optimizer", None)
         inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -193,13 +212,15 @@ def install_compile_hook() -> None:
     model_class.compile = compile
 
 
-def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
-                         device_sparse: str = "", compression: Any = Compression.none,
+def DistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, device_dense: str = "",
+                         device_sparse: str = "",
+                         compression: type[Compressor] | Compressor = Compression.none,
                          sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
-                         op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                         op: ReduceOp | int = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
-                         groups: Any = None, process_set: ProcessSet = global_process_set,
-                         scale_local_gradients: bool = True) -> Any:
+                         groups: int | Sequence[Sequence[object]] | None = None,
+                         process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> _OptimizerT:
     """Make a Keras 2 (tf_keras) optimizer reduce gradients across ranks before applying them; return it.
 
     Called through ``hvd.DistributedOptimizer`` of any unison module when the optimizer is tf_keras's.
@@ -223,7 +244,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: 
                              average_aggregated_gradients=average_aggregated_gradients,
                              process_set=process_set, scale_local_gradients=scale_local_gradients)
     cls = type(optimizer)
-    attrs: dict[str, Any] = {
+    attrs: dict[str, object] = {
         "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         # Inside a user's tf.function, AutoGraph must not rewrite the wrapper's Python control flow.
         "apply_gradients": tf.autograph.experimental.do_not_convert(_DistributedMixin.apply_gradients),

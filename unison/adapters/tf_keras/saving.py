@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import tf_keras
 
 from ..array_compression import Compression
 from .optimizer import DistributedOptimizer, is_distributed
 
+if TYPE_CHECKING:
+    import os
+
+    import h5py
+
+    from ...compression import Compressor
+    from .optimizer import Keras2Optimizer
+
 __all__ = ["load_model"]
 
 
-def load_model(filepath: Any, custom_optimizers: Any = None, custom_objects: Any = None,
-               compression: Any = Compression.none, legacy_opts: bool = False) -> Any:
+def load_model(filepath: str | os.PathLike[str] | h5py.File,
+               custom_optimizers: Iterable[type[Keras2Optimizer]] | None = None,
+               custom_objects: Mapping[str, object] | None = None,
+               compression: type[Compressor] | Compressor = Compression.none,
+               legacy_opts: bool = False) -> tf_keras.Model:
     """Load a model with ``tf.keras.models.load_model`` (Keras 2) and make its optimizer distributed.
 
     A wrapped optimizer is saved under its own class name, so plain tf_keras loads the file too
