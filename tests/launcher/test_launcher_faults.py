@@ -33,7 +33,7 @@ unison.shutdown()
 
 
 # Each rank records the MPICH shared-memory segments it maps and its pid; with "kill", rank 1 then
-# SIGKILLs itself; every rank waits.
+# SIGKILLs itself once rank 0 has recorded its own; every rank waits.
 RECORDS_SEGMENTS = """
 import os, sys, time, unison, numpy as np
 unison.init()
@@ -44,7 +44,9 @@ with open("/proc/self/maps") as f:
 open(f"{out}/segments-{unison.rank()}", "w").write("\\n".join(mapped))
 open(f"{out}/pid-{unison.rank()}", "w").write(str(os.getpid()))
 if sys.argv[2] == "kill" and unison.rank() == 1:
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(f"{out}/pid-0") and time.monotonic() < deadline:
+        time.sleep(0.01)
     os.kill(os.getpid(), 9)
 time.sleep(60)
 """

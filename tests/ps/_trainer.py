@@ -66,7 +66,7 @@ def digits_async() -> None:
 
 
 def async_steps() -> None:
-    """Push small steps until OUT.stop exists; write the steps made to OUT."""
+    """Push small steps until OUT.stop exists (OUT.stepped after the first); write the steps made to OUT."""
     client = ps.init()
     ps.declare_dense({"w": np.zeros(100, np.float32)}, ps.SGD(0.001))
     steps = 0
@@ -74,6 +74,8 @@ def async_steps() -> None:
         ps.pull_dense()
         ps.push(dense={"w": np.ones(100, np.float32)})
         steps += 1
+        if steps == 1:
+            Path(f"{out}.stepped").write_text("")
         time.sleep(0.01)
     out.write_text(json.dumps({"steps": steps, "trainer": client.trainer}))
     ps.shutdown()

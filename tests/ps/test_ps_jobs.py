@@ -151,14 +151,19 @@ def test_a_killed_trainer_does_not_stop_async_training_and_rejoins(tmp_path) -> 
         first_pid = seen()["1"]["pid"]
         stop(trainers[1])
         version = observer.server_statistics()[0]["version"]
-        time.sleep(1.5)
-        assert observer.server_statistics()[0]["version"] > version + 10  # trainer 0 goes on alone
+        while observer.server_statistics()[0]["version"] <= version + 10:  # trainer 0 goes on alone
+            assert time.monotonic() < deadline + 30 and trainers[0].poll() is None, "trainer 0 stopped"
+            time.sleep(0.2)
         assert trainers[0].poll() is None
+        stepped = tmp_path / (out[1].name + ".stepped")  # written after a trainer 1's first step
+        stepped.unlink(missing_ok=True)  # by the one stopped
         trainers[1] = start_trainer(1, endpoints, 2, "async", "async_steps", out[1])
         while seen()["1"]["pid"] == first_pid:
             assert time.monotonic() < deadline + 30, "the restarted trainer did not rejoin"
             time.sleep(0.2)
-        time.sleep(0.5)
+        while not stepped.exists():
+            assert time.monotonic() < deadline + 30 and trainers[1].poll() is None, "trainer 1 made no step"
+            time.sleep(0.05)
         for o in out:
             (tmp_path / (o.name + ".stop")).write_text("")
         assert wait_all(trainers, 30) == [0, 0]

@@ -13,9 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from unison.ps import _checkpoint
 
 SCRIPT = """
 import json, os, sys, time
@@ -73,6 +76,29 @@ def _wait_files(paths: list[Path], launcher: subprocess.Popen, seconds: float) -
         assert launcher.poll() is None, launcher.communicate()
         assert time.monotonic() < deadline, f"timed out waiting for {[str(p) for p in paths if not p.exists()]}"
         time.sleep(0.05)
+
+
+def _wait_until(condition: Callable[[], bool], launcher: subprocess.Popen, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _version(checkpoint: Path) -> int:
+    """The version of the shard in a parameter server's checkpoint."""
+    found = _checkpoint.load(checkpoint)
+    assert found is not None, f"no checkpoint at {checkpoint}"
+    return int(found[0]["version"])
+
+
+def _restarted(tmp_path: Path, index: int, killed: int) -> bool:
+    """Whether a parameter server `index` other than the `killed` one runs tmp_path's job."""
+    try:
+        return _server_pid(tmp_path, index) != killed
+    except AssertionError:  # none runs: the launcher has not started it again yet
+        return False
 
 
 def _server_pid(tmp_path: Path, index: int) -> int:
@@ -159,7 +185,12 @@ def test_a_lost_server_is_started_again_from_its_checkpoint_and_the_trainers_go_
         _wait_files([tmp_path / f"ready-{t}" for t in range(2)] + [ckpt / "server-1-of-2.npz"], launcher, 60)
         server = _server_pid(tmp_path, 1)
         os.kill(server, signal.SIGKILL)
-        time.sleep(3)
+        # The trainers go on with the server started again: once it runs (the killed one writes no more),
+        # its checkpoint moves past the version it restored when it applies their pushes.
+        checkpoint = ckpt / "server-1-of-2.npz"
+        _wait_until(lambda: _restarted(tmp_path, 1, server), launcher, 60, "server 1 to start again")
+        restored = _version(checkpoint)
+        _wait_until(lambda: _version(checkpoint) > restored, launcher, 60, "a push to server 1 again")
         (tmp_path / "stop").write_text("")
         stdout, stderr = launcher.communicate(timeout=60)
     finally:

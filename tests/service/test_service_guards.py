@@ -83,6 +83,14 @@ def in_thread(fn):  # type: ignore[no-untyped-def]
     return join
 
 
+def wait_until_blocked(server: CoordinatorServer, rank: int) -> None:
+    """Return once `rank`'s exchange waits at the service for the other ranks' parts (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while rank not in server.rendezvous.blocked():
+        assert time.monotonic() < deadline, f"rank {rank}'s exchange did not reach the service within 10 s"
+        time.sleep(0.01)
+
+
 def test_half_sent_calls_without_the_secret_hold_no_slot(server: CoordinatorServer) -> None:
     """Callers without the secret are refused before they hold a slot; the job's ranks and a status
     request get through at once even with 64 half-sent calls per method open."""
@@ -195,7 +203,7 @@ def test_stopping_the_server_ends_an_exchange_that_waits_with_the_reason(server:
     client = ControlClient(server.address, SECRET, 0)
     client.register("test")
     waiting = in_thread(lambda: client.exchange(pb.STATUS, b"row"))  # rank 1 never sends its row
-    time.sleep(0.3)
+    wait_until_blocked(server, 0)
     start = time.monotonic()
     server.stop(2)
     assert time.monotonic() - start < 2.5
@@ -223,7 +231,7 @@ def test_when_rank_0s_engine_failed_its_service_tells_the_other_ranks_why(server
     rank0 = GrpcBackend(clients[0], _NoData(), 2, server)
     rank0.failure = lambda: "unison's engine failed on rank 0: RuntimeError('disk full')"
     rank1 = in_thread(lambda: clients[1].exchange(pb.STATUS, b"row1"))  # waits for rank 0's row
-    time.sleep(0.3)
+    wait_until_blocked(server, 1)
     start = time.monotonic()
     closing = in_thread(rank0.close)
     with pytest.raises(AbortedError, match=r"engine failed on rank 0: RuntimeError\('disk full'\)"):

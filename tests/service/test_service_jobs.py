@@ -85,10 +85,19 @@ def test_status_table_of_a_running_job(tmp_path: Path) -> None:
         assert time.monotonic() < deadline and process.poll() is None, "job never started"
         time.sleep(0.1)
     address = (tmp_path / "address").read_text()
-    time.sleep(2.5)  # a couple of heartbeats carry rank 1's pending tensor
     env = dict(os.environ, UNISON_SECRET=SECRET)
-    status = subprocess.run([sys.executable, "-m", "unison.status", address], env=env,
-                            capture_output=True, text=True, timeout=30)
+
+    def read_status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "unison.status", address], env=env,
+                              capture_output=True, text=True, timeout=30)
+
+    # until a heartbeat has carried rank 1's pending tensor into the table (30 s: a hang guard)
+    shown = ("waiting: allreduce.lonely", "others wait for it: allreduce.lonely")
+    deadline = time.monotonic() + 30
+    status = read_status()
+    while not all(text in status.stdout for text in shown) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = read_status()
     wrong = subprocess.run([sys.executable, "-m", "unison.status", address], capture_output=True,
                            text=True, timeout=30, env=dict(os.environ, UNISON_SECRET="x" * 40))
     (tmp_path / "go").write_text("")
@@ -120,8 +129,15 @@ FROZEN = """
         print(f"rank {hvd.rank()} finished its allreduce", flush=True)
     except AbortedError as exc:
         print(f"rank {hvd.rank()} raised after {time.monotonic() - start:.1f} s: {exc}", flush=True)
-    time.sleep(0.5)  # every live rank reports before the job is torn down
-    if hvd.rank() == min(set(range(hvd.size())) - {frozen}):
+    # every live rank reports before the job is torn down: each marks its report done, waits for the
+    # others' marks, then gives mpiexec a moment to forward the last lines (the teardown cuts them off)
+    live = sorted(set(range(hvd.size())) - {frozen})
+    open(f"reported-{hvd.rank()}", "w").close()
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(f"reported-{rank}") for rank in live) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    if hvd.rank() == live[0]:
         os.kill(pids[frozen], signal.SIGKILL)
     os._exit(3)
 """

@@ -149,7 +149,9 @@ def test_connect_bounded_tells_how_far_the_setup_got() -> None:
     assert (state, comm, error) == (InitState.NOT_STARTED, None, "")
     state, comm, _ = connect_bounded(slow_connect, 0.1)
     assert (state, comm) == (InitState.WAITING, None)
-    time.sleep(1.0)
+    deadline = time.monotonic() + 10  # a hang guard: both helper threads still run their slow connect
+    while len(closed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert closed == ["late", "late"]  # a communicator that arrives after the verdict is closed
     state, comm, error = connect_bounded(lambda: 1 / 0, 5.0)
     assert state is InitState.FAILED and error == "ZeroDivisionError: division by zero"
