@@ -44,11 +44,12 @@ def _run(tmp_path: Path, np: int, how: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_single_rank_that_raises_is_named_and_its_host_blacklisted(tmp_path: Path) -> None:
     done = _run(tmp_path, 1, "raise")
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr
     assert "ValueError: rank 0 cannot start" in done.stderr
     # Each launch names its one rank (by the elastic host it ran as) and blacklists its host, until
     # the third failure alike on a third host stops the job: the program, not the hosts.
-    assert re.findall(r"^unisonrun: rank 0 \((\S+), pid \d+\) failed", done.stderr, re.MULTILINE) == list(HOSTS)
+    named = re.findall(r"^unisonrun: rank 0 \((\S+), pid \d+\) failed", done.stderr, re.MULTILINE)
+    assert named == list(HOSTS), done.stderr
     assert done.stderr.count("unisonrun: rank 0 (") == 3, done.stderr
     assert f"epoch 0 failed (exit status 1); blacklisting {HOSTS[0]} for good (rank 0 failed)" in done.stderr
     assert ("3 launches in a row failed with the same error (ValueError at program.py:5 in <module>) on 3 "

@@ -4,7 +4,7 @@ Every rank sends the name of the point it has reached (``the start of <test id>`
 <test id>``, ``the end of the session``) to every other rank on a communicator of the barrier's own,
 then polls the receives until all have arrived or the deadline passes. This is a barrier that also
 says *who* is missing and *where* everyone is, which ``MPI_Ibarrier`` cannot. The message formatting
-is pure and unit-tested in ``tests/unit/test_harness_helpers.py``; mpi4py is imported only by the MPI
+is pure and unit-tested in ``tests/unit/testing/test_harness_helpers.py``; mpi4py is imported only by the MPI
 parts. `unison.testing.pytest_plugin` puts one around every test.
 """
 
