@@ -1,0 +1,143 @@
+"""Two revisions of unison on the same benchmarks, their runs alternated: did a change cost speed?
+
+Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch]``
+
+Each revision is checked out into a temporary git worktree (``--after`` defaults to this working
+tree as it is). Each side runs its own benchmark scripts (they read private modules, which a change
+may move) with its own ``unison`` package first on ``PYTHONPATH``; a benchmark whose measuring
+code changed between the two revisions is compared with a warning. Runs alternate
+(before, after, before, after, ...) so that a busy spell of the machine hits both sides alike.
+
+The numbers compared are each benchmark's own ratios, measured side by side inside one run, which
+already cancel much of the machine's noise: for ``allreduce``, unison's median time over raw
+mpi4py's per case; for ``train_torch``, unison's samples/s over torch DDP's and over plain mpi4py
+calls, per model. The table gives each ratio's median over the rounds on each side and after/before.
+The JSON (``benchmarks/results/revisions.json``) keeps every round, the load average and CPU steal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from machine import cpu_times, percent, steal_share
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+TIMEOUT_SECONDS = 900
+
+Ratios = dict[str, float]
+
+
+def allreduce_ratios(results: dict) -> Ratios:
+    """unison / raw mpi4py median time, per case that has both (lower is better)."""
+    return {f"allreduce {c['case']} {c['bytes']} B, unison/raw time": c["unison"] / c["raw"]
+            for c in results["cases"] if "unison" in c and "raw" in c}
+
+
+def train_torch_ratios(results: dict) -> Ratios:
+    """unison's samples/s over DDP's and over plain mpi4py calls', per model (higher is better)."""
+    out: Ratios = {}
+    for model, r in results["models"].items():
+        out[f"train_torch {model}, unison/ddp samples/s"] = r["unison_over_ddp"]
+        out[f"train_torch {model}, unison/mpi samples/s"] = r["unison_over_mpi"]
+    return out
+
+
+BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios}
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """A worktree of `rev` under `into`; the caller removes it (`remove_checkout`)."""
+    path = into / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
+                   check=True, capture_output=True, text=True)
+    return path
+
+
+def remove_checkout(path: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+
+
+def run_once(name: str, tree: Path, output: Path, quick: bool) -> dict:
+    """One run of benchmark `name` on 2 ranks with `tree`'s unison; its JSON."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+    argv = [str(MPIEXEC), "-n", "2", sys.executable, str(tree / "benchmarks" / f"{name}.py"), "--output", str(output),
+            *(["--quick"] if quick else [])]
+    done = subprocess.run(argv, cwd=tree, env=env, timeout=TIMEOUT_SECONDS, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} on {tree} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(output.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="the older revision (any git revision)")
+    parser.add_argument("--after", help="the newer revision (default: this working tree as it is)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each benchmark on each side")
+    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    parser.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks (smoke run)")
+    parser.add_argument("--output", default=str(HERE / "results" / "revisions.json"))
+    args = parser.parse_args()
+    names = [n for n in args.benchmarks.split(",") if n]
+    unknown = sorted(set(names) - BENCHMARKS.keys())
+    if unknown:
+        parser.error(f"unknown benchmarks {unknown}; known: {sorted(BENCHMARKS)}")
+
+    def describe(rev: str | None) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev or "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip() + ("" if rev else " (working tree)")
+
+    sides = {"before": describe(args.before), "after": describe(args.after)}
+    changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--stat", args.before, *([args.after] if args.after else []),
+                              "--", *(f"benchmarks/{n}.py" for n in names)],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if changed:
+        print(f"warning: the benchmark scripts differ between the two sides:\n{changed}", flush=True)
+    rounds: dict[str, list[Ratios]] = {"before": [], "after": []}
+    load_before, cpu_before, start = os.getloadavg(), cpu_times(), time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="unison-revisions-") as scratch:
+        trees = {"before": checkout(args.before, Path(scratch))}
+        trees["after"] = checkout(args.after, Path(scratch)) if args.after else ROOT
+        try:
+            for round_index in range(args.rounds):
+                for side in ("before", "after") if round_index % 2 == 0 else ("after", "before"):
+                    ratios: Ratios = {}
+                    for name in names:
+                        results = run_once(name, trees[side], Path(scratch) / f"{name}-{side}.json", args.quick)
+                        ratios.update(BENCHMARKS[name](results))
+                    rounds[side].append(ratios)
+                    print(f"round {round_index + 1}/{args.rounds}: {side} done", flush=True)
+        finally:
+            for tree in trees.values():
+                if tree != ROOT:
+                    remove_checkout(tree)
+    steal = steal_share(cpu_before, cpu_times())
+    medians = {side: {key: statistics.median(r[key] for r in rounds[side]) for key in rounds[side][0]}
+               for side in rounds}
+    report = {"before": sides["before"], "after": sides["after"], "rounds": args.rounds, "quick": args.quick,
+              "load_before": load_before, "load_after": os.getloadavg(), "steal_share": steal,
+              "benchmark_scripts_changed": changed, "seconds": time.perf_counter() - start, "each_round": rounds, "medians": medians,
+              "after_over_before": {k: medians["after"][k] / medians["before"][k] for k in medians["before"]}}
+    Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"before {sides['before']}, after {sides['after']}: {args.rounds} rounds alternated; load "
+          f"{load_before[0]:.2f} -> {report['load_after'][0]:.2f}; CPU steal {percent(steal)}")
+    width = max(map(len, medians["before"]))
+    print(f"{'ratio (median of rounds)':<{width}}  {'before':>8}  {'after':>8}  after/before")
+    for key in medians["before"]:
+        print(f"{key:<{width}}  {medians['before'][key]:8.3f}  {medians['after'][key]:8.3f}  "
+              f"{report['after_over_before'][key]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
