@@ -36,7 +36,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["EmulatedHosts", "cleanup", "unavailable_reason"]
+from ..ops import TextEnum
+
+__all__ = ["EmulatedHosts", "HostsState", "cleanup", "unavailable_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,15 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+class HostsState(TextEnum):
+    """Where a set of emulated hosts is in its life: made, being set up, up, or torn down."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
 class EmulatedHosts:
     """K emulated hosts with S slots each, joined by a bridge; a context manager that always tears down.
 
@@ -107,7 +118,7 @@ class EmulatedHosts:
         self.namespaces = [f"{self.tag}-h{i}" for i in range(hosts)]
         self.switch = f"{self.tag}-sw"
         self.addresses = [f"{SUBNET}.{i + 1}" for i in range(hosts)]
-        self.state = "new"
+        self.state = HostsState.NEW
         self._dir: Path | None = None
         self._stats = {"runs": 0, "failed_runs": 0}
 
@@ -142,13 +153,13 @@ class EmulatedHosts:
         if reason:
             raise RuntimeError(reason)
         _live[self.tag] = self
-        self.state = "starting"
+        self.state = HostsState.STARTING
         try:
             self._create()
         except BaseException:
             self.close()
             raise
-        self.state = "running"
+        self.state = HostsState.RUNNING
 
     def _create(self) -> None:
         _sh("ip", "netns", "add", self.switch)
@@ -196,7 +207,7 @@ class EmulatedHosts:
             timeout: float = 120.0, unisonrun_args: Sequence[str] = (),
             host: int = 0) -> subprocess.CompletedProcess[str]:
         """Run `program` with `unisonrun` across the hosts (or, with ``np=0``, directly on `host`)."""
-        if self.state != "running":
+        if self.state != HostsState.RUNNING:
             raise RuntimeError(f"{self!r} is not running: use it as a context manager or call start().")
         if np == 0:
             command = self.exec_command(host, program)
@@ -212,14 +223,14 @@ class EmulatedHosts:
 
     def close(self) -> None:
         """Remove everything `start` created (idempotent)."""
-        if self.state == "closed":
+        if self.state == HostsState.CLOSED:
             return
         for ns in [*self.namespaces, self.switch]:
             _remove_namespace(ns)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         _live.pop(self.tag, None)
-        self.state = "closed"
+        self.state = HostsState.CLOSED
 
 
 def _burst(rate_mbit: float) -> str:
