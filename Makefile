@@ -32,7 +32,7 @@ demo: venv
 # file and the Keras-on-torch 2-rank job (Keras jobs in child processes: 2-3 minutes of one worker);
 # the whole multi-rank suite at 1 rank; at 2 ranks the suite without the TensorFlow and Keras files
 # (they ran at 1 rank; 2 ranks add little but time) and without the convergence tests (hundreds of
-# training steps). `make test` runs all of them. Measured: 107 s at load average 2.3 (244 s at 5.4).
+# training steps). `make test` runs all of them. Measured: 98 s at load average 1.2 (244 s at 5.4).
 check: lint
 	$(VPY) -m pytest tests/unit -q -n 2 --dist loadfile $(CHECK_LEAVES_OUT)
 	$(VPY) tests/run_multirank.py -n 1
