@@ -105,6 +105,23 @@ def test_steal_share_is_the_stolen_part_of_the_cpu_time_between_two_readings() -
     assert after is not None and after[0] >= before[0] and after[1] >= before[1]
 
 
+def test_revisions_compares_each_benchmarks_own_ratios() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import revisions
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    allreduce = {"cases": [{"case": "allreduce", "bytes": 4096, "raw": 1e-5, "unison": 2e-4},
+                           {"case": "chunk_sweep_64MiB", "chunk_0": 0.03}]}  # a sweep has no raw side
+    assert revisions.allreduce_ratios(allreduce) == {"allreduce allreduce 4096 B, unison/raw time": 20.0}
+    train = {"models": {"mlp": {"unison_over_ddp": 1.4, "unison_over_mpi": 0.9}}}
+    assert revisions.train_torch_ratios(train) == {"train_torch mlp, unison/ddp samples/s": 1.4,
+                                                   "train_torch mlp, unison/mpi samples/s": 0.9}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "revisions.py"), "--before", "HEAD",
+                           "--benchmarks", "allreduce,nope"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "unknown benchmarks ['nope']" in done.stderr, done.stderr
+
+
 def test_the_gpu_benchmark_checks_its_training_measurements_on_the_cpu() -> None:
     """Where there is no GPU the benchmark's optimizer and latency parts run on the CPU, so they cannot rot."""
     pytest.importorskip("torch")
