@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent import futures
-from typing import Any
 
 import grpc
 
@@ -20,7 +19,7 @@ from .gate import Gate
 __all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "REFUSAL_WORKERS", "SERVER_OPTIONS", "open_channel", "serve"]
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
@@ -31,7 +30,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # host leader) wait for window updates; with 8 MiB the uncached cycle took about 40% less time.
     ("grpc.http2.lookahead_bytes", 8 * 1024 * 1024),
 ]
-SERVER_OPTIONS: list[tuple[str, Any]] = CHANNEL_OPTIONS + [
+SERVER_OPTIONS: list[tuple[str, int | str]] = CHANNEL_OPTIONS + [
     ("grpc.so_reuseport", 0),  # a second server on a port in use fails instead of sharing its calls
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
@@ -41,7 +40,7 @@ SERVER_OPTIONS: list[tuple[str, Any]] = CHANNEL_OPTIONS + [
 REFUSAL_WORKERS = 8
 
 
-def open_channel(address: str, extra_options: Sequence[tuple[str, Any]] = ()) -> grpc.Channel:
+def open_channel(address: str, extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.Channel:
     """A channel to `address` with the shared options (and the caller's own, after them)."""
     return grpc.insecure_channel(address, options=CHANNEL_OPTIONS + list(extra_options))
 

@@ -12,12 +12,15 @@ microseconds).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 
 from .security import TOKEN_KEY, token_matches
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 __all__ = ["Gate"]
 
@@ -25,7 +28,7 @@ __all__ = ["Gate"]
 def _refusal(code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
     """A handler that ends the call with `code` at once, without reading any request message."""
 
-    def refuse(requests: Any, context: grpc.ServicerContext) -> Any:
+    def refuse(requests: Iterable[bytes], context: grpc.ServicerContext) -> None:
         context.abort(code, details)
 
     return grpc.stream_stream_rpc_method_handler(refuse)
@@ -64,7 +67,8 @@ class Gate(grpc.ServerInterceptor):
         with self._lock:
             return {"calls_active": self.active, "refused": self.refused, "over_limit": self.over_limit}
 
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+                          details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
         if handler is None:
             return None  # not a method of the service: gRPC answers UNIMPLEMENTED without a handler
@@ -102,7 +106,7 @@ def _counted(handler: grpc.RpcMethodHandler, release: Callable[[], None]) -> grp
     if handler.response_streaming:
         behaviour = handler.stream_stream
 
-        def streams(requests: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        def streams(requests: Iterable[bytes], context: grpc.ServicerContext) -> Iterator[Message]:
             try:
                 yield from behaviour(requests, context)
             finally:
@@ -112,7 +116,7 @@ def _counted(handler: grpc.RpcMethodHandler, release: Callable[[], None]) -> grp
             streams, handler.request_deserializer, handler.response_serializer)
     single = handler.stream_unary
 
-    def answers(requests: Any, context: grpc.ServicerContext) -> Any:
+    def answers(requests: Iterable[bytes], context: grpc.ServicerContext) -> Message:
         try:
             return single(requests, context)
         finally:

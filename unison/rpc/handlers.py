@@ -15,20 +15,25 @@ error's text, after `on_refused` has seen it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from .methods import Method, Reading, Refused, Service
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
 __all__ = ["handlers"]
 
+# Any: a behaviour takes its own method's request type (or an iterator or list of them) and returns its
+# reply type (or yields them); one alias covers every method of a table.
 Behaviour = Callable[[Any, grpc.ServicerContext], Any]
 
 
 def _parsed(service: Service, method: Method, raw: Iterable[bytes],
-            on_bytes_in: Callable[[int], None] | None) -> Iterator[Any]:
+            on_bytes_in: Callable[[int], None] | None) -> Iterator[Message]:
     """Parse each raw message of a call; refuse the call with INVALID_ARGUMENT at the first that is not one."""
     request = method.request
     for index, data in enumerate(raw):
@@ -42,7 +47,8 @@ def _parsed(service: Service, method: Method, raw: Iterable[bytes],
                           f"{request.DESCRIPTOR.name} ({exc}); {service.hint}") from None
 
 
-def _read(service: Service, method: Method, raw: Iterable[bytes], on_bytes_in: Callable[[int], None] | None) -> Any:
+def _read(service: Service, method: Method, raw: Iterable[bytes],
+          on_bytes_in: Callable[[int], None] | None) -> Message | Iterator[Message] | list[Message]:
     """What the behaviour of `method` receives: its reading of the call's messages."""
     messages = _parsed(service, method, raw, on_bytes_in)
     name = method.request.DESCRIPTOR.name
@@ -71,7 +77,7 @@ def _handler(service: Service, method: Method, behaviour: Behaviour,
         raise AssertionError("unreachable: grpc's abort raises")  # for the type checker
 
     if method.streams_replies:
-        def streams(raw: Iterable[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        def streams(raw: Iterable[bytes], context: grpc.ServicerContext) -> Iterator[Message]:
             try:
                 yield from behaviour(_read(service, method, raw, on_bytes_in), context)
             except service.refused as error:
@@ -79,7 +85,7 @@ def _handler(service: Service, method: Method, behaviour: Behaviour,
 
         return streams
 
-    def answers(raw: Iterable[bytes], context: grpc.ServicerContext) -> Any:
+    def answers(raw: Iterable[bytes], context: grpc.ServicerContext) -> Message:
         try:
             return behaviour(_read(service, method, raw, on_bytes_in), context)
         except service.refused as error:
@@ -105,7 +111,7 @@ def handlers(service: Service, behaviours: Mapping[str, Behaviour], *,
     if missing:
         raise TypeError(f"{service.name}: no behaviour for {missing}")
 
-    def serialize(message: Any) -> bytes:
+    def serialize(message: Message) -> bytes:
         data = bytes(message.SerializeToString())
         if on_bytes_out is not None:
             on_bytes_out(len(data))

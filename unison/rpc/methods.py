@@ -21,11 +21,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from ..ops import TextEnum
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 __all__ = ["Method", "Reading", "Refused", "Service"]
 
@@ -43,8 +46,8 @@ class Method:
     """One method of a service: its name, message types, how requests travel, whether replies stream."""
 
     name: str
-    request: Any  # the protobuf message class of a request
-    reply: Any  # the protobuf message class of a reply
+    request: type[Message]
+    reply: type[Message]
     reading: Reading = Reading.ONE
     streams_replies: bool = False
 

@@ -18,11 +18,17 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
 from .methods import Method, Service
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    _MultiCallable: TypeAlias = (grpc.UnaryUnaryMultiCallable | grpc.UnaryStreamMultiCallable
+                                 | grpc.StreamUnaryMultiCallable | grpc.StreamStreamMultiCallable)
 
 __all__ = ["Cancelled", "Retry", "Stub"]
 
@@ -73,34 +79,34 @@ class Stub:
         self._on_bytes_in = on_bytes_in
         self._callables = {m.name: self._callable(channel, m) for m in service.methods}
         self._lock = threading.Lock()
-        self._in_flight: set[Any] = set()
+        self._in_flight: set[grpc.Future] = set()  # a streaming call is a future too
 
     def __repr__(self) -> str:
         return f"<Stub {self.service.name} in_flight={len(self._in_flight)}>"
 
-    def _callable(self, channel: grpc.Channel, method: Method) -> Any:
+    def _callable(self, channel: grpc.Channel, method: Method) -> _MultiCallable:
         make = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
                 (True, False): channel.stream_unary, (True, True): channel.stream_stream}
         return make[method.streams_requests, method.streams_replies](
             self.service.path(method.name), request_serializer=self._serialize,
             response_deserializer=self._parser(method.reply))
 
-    def _serialize(self, message: Any) -> bytes:
+    def _serialize(self, message: Message) -> bytes:
         data = bytes(message.SerializeToString())
         if self._on_bytes_out is not None:
             self._on_bytes_out(len(data))
         return data
 
-    def _parser(self, reply: Any) -> Callable[[bytes], Any]:
-        def parse(data: bytes) -> Any:
+    def _parser(self, reply: type[Message]) -> Callable[[bytes], Message]:
+        def parse(data: bytes) -> Message:
             if self._on_bytes_in is not None:
                 self._on_bytes_in(len(data))
             return reply.FromString(data)
 
         return parse
 
-    def open(self, method: str, requests: Iterator[Any], *, metadata: Sequence[tuple[str, str]] | None = None,
-             timeout: float | None = None) -> Any:
+    def open(self, method: str, requests: Iterator[Message], *, metadata: Sequence[tuple[str, str]] | None = None,
+             timeout: float | None = None) -> grpc.Call:
         """Start a call whose replies stream (gRPC's call: iterate it for the replies, `cancel()` it).
 
         `metadata` replaces the stub's for this call (a rank's negotiation stream names the ranks it
@@ -111,8 +117,9 @@ class Stub:
         return self._callables[method](requests, metadata=self.metadata if metadata is None else tuple(metadata),
                                        timeout=timeout)
 
-    def call(self, method: str, request: Any, *, timeout: float | None = None, wait_for_ready: bool | None = None,
-             retry: Retry | None = None, error: Callable[[grpc.RpcError], Exception] | None = None) -> Any:
+    def call(self, method: str, request: Message | Callable[[], Iterator[Message]], *, timeout: float | None = None,
+             wait_for_ready: bool | None = None, retry: Retry | None = None,
+             error: Callable[[grpc.RpcError], Exception] | None = None) -> Any:
         """Make one call and return its reply (the list of replies, for a method whose replies stream).
 
         Args:
@@ -141,8 +148,8 @@ class Stub:
                     raise
                 raise error(exc) from None
 
-    def _once(self, method: str, request: Any, streaming: bool, timeout: float | None,
-              wait_for_ready: bool | None) -> Any:
+    def _once(self, method: str, request: Message | Callable[[], Iterator[Message]], streaming: bool,
+              timeout: float | None, wait_for_ready: bool | None) -> Any:
         requests = request() if self.service[method].streams_requests else request
         target = self._callables[method]
         if streaming:

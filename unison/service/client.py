@@ -57,6 +57,8 @@ class ControlClient:
         self._channel = open_channel(address)
         self._stub = Stub(self._channel, COORDINATOR, metadata)
         self._outbox: queue.SimpleQueue[pb.Exchange | None] = queue.SimpleQueue()
+        # gRPC's call of the negotiation stream (None until register opens it); Any, not Optional, for
+        # exchange() runs only on a client that negotiates
         self._replies: Any = None
         self._sequences = {pb.STATUS: 0, pb.GATHER: 0, pb.BROADCAST: 0}
         self._closed = threading.Event()
@@ -162,7 +164,7 @@ class ControlClient:
         outbox.put(None)
         replies.cancel()
 
-    def _read_beats(self, replies: Any, answered: list[float]) -> None:
+    def _read_beats(self, replies: grpc.Call, answered: list[float]) -> None:
         try:
             for reply in replies:
                 answered[0] = time.monotonic()

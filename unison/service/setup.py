@@ -8,12 +8,20 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._contract import write_service_file
 from .._version import __version__
 from ..config import Settings
 from ..errors import AbortedError, ConfigError, MissingDependencyError, ShutdownError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..backends.base import Backend
+    from ..backends.grpc import GrpcBackend
+    from ..engine.loop import Engine
+    from .server import CoordinatorServer
 
 __all__ = ["grpc_backend", "grpc_over", "start_service", "watch_engine"]
 
@@ -22,7 +30,7 @@ log = logging.getLogger(__name__)
 _STUCK_GRACE_SECONDS = 5.0
 
 
-def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
+def grpc_backend(comm: MPI.Intracomm, settings: Settings, local_size: int) -> GrpcBackend:
     """Build the backend for ``UNISON_CONTROLLER=grpc``: control over the service, data over MPI.
 
     Collective over `comm`: rank 0 starts the service and tells every rank its address (and, if no
@@ -37,13 +45,13 @@ def grpc_backend(comm: Any, settings: Settings, local_size: int) -> Any:
                [] if len(host_ranks) == 1 else host_ranks)  # alone on its host: nothing to aggregate
 
 
-def grpc_over(data: Any, settings: Settings, local_size: int) -> Any:
+def grpc_over(data: Backend, settings: Settings, local_size: int) -> GrpcBackend:
     """The same control plane over another data transport (gloo, in a job torchrun started): rank 0's
     address and a fresh secret travel over that transport's connections between the ranks (as over
     MPI's), never through torch's store, which any process that reaches it can read."""
     _need_grpc()
 
-    def share(value: Any) -> Any:
+    def share(value: Any) -> Any:  # a JSON value
         payload = json.dumps(value).encode() if data.rank == 0 else None
         return json.loads(data.broadcast_bytes(payload).decode())
 
@@ -60,7 +68,8 @@ def _need_grpc() -> None:
         ) from exc
 
 
-def _on(data: Any, share: Callable[[Any], Any], settings: Settings, local_size: int, host_ranks: list[int]) -> Any:
+def _on(data: Backend, share: Callable[[Any], Any], settings: Settings, local_size: int,
+        host_ranks: list[int]) -> GrpcBackend:
     """Rank 0's service, every rank's client, over `data`; `share` sends rank 0's value to every rank."""
     from ..backends.grpc import GrpcBackend
     from ..rpc.security import load_secret, new_secret
@@ -96,7 +105,7 @@ def _on(data: Any, share: Callable[[Any], Any], settings: Settings, local_size: 
     return GrpcBackend(control, data, size, server, host_ranks)
 
 
-def start_service(settings: Settings, size: int, local_size: int, secret: str) -> Any:
+def start_service(settings: Settings, size: int, local_size: int, secret: str) -> CoordinatorServer:
     """Start rank 0's service on ``UNISON_SERVICE_ADDR`` (a free port of 127.0.0.1 on a single host) and
     log its address at INFO: ``coordinator service listening on 127.0.0.1:40123``."""
     from .server import CoordinatorServer
@@ -114,7 +123,8 @@ def start_service(settings: Settings, size: int, local_size: int, secret: str) -
     return server
 
 
-def watch_engine(backend: Any, engine: Any) -> None:
+def watch_engine(backend: Any, engine: Engine) -> None:
+    # Any: a Backend whose control plane is the service (GrpcBackend), which its caller checks by getattr
     """Feed heartbeats from the engine, tell the service why the engine failed if it does, and stop
     this process if an abort finds the engine stuck.
 
