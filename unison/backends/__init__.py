@@ -20,7 +20,8 @@ from .base import Backend
 
 __all__ = ["BackendFactory", "create_backend", "register_backend", "registered_backends", "unregister_backend"]
 
-# (communicator or None, settings, ranks on this host) -> a ready backend; collective over the comm
+# (communicator or None, settings, ranks on this host) -> a ready backend; collective over the comm.
+# The communicator's type depends on the transport (an mpi4py Intracomm, a gloo.GlooWorld, None).
 BackendFactory = Callable[[Any, Settings, int], Backend]
 _FACTORIES: dict[str, BackendFactory] = {}
 

@@ -20,9 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["PROBE_WINDOW_SECONDS", "Liveness", "probe_window"]
 
@@ -50,7 +54,7 @@ class Liveness:
         mpi: the mpi4py MPI module.
     """
 
-    def __init__(self, comm: Any, mpi: Any) -> None:
+    def __init__(self, comm: MPI.Comm, mpi: ModuleType) -> None:
         self._mpi = mpi
         self._comm = comm.Dup()
         self.rank = self._comm.Get_rank()
@@ -73,7 +77,7 @@ class Liveness:
         ping = np.zeros(1, dtype=np.int64)
         status = self._mpi.Status()
         request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
-        replies: list[Any] = []
+        replies: list[MPI.Request] = []
         try:
             while not self._closing.is_set():
                 if not request.Test(status):

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,10 @@ from ..ops import ReduceOp
 from ..protocol.partition import split_counts
 from ._liveness import probe_window
 from .base import Abandoned
+
+if TYPE_CHECKING:
+    import torch
+    from torch._C._distributed_c10d import Store, Work
 
 __all__ = ["GlooBackend", "GlooWorld"]
 
@@ -51,7 +55,7 @@ _WIDER = {np.dtype(np.uint32): np.int64, np.dtype(np.uint16): np.int32, np.dtype
 class GlooWorld:
     """Where the ranks meet: a torch store every rank reaches, this rank, the job's size."""
 
-    store: Any
+    store: Store
     rank: int
     size: int
     timeout_seconds: float = 1800.0
@@ -72,8 +76,10 @@ class GlooBackend:
         self._world = world
         self._chunk_bytes = chunk_bytes
         self._abandoned = False
+        # a gloo group: torch's stubs for ProcessGroupGloo lack the collectives used here
         self._groups: dict[int, Any] = {0: self._group(0, list(range(world.size)))}
         self._members: dict[int, list[int]] = {0: list(range(world.size))}
+        # torch's stubs leave the type of ReduceOp.SUM and its kin (ReduceOp.RedOpType) undefined
         self._ops: dict[ReduceOp, Any] = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
                      ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
         self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
@@ -96,7 +102,7 @@ class GlooBackend:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def _wait(self, work: Any) -> None:
+    def _wait(self, work: Work) -> None:
         """Wait for a gloo work, polling so that `abandon` ends the wait; name a lost peer; raise gloo's error."""
         start = time.perf_counter()
         sleep = 0.0
@@ -148,7 +154,7 @@ class GlooBackend:
             "its host is unreachable. Stopping the job (UNISON_PEER_TIMEOUT_SECONDS)."
         )
 
-    def _tensor(self, array: np.ndarray) -> Any:
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
         """The buffer as a torch tensor on its memory; gloo's missing types as a type of their width."""
         stand_in = _STAND_INS.get(array.dtype)
         return self._torch.from_numpy(array.view(stand_in) if stand_in is not None else array)

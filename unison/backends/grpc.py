@@ -10,7 +10,7 @@ all of them (`docs/service.md`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,13 +19,18 @@ from ..service import coordinator_pb2 as pb
 from ..service.client import ControlClient
 from ..service.rendezvous import pack_parts
 
+if TYPE_CHECKING:
+    from ..service.server import CoordinatorServer
+
 __all__ = ["GrpcBackend"]
 
 
 class GrpcBackend:
     """Control plane over the coordinator service, data plane delegated to another backend (MPI)."""
 
-    def __init__(self, control: ControlClient, data: Any, size: int, server: Any = None,
+    # data: an MpiBackend, or a GlooBackend in a job torchrun started; host aggregation (MPI only)
+    # calls the MPI backend's host_* methods, which the Backend protocol does not have
+    def __init__(self, control: ControlClient, data: Any, size: int, server: CoordinatorServer | None = None,
                  host_ranks: Sequence[int] = ()) -> None:
         self.control = control
         self.data = data

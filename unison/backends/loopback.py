@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -12,6 +12,8 @@ from ..ops import ReduceOp
 from ..protocol.partition import split_counts
 
 __all__ = ["LoopbackBackend", "ThreadBackend", "ThreadGroup"]
+
+_T = TypeVar("_T")
 
 
 class LoopbackBackend:
@@ -86,16 +88,16 @@ class _Rendezvous:
     """Exchange one value per member among threads (two barrier phases per exchange)."""
 
     def __init__(self, size: int) -> None:
-        self.slots: list[Any] = [None] * size
+        self.slots: list[object] = [None] * size
         self.barrier = threading.Barrier(size)
 
-    def exchange(self, index: int, value: Any) -> list[Any]:
+    def exchange(self, index: int, value: _T) -> list[_T]:
         from .base import Abandoned
 
         try:
             self.slots[index] = value
             self.barrier.wait()
-            result = list(self.slots)
+            result = cast("list[_T]", list(self.slots))  # every member passes the same kind of value
             self.barrier.wait()
         except threading.BrokenBarrierError:
             raise Abandoned() from None
@@ -159,7 +161,7 @@ class ThreadBackend:
     def __repr__(self) -> str:
         return f"<ThreadBackend rank={self.rank} size={self.size}>"
 
-    def _exchange(self, process_set_id: int, value: Any) -> tuple[list[Any], int]:
+    def _exchange(self, process_set_id: int, value: _T) -> tuple[list[_T], int]:
         members, rendezvous = self.group._set(process_set_id)
         index = members.index(self.rank)
         self._calls += 1
@@ -175,7 +177,7 @@ class ThreadBackend:
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         values = self.group._control.exchange(self.rank, payload)
-        return bytes(values[0])
+        return bytes(cast(bytes, values[0]))  # rank 0, the root, passes the payload
 
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:

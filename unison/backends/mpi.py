@@ -20,7 +20,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from ..protocol.partition import split_counts
 from ._liveness import Liveness, probe_window
 from .base import Abandoned
 
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
 __all__ = ["MpiBackend", "abort_with_output", "finalize_mpi", "import_mpi", "initialize_mpi"]
 
 
@@ -38,7 +42,7 @@ _FIRST_SLEEP_SECONDS = 50e-6
 _MAX_SLEEP_SECONDS = 1e-3
 
 
-def import_mpi() -> Any:
+def import_mpi() -> ModuleType:
     """Import mpi4py's MPI module (initializing MPI), or explain how to install it."""
     try:
         from mpi4py import MPI
@@ -50,7 +54,7 @@ def import_mpi() -> Any:
     return MPI
 
 
-def initialize_mpi(mpi: Any, serialized: bool) -> bool:
+def initialize_mpi(mpi: ModuleType, serialized: bool) -> bool:
     """Start MPI where the application kept mpi4py from doing it (``mpi4py.rc.initialize = False``).
 
     Horovod initializes MPI itself when it is not initialized yet, and some scripts and Horovod's own
@@ -76,7 +80,7 @@ def initialize_mpi(mpi: Any, serialized: bool) -> bool:
     return True
 
 
-def finalize_mpi(mpi: Any) -> None:
+def finalize_mpi(mpi: ModuleType) -> None:
     """``MPI_Finalize``, unless MPI is already finalized (the application or mpi4py did it)."""
     if mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
@@ -87,7 +91,7 @@ def finalize_mpi(mpi: Any) -> None:
 OUTPUT_DRAIN_SECONDS = 0.3
 
 
-def abort_with_output(comm: Any) -> None:
+def abort_with_output(comm: MPI.Comm) -> None:
     """Flush this process's output, give the launcher a moment to forward it, then ``MPI_Abort``."""
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -101,7 +105,7 @@ def abort_with_output(comm: Any) -> None:
 def _data_plane(method: Callable[..., None]) -> Callable[..., None]:
     """Record when a data-plane call starts and ends, for the liveness watch (`Liveness`)."""
     @functools.wraps(method)
-    def call(self: MpiBackend, *args: Any, **kwargs: Any) -> None:
+    def call(self: MpiBackend, *args: object, **kwargs: object) -> None:
         self._data_since = time.monotonic()
         try:
             method(self, *args, **kwargs)
@@ -116,18 +120,18 @@ class MpiBackend:
 
     name = "mpi"
 
-    def __init__(self, comm: Any, chunk_bytes: int, hierarchical: bool = False,
+    def __init__(self, comm: MPI.Intracomm, chunk_bytes: int, hierarchical: bool = False,
                  peer_timeout_seconds: float = 0.0) -> None:
         self._mpi = import_mpi()
         self._control = comm.Dup()
-        self._comms: dict[int, Any] = {0: comm.Dup()}
+        self._comms: dict[int, MPI.Comm] = {0: comm.Dup()}
         self.rank = self._control.Get_rank()
         self.size = self._control.Get_size()
         self.chunk_bytes = chunk_bytes
         self._abandoned = False
         self._failure = ""
-        self._host: Any = None
-        self._ops = {
+        self._host: MPI.Comm | None = None
+        self._ops: dict[ReduceOp, MPI.Op] = {
             ReduceOp.SUM: self._mpi.SUM,
             ReduceOp.MIN: self._mpi.MIN,
             ReduceOp.MAX: self._mpi.MAX,
@@ -135,8 +139,8 @@ class MpiBackend:
         }
         self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0,
                        "hierarchical_calls": 0}
-        self._local: Any = None
-        self._cross: Any = None
+        self._local: MPI.Comm | None = None
+        self._cross: MPI.Comm | None = None
         if hierarchical:
             self._split_hosts(comm)
         # Collective like the Dups above: every rank decides the same from the same settings and the
@@ -150,7 +154,7 @@ class MpiBackend:
             self._liveness.watch_data_plane(lambda: self._data_since, peer_timeout_seconds,
                                             self._lost_in_data_plane)
 
-    def _split_hosts(self, comm: Any) -> None:
+    def _split_hosts(self, comm: MPI.Intracomm) -> None:
         # Collective over `comm`: every rank makes the same decision from the same gathered sizes.
         local = comm.Split_type(self._mpi.COMM_TYPE_SHARED, key=comm.Get_rank())
         is_leader = local.Get_rank() == 0
@@ -175,7 +179,7 @@ class MpiBackend:
 
     # -- control plane -----------------------------------------------------------------------------
 
-    def _wait(self, request: Any) -> None:
+    def _wait(self, request: MPI.Request) -> None:
         if request.Test():
             return
         start = time.perf_counter()
@@ -241,7 +245,7 @@ class MpiBackend:
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         return self._broadcast_bytes(self._control, payload)
 
-    def _gather_bytes(self, comm: Any, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
+    def _gather_bytes(self, comm: MPI.Comm, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         self._stats["control_calls"] += 1
         send = np.frombuffer(payload, dtype=np.uint8)
         byte = self._mpi.BYTE
@@ -254,7 +258,7 @@ class MpiBackend:
         self._wait(comm.Igatherv([send, byte], [recv, (counts, displs), byte], root=0))
         return [recv[d : d + n].tobytes() for d, n in zip(displs, counts)]
 
-    def _broadcast_bytes(self, comm: Any, payload: bytes | None) -> bytes:
+    def _broadcast_bytes(self, comm: MPI.Comm, payload: bytes | None) -> bytes:
         self._stats["control_calls"] += 1
         length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
         self._wait(comm.Ibcast(length, root=0))
@@ -278,11 +282,12 @@ class MpiBackend:
 
     def host_gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         """Gather the host's payloads (lengths known to all, in host order) to the host leader."""
-        return self._gather_bytes(self._host, payload, lengths)
+        # The gRPC control plane calls split_host_group() before any host exchange.
+        return self._gather_bytes(cast("MPI.Comm", self._host), payload, lengths)
 
     def host_broadcast_bytes(self, payload: bytes | None) -> bytes:
         """Broadcast the host leader's payload to the host's ranks."""
-        return self._broadcast_bytes(self._host, payload)
+        return self._broadcast_bytes(cast("MPI.Comm", self._host), payload)
 
     def fail_waits(self, reason: str) -> None:
         """Make any current or future control-plane wait raise `AbortedError(reason)` (the job is
@@ -340,8 +345,8 @@ class MpiBackend:
             self._stats["data_calls"] += 2
         self._stats["data_bytes"] += buf.nbytes
 
-    def _hierarchical_allreduce_(self, chunk: np.ndarray, mpi_op: Any) -> None:
-        local = self._local
+    def _hierarchical_allreduce_(self, chunk: np.ndarray, mpi_op: MPI.Op) -> None:
+        local = cast("MPI.Comm", self._local)  # called only once _split_hosts kept a host communicator
         if self._cross is not None:
             local.Reduce(self._mpi.IN_PLACE, chunk, op=mpi_op, root=0)
             self._cross.Allreduce(self._mpi.IN_PLACE, chunk, op=mpi_op)
