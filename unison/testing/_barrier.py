@@ -17,7 +17,10 @@ import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 NAME_BYTES = 200
 DIGEST_CHARS = 16
@@ -31,7 +34,7 @@ _POLL_SECONDS = 0.001
 class BarrierTimeout(Exception):
     """Some ranks did not reach a named barrier in time."""
 
-    def __init__(self, message: str, missing_ranks: list[int], pending: list[Any]) -> None:
+    def __init__(self, message: str, missing_ranks: list[int], pending: list[MPI.Request]) -> None:
         super().__init__(message)
         self.missing_ranks = missing_ranks
         # Requests still in flight; their buffers must stay alive until they complete.
@@ -106,7 +109,7 @@ def describe_timeout(missing_ranks: Sequence[int], name: str, timeout_seconds: f
     )
 
 
-def _wait_all(requests: list[Any], deadline: float) -> bool:
+def _wait_all(requests: list[MPI.Request], deadline: float) -> bool:
     """Poll ``requests`` until all complete (True) or ``deadline`` passes (False)."""
     while requests:
         requests[:] = [request for request in requests if not request.Test()]
@@ -135,7 +138,7 @@ def _report_and_dump(me: int, identities: Sequence[tuple[str, int]], message: st
 class NamedBarrier:
     """A duplicate of a communicator, used only for named barriers with a timeout."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: MPI.Comm) -> None:
         # Collective, and without a timeout: every rank builds this while configuring pytest.
         self.comm = comm.Dup()
         self.rank: int = self.comm.Get_rank()
@@ -197,6 +200,7 @@ class StoreBarrier:
     """
 
     def __init__(self, store: Any, rank: int, size: int) -> None:
+        # Any: torch's Store, whose stubs type a value as str where it takes bytes too
         self.store, self.rank, self.size = store, rank, size
         store.set(f"id/{rank}", f"{socket.gethostname()} {os.getpid()}")
         store.wait([f"id/{r}" for r in range(size)])

@@ -67,11 +67,14 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 import pytest
 
 from . import _barrier
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 __all__ = ["pytest_collection_modifyitems", "pytest_configure", "pytest_sessionfinish", "world", "world_size"]
 
@@ -107,7 +110,7 @@ def world_size(config: pytest.Config) -> int:
     return config.stash[_STATE].size
 
 
-def _import_mpi() -> Any:
+def _import_mpi() -> ModuleType:  # mpi4py.MPI
     try:
         from mpi4py import MPI
     except ImportError as exc:
