@@ -44,15 +44,21 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any
+from types import FrameType, ModuleType, TracebackType
+from typing import TYPE_CHECKING, cast
 
 from .._contract import LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
 from .summary import describe
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..engine.loop import Engine
 
 __all__ = ["ALARM_SECONDS", "GRACE_SECONDS", "LAUNCHER_DIR_VARIABLE", "abort_job", "describe",
            "fork_error", "install", "is_forked_child", "job_broken", "mark_failed_start", "mark_finished",
@@ -68,19 +74,22 @@ MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this lo
 _POLL_SECONDS = 0.005
 
 
+_ThreadingHook = Callable[[threading.ExceptHookArgs], object]
+
+
 class _State:
-    engine: Any = None
-    last_engine: Any = None  # kept after uninstall(): the exit agreement asks whether its thread runs
+    engine: Engine | None = None
+    last_engine: Engine | None = None  # kept after uninstall(): the exit agreement asks whether its thread runs
     rank = 0
     size = 1
-    mpi: Any = None  # the mpi4py MPI module once unison initialized MPI in this process
-    comm: Any = None  # the job's communicator: where the exit agreement runs
+    mpi: ModuleType | None = None  # the mpi4py MPI module once unison initialized MPI in this process
+    comm: MPI.Comm | None = None  # the job's communicator: where the exit agreement runs
     host = ""
     launcher_dir: Path | None = None
     launcher_relay = ""  # KEY@HOST:PORT: where markers go when launcher_dir is not on this host
     failure_recorded = False  # a failed-R marker was written: the first one names the cause
-    previous_excepthook: Any = None
-    previous_threading_excepthook: Any = None
+    previous_excepthook: Callable[[type[BaseException], BaseException, TracebackType | None], object] | None = None
+    previous_threading_excepthook: _ThreadingHook | None = None
     aborted_reason = ""  # set once this rank has started aborting the job
     trailer_printed = False
     broken_reason = ""  # set once the job is broken on this rank
@@ -122,8 +131,8 @@ def _write_marker(name: str, text: str) -> None:
                     type(exc).__name__, exc)
 
 
-def install(engine: Any, rank: int, size: int, mpi: Any, launcher_dir: str = "", comm: Any = None,
-            launcher_relay: str = "", host: str = "") -> None:
+def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launcher_dir: str = "",
+            comm: MPI.Comm | None = None, launcher_relay: str = "", host: str = "") -> None:
     """Chain the exception hooks and attach the abort plumbing to a freshly started engine.
 
     `launcher_dir` is ``UNISON_LAUNCHER_DIR``, set by unisonrun for the ranks it starts. `comm` is the
@@ -182,7 +191,8 @@ def uninstall() -> None:
         if sys.excepthook is _excepthook:
             sys.excepthook = _state.previous_excepthook
         if threading.excepthook is _threading_excepthook:
-            threading.excepthook = _state.previous_threading_excepthook
+            # install() saved both hooks together
+            threading.excepthook = cast(_ThreadingHook, _state.previous_threading_excepthook)
         _state.previous_excepthook = None
         _state.previous_threading_excepthook = None
     _state.engine = None
@@ -220,7 +230,7 @@ def fork_error() -> HorovodInternalError:
     )
 
 
-def job_broken(reason: str, comm: Any = None) -> None:
+def job_broken(reason: str, comm: MPI.Comm | None = None) -> None:
     """Record that the job is broken on this rank, and bound how long this process may still live.
 
     Call it where a lost peer is detected (frozen, dead, stuck) or a collective step cannot complete;
@@ -343,7 +353,7 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
         _trailer(exc)
 
 
-def _threading_excepthook(args: Any) -> None:
+def _threading_excepthook(args: threading.ExceptHookArgs) -> None:
     previous = _state.previous_threading_excepthook or threading.__excepthook__
     previous(args)
     if args.exc_value is None or args.exc_type is SystemExit:
@@ -443,7 +453,7 @@ def _finish_broken_job() -> None:
         # A job without MPI (launched by torchrun): there is no MPI to finalize or abort, and the
         # error was reported (stdio is flushed above); end now, and torchrun stops the ranks left.
         os._exit(1)
-    if _state.size < 2 or (usable and _everyone_arrives(comm, deadline)):
+    if _state.size < 2 or (usable and _everyone_arrives(cast("MPI.Comm", comm), deadline)):  # usable: a comm
         if not _state.aborted_reason and not _state.failure_recorded:
             _write_marker(marker_name("finished", _state.rank), "\n")
         # Every rank is here, so MPI_Finalize only waits for a busy machine: a fresh bound of its
@@ -461,13 +471,13 @@ def _finish_broken_job() -> None:
         try:
             from ..backends.mpi import abort_with_output
 
-            abort_with_output(comm)
+            abort_with_output(cast("MPI.Comm", comm))  # usable: a comm
         except Exception:  # noqa: BLE001 - os._exit below still ends this process
             pass
     os._exit(1)
 
 
-def _everyone_arrives(comm: Any, deadline: float) -> bool:
+def _everyone_arrives(comm: MPI.Comm, deadline: float) -> bool:
     """Nonblocking barrier over `comm`, polled until `deadline`: True once every rank entered it."""
     try:
         request = comm.Ibarrier()
@@ -502,7 +512,7 @@ def _after_fork_in_child() -> None:
     # the parent's rank and hang): `_at_exit` ends it with os._exit and the status recorded here.
     original_exit = sys.exit
 
-    def child_exit(status: Any = None) -> None:
+    def child_exit(status: str | int | None = None) -> None:
         _state.child_status = _exit_status(status)
         original_exit(status)
 
@@ -521,8 +531,8 @@ def _after_fork_in_child() -> None:
     sys.excepthook = child_excepthook
 
 
-def _recording(quitter: Any) -> Any:
-    def call(status: Any = None) -> None:
+def _recording(quitter: Callable[[str | int | None], object]) -> Callable[[str | int | None], None]:
+    def call(status: str | int | None = None) -> None:
         _state.child_status = _exit_status(status)
         quitter(status)
 

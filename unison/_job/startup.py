@@ -19,11 +19,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import StartupError
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 __all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict", "verdict_message"]
 
@@ -108,7 +112,7 @@ def _report(problem: str) -> bytes:
     return problem.encode("utf-8", "backslashreplace")[:REPORT_BYTES]
 
 
-def _wait_all(requests: dict[int, Any], deadline: float, statuses: dict[int, Any] | None = None) -> list[int]:
+def _wait_all(requests: dict[int, MPI.Request], deadline: float, statuses: dict[int, MPI.Status] | None = None) -> list[int]:
     """Poll until every request completed or the deadline passed; return the ranks still waiting.
 
     A completed request's status goes to ``statuses[rank]`` when given (a completed request has none
@@ -126,11 +130,11 @@ def _wait_all(requests: dict[int, Any], deadline: float, statuses: dict[int, Any
     return sorted(requests)
 
 
-def _text(buffer: np.ndarray, status: Any) -> str:
+def _text(buffer: np.ndarray, status: MPI.Status) -> str:
     return bytes(buffer[: status.Get_count()]).decode("utf-8", "replace")
 
 
-def check_start(comm: Any, mpi: Any, problem: str, timeout_seconds: float) -> None:
+def check_start(comm: MPI.Comm, mpi: ModuleType, problem: str, timeout_seconds: float) -> None:
     """Collective over `comm`: raise `StartupError` on every rank that can be told, unless every rank
     arrived within the bound and reported `problem == ''`.
 

@@ -34,7 +34,7 @@ from .base import Abandoned
 
 if TYPE_CHECKING:
     import torch
-    from torch._C._distributed_c10d import Store, Work
+    from torch._C._distributed_c10d import Work
 
 __all__ = ["GlooBackend", "GlooWorld"]
 
@@ -55,7 +55,7 @@ _WIDER = {np.dtype(np.uint32): np.int64, np.dtype(np.uint16): np.int32, np.dtype
 class GlooWorld:
     """Where the ranks meet: a torch store every rank reaches, this rank, the job's size."""
 
-    store: Store
+    store: Any  # a torch Store; its stubs take str values where gloo's callers pass bytes
     rank: int
     size: int
     timeout_seconds: float = 1800.0

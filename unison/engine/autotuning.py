@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TextIO
 
 from ..config import Settings
 from ..errors import ConfigError
@@ -35,7 +35,7 @@ __all__ = ["Autotuning", "open_tune_log"]
 log = logging.getLogger(__name__)
 
 
-def open_tune_log(path: str) -> Any:
+def open_tune_log(path: str) -> TextIO:
     """Open the autotune log (rank 0) and write its header; the error names the setting."""
     try:
         log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed when the engine stops
@@ -60,7 +60,7 @@ class Autotuning:
             check, so a path rank 0 cannot write fails init() on every rank, as the timeline's does.
     """
 
-    def __init__(self, settings: Settings, rank: int, tune_log: Any = None) -> None:
+    def __init__(self, settings: Settings, rank: int, tune_log: TextIO | None = None) -> None:
         self.parameters = Parameters(settings.fusion_threshold_bytes, settings.cycle_time_seconds,
                                      settings.chunk_bytes, settings.cache_capacity > 0)
         self.state = AutotuneState.TUNING if settings.autotune else AutotuneState.OFF
@@ -68,7 +68,7 @@ class Autotuning:
         self._tuner: Tuner | None = None  # rank 0 only: the search, its meter and its log
         self._meter: Meter | None = None
         self._due: Proposal | None = None  # decided, to be sent with the next cycle's responses
-        self._log: Any = None
+        self._log: TextIO | None = None
         self._rows_written = 0
         if settings.autotune and rank == 0:
             grid = dict(DEFAULT_GRID)

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from .observer import CycleObserver, observe_all
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
 from .stall_feed import StallFeed
+
+if TYPE_CHECKING:
+    from .timeline import Timeline
 
 __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 
@@ -110,7 +113,7 @@ class Engine:
 
     def __init__(self, backend: Backend, settings: Settings,
                  process_sets: dict[int, tuple[int, ...]] | None = None,
-                 timeline: Any = None, tune_log: Any = None) -> None:
+                 timeline: Timeline | None = None, tune_log: TextIO | None = None) -> None:
         self.backend = backend
         self.settings = settings
         self.rank: int = backend.rank
@@ -134,7 +137,7 @@ class Engine:
         # The knobs the autotuner may change while the job runs; every rank applies a change at the
         # end of the cycle whose responses carry it (`_apply_tuning`), so plans and caches stay equal.
         self.autotuning = Autotuning(settings, self.rank, tune_log)
-        self.timeline = None
+        self.timeline: Timeline | None = None
         # What the loop reports each step of a cycle to: rank 0's stall feed and timeline, if any.
         self._observer: CycleObserver = observe_all(self._stall_feed)
         self._queue = SubmissionQueue(self._stopped_error)
@@ -625,7 +628,7 @@ class Engine:
 
     # -- rank 0 only: the timeline ------------------------------------------------------------------
 
-    def set_timeline(self, timeline: Any) -> None:
+    def set_timeline(self, timeline: Timeline | None) -> None:
         """Start (or with None, stop) writing the timeline; rank 0 only."""
         old, self.timeline = self.timeline, timeline
         self._observer = observe_all(self._stall_feed, timeline)
