@@ -12,17 +12,20 @@ import io
 import pickle
 import struct
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["decode", "encode", "total_bytes"]
 
 _HEADER = struct.Struct("<QQ")  # pickle length, number of buffers; then one length per buffer
 
 
-def _tensor(array: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
+def _tensor(array: np.ndarray, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
     import torch
 
     tensor = torch.from_numpy(array)
@@ -33,7 +36,8 @@ def _tensor(array: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
 
 
 class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(
+            self, obj: object) -> tuple[Callable[..., torch.Tensor], tuple[np.ndarray, str, tuple[int, ...]]]:
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(obj, torch.Tensor):
             return NotImplemented
@@ -51,7 +55,7 @@ class _Pickler(pickle.Pickler):
         return _tensor, (array, dtype, tuple(tensor.shape))
 
 
-def encode(obj: Any) -> list[memoryview]:
+def encode(obj: object) -> list[memoryview]:
     """The buffers that `decode` turns back into `obj`: a header, the pickle, then each array's bytes."""
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
@@ -67,7 +71,7 @@ def total_bytes(parts: Sequence[memoryview]) -> int:
     return sum(part.nbytes for part in parts)
 
 
-def decode(data: bytearray | memoryview) -> Any:
+def decode(data: bytearray | memoryview) -> Any:  # the object encoded, of the caller's own type
     """The object `encode` encoded into `data` (arrays and tensors view `data`, which must be writable)."""
     view = memoryview(data)
     size, count = _HEADER.unpack_from(view, 0)

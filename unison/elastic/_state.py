@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,8 @@ _checking: list[State] = []
 # name it (values are attributes, and their names must be identifiers).
 _BOOKS = "unison elastic bookkeeping"
 
+_Result = TypeVar("_Result")
+
 
 @dataclasses.dataclass
 class _Books:
@@ -55,17 +57,17 @@ class _Books:
     unison's commit number, nor a value named ``_saved`` the last save.
     """
 
-    bcast_object: Callable[..., Any]
+    bcast_object: Callable[..., object]  # kept for Horovod's interface; the launch's broadcast replaces it
     get_rank: Callable[[], int]
     names: list[str] = dataclasses.field(default_factory=list)  # the user's values, in order
-    reset_callbacks: list[Callable[[], Any]] = dataclasses.field(default_factory=list)
+    reset_callbacks: list[Callable[[], object]] = dataclasses.field(default_factory=list)
     commits: int = 0  # commits since the job began (carried across launches)
     known_updates: int = 0
     driver_updates: int = 0
     asked_at: float = float("-inf")
     pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
     checked: int | None = None  # its value, when another State's check finished it first
-    saved: Any = None
+    saved: Any = None  # what the State's _capture returned, of its subclass's own shape
     saved_in_store: bool = False
     background_commits: bool = False  # TorchState: tensors change only in optimizer.step()
     writer: threading.Thread | None = None
@@ -83,7 +85,7 @@ class State:
     (the commit number among it) lives apart from them, so a value of any name is only a value.
     """
 
-    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int]) -> None:
+    def __init__(self, bcast_object: Callable[..., object], get_rank: Callable[[], int]) -> None:
         vars(self)[_BOOKS] = _Books(bcast_object, get_rank)
 
     @property
@@ -91,7 +93,7 @@ class State:
         books: _Books = vars(self)[_BOOKS]
         return books
 
-    def _set_values(self, values: dict[str, Any]) -> None:
+    def _set_values(self, values: dict[str, object]) -> None:
         """Keep `values` as attributes (the user's names), after checking that no name hides the State's own."""
         for name in values:
             if not name.isidentifier():
@@ -112,7 +114,7 @@ class State:
         """unison's counters: commits since the job began, host changes seen (not the user's values)."""
         return {"commits": self._books.commits, "host_updates": self._books.known_updates}
 
-    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], Any]]) -> None:
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Call each of `callbacks` after every reset, in order (e.g. to scale the learning rate)."""
         self._books.reset_callbacks.extend(callbacks)
 
@@ -122,7 +124,7 @@ class State:
         for callback in self._books.reset_callbacks:
             callback()
 
-    def on_hosts_updated(self, timestamp: Any = None, update_res: Any = None) -> None:
+    def on_hosts_updated(self, timestamp: object = None, update_res: object = None) -> None:
         """Horovod's listener hook; unison's rank 0 asks the driver instead, so it does nothing."""
 
     def commit(self) -> None:
@@ -253,6 +255,7 @@ class SnapshotState(State):
     their `restore` reads the host's commit. Without the driver every rank keeps a copy in memory.
     """
 
+    # Any: each subclass captures values of its own shape (a dict of attributes, tensors' state)
     def _capture(self) -> Any:
         raise NotImplementedError
 
@@ -396,20 +399,20 @@ class ObjectState(SnapshotState):
         >>> state.epoch += 1; state.commit()                               # doctest: +SKIP
     """
 
-    def __init__(self, bcast_object: Callable[..., Any], get_rank: Callable[[], int], **kwargs: Any) -> None:
+    def __init__(self, bcast_object: Callable[..., object], get_rank: Callable[[], int], **kwargs: object) -> None:
         super().__init__(bcast_object, get_rank)
         self._set_values(kwargs)
         self.save()
 
-    def _capture(self) -> Any:
+    def _capture(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self._books.names}
 
-    def _apply(self, values: Any) -> None:
+    def _apply(self, values: Any) -> None:  # what _capture returned
         for name, value in values.items():
             setattr(self, name, value)
 
 
-def run(func: Callable[..., Any]) -> Callable[..., Any]:
+def run(func: Callable[..., _Result]) -> Callable[..., _Result]:
     """Decorate ``train(state, ...)`` for elastic training (``hvd.elastic.run`` of every framework).
 
     Horovod passes its in-process reset (shutdown, init) to `run_fn`; unison relaunches instead, so
@@ -422,7 +425,7 @@ def _no_reset() -> None:
     """Horovod resets in place (shutdown, init); unison relaunches instead, so nothing runs here."""
 
 
-def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., Any]:
+def run_fn(func: Callable[..., _Result], reset: Callable[[], object]) -> Callable[..., _Result]:
     """Wrap `func(state, ...)` for elastic training (what ``hvd.elastic.run`` returns).
 
     At the start of each launch the state takes the newest commit of any host, or rank 0's values
@@ -434,7 +437,7 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], Any]) -> Callable[..., 
     """
 
     @functools.wraps(func)
-    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(state: State, *args: object, **kwargs: object) -> _Result:
         if isinstance(state, SnapshotState):
             state._begin()
         else:
