@@ -12,8 +12,8 @@ import socket
 import sys
 import threading
 from collections.abc import Hashable, Mapping, Sequence
-from types import MappingProxyType
-from typing import Any
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .._contract import ELASTIC_HOSTS_VARIABLE, host_of, parse_hosts
 from ..backends import create_backend
@@ -30,6 +30,11 @@ from ..errors import (
 from ..process_sets import ProcessSet, bind, global_process_set, unbind
 from . import failure as _failure
 from .torch_launch import check_settings_agree, torch_backend, torch_launch, torch_launched_alone
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..engine.timeline import Timeline
 
 __all__ = [
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
@@ -54,7 +59,7 @@ class Job:
     cross_rank: int
     cross_size: int
     homogeneous: bool
-    mpi: Any  # the mpi4py MPI module, or None for a single process without MPI
+    mpi: ModuleType | None  # the mpi4py MPI module, or None for a single process without MPI
     process_sets: dict[int, ProcessSet]
     # ProcessSet objects bound by a repeated init(process_sets=[...]) to sets already registered
     rebound_sets: list[ProcessSet] = dataclasses.field(default_factory=list)
@@ -204,7 +209,7 @@ def _resolve_comm(mpi: Any, comm: Any) -> Any:
     return sub
 
 
-def _topology(mpi: Any, comm: Any) -> tuple[int, int, int, int, bool]:
+def _topology(mpi: ModuleType, comm: MPI.Intracomm) -> tuple[int, int, int, int, bool]:
     local = comm.Split_type(mpi.COMM_TYPE_SHARED, key=comm.Get_rank())
     local_rank, local_size = local.Get_rank(), local.Get_size()
     cross = comm.Split(local_rank, key=comm.Get_rank())
@@ -215,7 +220,7 @@ def _topology(mpi: Any, comm: Any) -> tuple[int, int, int, int, bool]:
     return local_rank, local_size, cross_rank, cross_size, len(set(sizes)) == 1
 
 
-def _check_settings_agree(comm: Any, settings: Settings) -> None:
+def _check_settings_agree(comm: MPI.Comm, settings: Settings) -> None:
     """Collective: refuse, on every rank, to start a job whose ranks differ in a job-wide setting
     (it would hang or mix up buffers later)."""
     import numpy as np
@@ -389,7 +394,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             raise _duplicate_error(duplicates, registered)
 
 
-def _start_mpi(mpi: Any, serialized: bool) -> None:
+def _start_mpi(mpi: ModuleType, serialized: bool) -> None:
     """Start MPI if the application kept mpi4py from it, and finalize it at exit if so (once)."""
     global _mpi_started_here
     from ..backends.mpi import initialize_mpi
@@ -400,7 +405,7 @@ def _start_mpi(mpi: Any, serialized: bool) -> None:
         atexit.register(_finalize_mpi, mpi)
 
 
-def _finalize_mpi(mpi: Any) -> None:
+def _finalize_mpi(mpi: ModuleType) -> None:
     """At exit: finalize the MPI that `init()` started, once unison's job has ended cleanly.
 
     A forked child must not act for its parent's rank. After a broken job (a rank failed, froze or
@@ -482,7 +487,7 @@ def _check_process_sets(process_sets: Sequence[ProcessSet] | None, size: int) ->
                 raise InvalidArgumentError(f"A process set needs ranks in range(size={size}). Got {ps.ranks}.")
 
 
-def _open_timeline(settings: Settings, rank: int) -> Any:
+def _open_timeline(settings: Settings, rank: int) -> Timeline | None:
     """Rank 0's timeline, opened now so that a path it cannot write fails init() on every rank."""
     if rank != 0 or not settings.timeline or settings.timeline.upper() == "DYNAMIC":
         return None
@@ -494,7 +499,7 @@ def _open_timeline(settings: Settings, rank: int) -> Any:
         raise ConfigError(f"{exc} Rank 0 (on host {_host_name(settings, 0)}) writes the timeline.") from None
 
 
-def _open_tune_log(settings: Settings, rank: int) -> Any:
+def _open_tune_log(settings: Settings, rank: int) -> TextIO | None:
     """Rank 0's autotune log, opened now for the same reason as the timeline."""
     if rank != 0 or not settings.autotune or not settings.autotune_log:
         return None
@@ -503,7 +508,8 @@ def _open_tune_log(settings: Settings, rank: int) -> Any:
     return open_tune_log(settings.autotune_log)
 
 
-def _start(comm: Any, mpi: Any, settings: Settings, problem: BaseException | None, timeline: Any) -> None:
+def _start(comm: MPI.Comm, mpi: ModuleType, settings: Settings, problem: BaseException | None,
+           timeline: Timeline | None) -> None:
     """The bounded start-up check (`unison._job.startup`): every rank arrived and set up, or all raise.
 
     A rank whose own set-up failed raises its own error; the others raise `StartupError` naming it.
@@ -559,7 +565,7 @@ def _configure_logging(settings: Settings, rank: int, size: int) -> None:
         logger.propagate = False
 
 
-def _ranks_of(ps: ProcessSet, mpi: Any) -> list[int]:
+def _ranks_of(ps: ProcessSet, mpi: ModuleType | None) -> list[int]:
     """A process set's global ranks (a list set was range-checked by `_check_process_sets`)."""
     if ps.mpi_comm is None:
         assert ps.ranks is not None
