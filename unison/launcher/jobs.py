@@ -52,7 +52,7 @@ def registry_dir(create: bool = True) -> Path:
     return path
 
 
-def register(directory: str, command: Sequence[str], np: int, **extra: Any) -> Path | None:
+def register(directory: str, command: Sequence[str], np: int, **extra: object) -> Path | None:
     """Record a starting job; returns the record to remove at the end (None if it could not be written).
 
     `extra` fields (JSON values) are stored beside the others: an elastic job's ``elastic`` part.
@@ -66,7 +66,7 @@ def register(directory: str, command: Sequence[str], np: int, **extra: Any) -> P
         return None  # status lookups are a convenience; never stop a job over them
 
 
-def update(record: Path | None, **fields: Any) -> None:
+def update(record: Path | None, **fields: object) -> None:
     """Replace fields of a job's record (atomically: `--status` may read it at any moment)."""
     if record is None:
         return

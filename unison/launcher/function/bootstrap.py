@@ -70,8 +70,8 @@ def main(directory: Path) -> int:
 
 def _failed(directory: Path, exc: BaseException) -> int:
     """Write `exc` for the caller and stop the job; return the exit status."""
-    info: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc),
-                            "traceback": traceback.format_exc()}
+    info: dict[str, object] = {"type": type(exc).__name__, "message": str(exc),
+                              "traceback": traceback.format_exc()}
     try:
         pickle.dumps(exc)
         info["exception"] = exc
@@ -105,7 +105,7 @@ def _load(directory: Path) -> dict[str, Any]:
         module.__dict__.update(runpy.run_path(meta["main_path"], run_name="__mp_main__"))
 
     class Loader(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
+        def find_class(self, module: str, name: str) -> object:
             return super().find_class("__mp_main__" if module == "__main__" else module, name)
 
     with open(directory / JOB_FILE, "rb") as f:
@@ -113,7 +113,7 @@ def _load(directory: Path) -> dict[str, Any]:
     return job
 
 
-def _write(directory: Path, name: str, value: Any) -> None:
+def _write(directory: Path, name: str, value: object) -> None:
     write_atomically(directory / name, pickle.dumps(value))
 
 

@@ -96,7 +96,7 @@ def _local_hosts(hosts: str | None, hostfile: str | None) -> list[tuple[str, int
     return parsed
 
 
-def _count(name: str, value: Any) -> int:
+def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{name} is a number of processes (an int). Got {name}={value!r}.")
     if value < 1:
@@ -104,10 +104,10 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def plan(*, num_proc: Any = None, np: Any = None, hosts: str | None = None, hostfile: str | None = None,
-         start_timeout: Any = None, output_filename: str | None = None, use_gloo: Any = None,
-         use_mpi: Any = None, executable: str | None = None, elastic: dict[str, Any] | None = None,
-         elastic_timeout: Any = None) -> RunPlan:
+def plan(*, num_proc: object = None, np: object = None, hosts: str | None = None, hostfile: str | None = None,
+         start_timeout: object = None, output_filename: str | None = None, use_gloo: object = None,
+         use_mpi: object = None, executable: str | None = None, elastic: dict[str, Any] | None = None,
+         elastic_timeout: object = None) -> RunPlan:
     """Check `unison.run`'s Horovod arguments and decide what they do.
 
     Args:
@@ -181,8 +181,8 @@ def _alias(given: dict[str, Any], name: str, alias: str) -> Any:
     return value if value is not None else other
 
 
-def _elastic_options(given: dict[str, Any], num_proc: Any, hosts: str | None, hostfile: str | None,
-                     elastic_timeout: Any) -> ElasticOptions:
+def _elastic_options(given: dict[str, Any], num_proc: object, hosts: str | None, hostfile: str | None,
+                     elastic_timeout: object) -> ElasticOptions:
     """The elastic driver's options for `unison.run`'s elastic arguments (`given`: those not None)."""
     script = given.get("host_discovery_script")
     fixed: tuple[Host, ...] = ()

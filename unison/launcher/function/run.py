@@ -8,7 +8,7 @@ import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..._contract import LAUNCHER_DIR_VARIABLE
 from ..._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
@@ -23,6 +23,8 @@ from .options import plan
 
 __all__ = ["run"]
 
+_Result = TypeVar("_Result")
+
 
 class RemoteTraceback(Exception):
     """Carries the formatted traceback of an exception raised on another rank (the ``__cause__``)."""
@@ -31,17 +33,17 @@ class RemoteTraceback(Exception):
         return str(self.args[0]) if self.args else ""
 
 
-def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+def run(func: Callable[..., _Result], args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None,
         num_proc: int | None = None, min_num_proc: int | None = None, max_num_proc: int | None = None,
-        slots: int | None = None, reset_limit: int | None = None, cooldown_range: Any = None,
+        slots: int | None = None, reset_limit: int | None = None, cooldown_range: object = None,
         hosts: str | None = None, hostfile: str | None = None, host_discovery_script: str | None = None,
         start_timeout: float | None = None, ssh_port: int | None = None, ssh_identity_file: str | None = None,
         disable_cache: bool | None = None, output_filename: str | None = None, verbose: int | None = None,
         use_gloo: bool | None = None, use_mpi: bool | None = None, mpi_args: str | None = None,
-        network_interface: str | None = None, network_interfaces: Any = None, executable: str | None = None,
+        network_interface: str | None = None, network_interfaces: object = None, executable: str | None = None,
         np: int | None = None, min_np: int | None = None, max_np: int | None = None, *,
         timeout: float | None = None, env: Mapping[str, str] | None = None, mpiexec: str = "",
-        elastic_timeout: float | None = None) -> list[Any]:
+        elastic_timeout: float | None = None) -> list[_Result]:
     """Run ``func(*args, **kwargs)`` on `num_proc` local processes; return the results in rank order.
 
     Each process is an MPI rank started by the mpiexec that matches mpi4py (as `unisonrun` does);
@@ -153,7 +155,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (), kwargs: Mapping[str,
         program = keeper_command([python, "-m", "unison.launcher.function.bootstrap", directory])
         cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
-        results: list[Any] = []
+        results: list[_Result] = []
         errors = _read_errors(job, np)
         if errors:
             _raise_first(errors, np)
