@@ -34,7 +34,7 @@ _FIX_UINT64 = "Map them into int64 one to one, e.g. with ids.view(np.int64)."
 _FIX_OTHER = "Pass integer ids (a NumPy array or tensor of an integer dtype)."
 
 
-def _refuse(table: str, dtype: Any, example: Any, fix: str, why: str = "") -> RequestError:
+def _refuse(table: str, dtype: object, example: object, fix: str, why: str = "") -> RequestError:
     return RequestError(f"ids of table {table!r} must be integers (any int64 value); nothing was sent. Got dtype "
                         f"{dtype}, for example {example!r}{why}. {fix}")
 

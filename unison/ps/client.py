@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -47,6 +47,8 @@ from .shard import MODES
 from .table import Initializer
 
 __all__ = ["Client", "ClientState", "shard_capacity", "table_refusal"]
+
+_Reply = TypeVar("_Reply")
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +262,7 @@ class Client:
         return ServerUnavailableError(f"{where} did not answer {method} from trainer {self.trainer}: "
                                       f"{code.name}: {details}")
 
-    def _on_every(self, call: Callable[[int], Any]) -> list[Any]:
+    def _on_every(self, call: Callable[[int], _Reply]) -> list[_Reply]:
         """`call(server)` for every server, at once; the first error is raised as soon as it happens.
 
         A call still waiting on another server then goes on in the background (a synchronous pull
