@@ -89,14 +89,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks (smoke run)")
     parser.add_argument("--output", default=str(HERE / "results" / "revisions.json"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1. Got {args.rounds}.")
     names = [n for n in args.benchmarks.split(",") if n]
     unknown = sorted(set(names) - BENCHMARKS.keys())
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; known: {sorted(BENCHMARKS)}")
 
     def describe(rev: str | None) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev or "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip() + ("" if rev else " (working tree)")
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--short", f"{rev or 'HEAD'}^{{commit}}"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            parser.error(f"{rev!r} names no commit of {ROOT}: {done.stderr.strip()}")
+        return done.stdout.strip() + ("" if rev else " (working tree)")
 
     sides = {"before": describe(args.before), "after": describe(args.after)}
     changed = subprocess.run(["git", "-C", str(ROOT), "diff", "--stat", args.before, *([args.after] if args.after else []),

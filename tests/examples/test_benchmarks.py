@@ -120,6 +120,9 @@ def test_revisions_compares_each_benchmarks_own_ratios() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "revisions.py"), "--before", "HEAD",
                            "--benchmarks", "allreduce,nope"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and "unknown benchmarks ['nope']" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "revisions.py"), "--before", "no-such-revision"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "'no-such-revision' names no commit" in done.stderr, done.stderr
 
 
 def test_the_gpu_benchmark_checks_its_training_measurements_on_the_cpu() -> None:
