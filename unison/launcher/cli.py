@@ -160,7 +160,10 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     remote = not _local_only(hosts, hostfile, launcher_exec, extra)
     if keep_going and found.vendor == "mpich":
         extra = ["-disable-auto-cleanup", *extra]
-    names = [name for name, _ in env_pairs]
+    # Every variable set here for the ranks is named to mpiexec: Open MPI passes only what -x names to
+    # other hosts, and MPICH only what -genvlist lists when the user narrowed it.
+    names = [*dict.fromkeys([name for name, _ in env_pairs] + list(extra_env or {})),
+             LAUNCHER_DIR_VARIABLE, HOSTS_VARIABLE]
     with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         directory = str(job.path)
         env = dict(os.environ)

@@ -270,6 +270,9 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (cli.launch)
             output_dir = output_dir or str(job.path)
             tails = (epoch.np, output_dir)
+        # Named to mpiexec, as every variable set for the ranks (cli.launch says why).
+        env_names = [*env_names, ELASTIC_STORE_VARIABLE, ELASTIC_DRIVER_VARIABLE, LAUNCHER_DIR_VARIABLE,
+                     ELASTIC_EPOCH_VARIABLE, ELASTIC_HOSTS_VARIABLE, LAUNCHER_HOSTS_VARIABLE]
         cmd = found.command(epoch.np, keeper_command(list(program), remote=remote),
                             hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
                             launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,

@@ -153,7 +153,10 @@ def run(func: Callable[..., _Result], args: Sequence[object] = (), kwargs: Mappi
                                 {**decided.env, **(env or {})}, mpiexec=mpiexec, mpi_args=mpi_args or "",
                                 output_dir=decided.output_dir, timeout=timeout)
         program = keeper_command([python, "-m", "unison.launcher.function.bootstrap", directory])
-        cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir)
+        # Named to mpiexec, as every variable set for the ranks (cli.launch says why).
+        names = [*dict.fromkeys([*decided.env, *(env or {})]), LAUNCHER_DIR_VARIABLE, HOSTS_VARIABLE]
+        cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir,
+                            env_names=names)
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[_Result] = []
         errors = _read_errors(job, np)
