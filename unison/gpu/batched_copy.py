@@ -16,11 +16,12 @@ tested without a GPU.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .device import Array
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["BATCH_DTYPE", "CHUNK_BYTES", "KERNEL_NAME", "MAX_PARTS", "SOURCE", "THREADS", "emulate",
            "plan_batches"]
@@ -92,7 +93,7 @@ extern "C" __global__ void unison_batched_copy(const UnisonBatch batch) {
 """.replace("@PARTS@", str(MAX_PARTS)).replace("@CHUNK@", str(CHUNK_BYTES))
 
 
-def plan_batches(dst: Array, src: Array, nbytes: Any, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[np.ndarray, int]]:
+def plan_batches(dst: ArrayLike, src: ArrayLike, nbytes: ArrayLike, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[np.ndarray, int]]:
     """Kernel launches for the copies ``dst[i] <- src[i]`` of ``nbytes[i]`` bytes, each (a one-record
     `BATCH_DTYPE` array, its number of blocks); empty copies are left out.
 

@@ -13,15 +13,15 @@ import importlib.util
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
+from types import ModuleType
 
 __all__ = ["cuda_aware_mpi", "cuda_built", "gpu_report", "nccl_built", "nccl_version_text"]
 
-Finder = Callable[[str], Any]
-Importer = Callable[[str], Any]
+Finder = Callable[[str], object]  # a module name -> its spec, or None when it is not installed
+Importer = Callable[[str], ModuleType]
 
 
-def _cupy(find_spec: Finder, import_module: Importer) -> Any:
+def _cupy(find_spec: Finder, import_module: Importer) -> ModuleType | None:
     if find_spec("cupy") is None:
         return None
     try:
@@ -67,7 +67,7 @@ def nccl_version_text(code: int) -> str:
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
-def cuda_aware_mpi(mpi: Any, load_library: Callable[[str], Any] | None = None) -> bool | None:
+def cuda_aware_mpi(mpi: ModuleType, load_library: Callable[[str], object] | None = None) -> bool | None:
     """Whether the loaded MPI library says it is CUDA-aware; None when it cannot tell.
 
     Never assumed: only MPI's own answer counts, ``MPI.Query_cuda_support`` where mpi4py has it, else

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from ..dtypes import DType
 from ..ops import ReduceOp
 from . import batched_copy
-from .device import Array, ArrayDevice, Event, Stream
+from .device import Array, ArrayDevice, Device, Event, Stream
 from .lazy_cupy import import_cupy
 from .nccl import nccl_dtype, nccl_op
 
@@ -43,7 +44,7 @@ class _StreamHandle:
         return (0, self.handle)
 
 
-def external_stream(cupy: Any, handle: int, ordinal: int) -> Stream:
+def external_stream(cupy: ModuleType, handle: int, ordinal: int) -> Stream:
     """A CuPy stream object for a stream another library made (torch's current stream).
 
     CuPy 14 deprecates ``ExternalStream`` (a DeprecationWarning at every call) for
@@ -56,7 +57,7 @@ def external_stream(cupy: Any, handle: int, ordinal: int) -> Stream:
     return cupy.cuda.ExternalStream(handle, ordinal)
 
 
-def id_bytes(raw: Any) -> bytes:
+def id_bytes(raw: bytes | bytearray | Sequence[int]) -> bytes:
     """NCCL's unique id from ``nccl.get_unique_id()`` as bytes (CuPy 14 returns bytes, earlier
     CuPy a tuple of signed chars).
 
@@ -69,7 +70,7 @@ def id_bytes(raw: Any) -> bytes:
     return bytes(b % 256 for b in raw)
 
 
-def comm_id(unique_id: bytes, cupy_version: str) -> Any:
+def comm_id(unique_id: bytes, cupy_version: str) -> bytes | tuple[int, ...]:
     """The id as this CuPy's ``NcclCommunicator`` takes it: bytes from CuPy 14 (which refuses a
     tuple), a tuple of signed chars before.
 
@@ -100,7 +101,7 @@ class CupyDevice(ArrayDevice):
         self._device = cupy.cuda.Device(ordinal)
         self._stream: Stream | None = None
         self._pinned: np.ndarray | None = None  # one growing pinned staging buffer
-        self._copy_kernel: Any = None  # the batched-copy kernel once compiled; False where it cannot be
+        self._copy_kernel: Any = None  # the batched-copy cupy.RawKernel once compiled; False where it cannot be
         self._torch_streams: dict[int, Stream] = {}  # torch stream handle -> its CuPy wrapper
 
     def __repr__(self) -> str:
@@ -121,7 +122,7 @@ class CupyDevice(ArrayDevice):
                 self._stream = self.xp.cuda.Stream(non_blocking=True)
         return self._stream
 
-    def stream_key(self, stream: Stream) -> Any:
+    def stream_key(self, stream: Stream) -> int | tuple[int, object]:
         """The stream's handle; cudaStreamPerThread (2) is one stream per thread, so the key also holds
         a token of the calling thread (an object, unlike a thread id never reused by a later thread)."""
         ptr = int(stream.ptr)
@@ -272,7 +273,7 @@ class CupyDevice(ArrayDevice):
 class CupyComm:
     """An ``NcclCommunicator`` behind the plane's `Comm` protocol."""
 
-    def __init__(self, comm: Any, nccl: Any, size: int, index: int) -> None:
+    def __init__(self, comm: Any, nccl: ModuleType, size: int, index: int) -> None:  # comm: CuPy's NcclCommunicator
         self._comm = comm
         self._nccl = nccl
         self.size = size
@@ -364,13 +365,13 @@ class CupyLibrary:
     def unique_id(self) -> bytes:
         return id_bytes(self._nccl.get_unique_id())
 
-    def connect(self, unique_id: bytes, size: int, index: int, device: Any) -> CupyComm:
+    def connect(self, unique_id: bytes, size: int, index: int, device: Device) -> CupyComm:
         with self._device_context(device):
             comm = self._nccl.NcclCommunicator(size, comm_id(unique_id, self._cupy_version), index)
         return CupyComm(comm, self._nccl, size, index)
 
     @staticmethod
-    def _device_context(device: Any) -> Any:
+    def _device_context(device: Device) -> AbstractContextManager[object]:
         import cupy
 
         return cupy.cuda.Device(getattr(device, "ordinal", 0))

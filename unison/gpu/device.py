@@ -18,15 +18,19 @@ an event on unison's stream after the result was written (see `unison.gpu.orderi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeAlias
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
 from ..dtypes import DType
 from ..engine import numerics
 from ..engine.numerics import raw
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["Array", "ArrayDevice", "Device", "DeviceBuffer", "Event", "Stream", "raw"]
 
@@ -58,18 +62,18 @@ class DeviceBuffer:
     array: Array
     ready: Event | None = None
     ordinal: int = 0
-    producer: tuple[Any, int, Stream] | None = None
+    producer: tuple[Hashable, int, Stream] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.array.shape)
 
     @property
-    def flags(self) -> Any:
+    def flags(self) -> Any:  # Any: CuPy's flags object on a GPU (NumPy's under the fake device)
         return self.array.flags
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> np.dtype:
         return self.array.dtype
 
     @property
@@ -89,12 +93,12 @@ class Device(Protocol):
 
     name: str
     ordinal: int
-    xp: Any
+    xp: ModuleType
 
     def stream(self) -> Stream:
         """unison's own stream on this device (one; all data-plane work is ordered on it)."""
 
-    def stream_key(self, stream: Stream) -> Any:
+    def stream_key(self, stream: Stream) -> Hashable:
         """What identifies `stream` on this device (the handle; two objects for one stream compare equal)."""
 
     def current_stream(self, framework: str = "cupy") -> Stream:
@@ -116,7 +120,7 @@ class Device(Protocol):
     def allocate(self, nbytes: int) -> Array:
         """A new flat uint8 device array of `nbytes`."""
 
-    def empty(self, shape: Sequence[int], dtype: Any, stream: Stream) -> Array:
+    def empty(self, shape: Sequence[int], dtype: DTypeLike, stream: Stream) -> Array:
         """A new device array for results, allocated for use on `stream`."""
 
     def copy_(self, dst: Array, src: Array, stream: Stream) -> None:
@@ -155,16 +159,16 @@ class ArrayDevice:
 
     name = "array"
     ordinal = 0
-    xp: Any = np
+    xp: ModuleType = np
 
     @contextmanager
     def _on(self, stream: Stream) -> Iterator[None]:
         yield
 
-    def stream_key(self, stream: Stream) -> Any:
+    def stream_key(self, stream: Stream) -> Hashable:
         return getattr(stream, "ptr", id(stream))
 
-    def _note(self, operation: str, stream: Stream, detail: Any = None) -> None:
+    def _note(self, operation: str, stream: Stream, detail: object = None) -> None:
         """Hook for the fake device's log; a real device does nothing."""
 
     # -- memory ---------------------------------------------------------------------------------
@@ -172,7 +176,7 @@ class ArrayDevice:
         self._note("allocate", None, nbytes)
         return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
-    def empty(self, shape: Sequence[int], dtype: Any, stream: Stream) -> Array:
+    def empty(self, shape: Sequence[int], dtype: DTypeLike, stream: Stream) -> Array:
         with self._on(stream):
             return self.xp.empty(tuple(shape), dtype=dtype)
 

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -59,13 +60,13 @@ class FakeDevice(ArrayDevice):
         bus_id: its PCI bus id (tests give two ranks the same one to model a shared GPU).
     """
 
-    xp = np
+    xp: ModuleType = np
 
     def __init__(self, ordinal: int = 0, bus_id: str = "0000:00:00.0") -> None:
         self.ordinal = ordinal
         self.name = f"fake:{ordinal}"
         self._bus_id = bus_id
-        self.log: list[tuple[str, str, Any]] = []
+        self.log: list[tuple[str, str, object]] = []
         self._unison = FakeStream("unison")
         self._current = threading.local()
         self._held: set[str] = set()
@@ -74,7 +75,7 @@ class FakeDevice(ArrayDevice):
     def __repr__(self) -> str:
         return f"<FakeDevice {self.ordinal} ops={len(self.log)}>"
 
-    def _note(self, operation: str, stream: Stream, detail: Any = None) -> None:
+    def _note(self, operation: str, stream: Stream, detail: object = None) -> None:
         self.log.append((operation, stream.name if stream is not None else "-", detail))
 
     def operations(self, *names: str) -> list[str]:
@@ -156,12 +157,13 @@ class _World:
     def __init__(self, size: int) -> None:
         self.size = size
         self._cond = threading.Condition()
-        self._values: list[Any] = [None] * size
+        self._values: list[object] = [None] * size
         self._arrived = 0
         self._generation = 0
+        # Any: each collective exchanges its own kind (an array, a list of pieces) and reads back that kind
         self._result: list[Any] = []
 
-    def exchange(self, index: int, value: Any, timeout_seconds: float = 60.0) -> list[Any]:
+    def exchange(self, index: int, value: object, timeout_seconds: float = 60.0) -> list[Any]:
         with self._cond:
             generation = self._generation
             self._values[index] = value
@@ -247,6 +249,7 @@ class FakeLibrary:
     def unique_id(self) -> bytes:
         return os.urandom(128)
 
+    # Any: the plane hands its `Device`; the fake communicator logs onto it, which only `FakeDevice` can
     def connect(self, unique_id: bytes, size: int, index: int, device: Any = None) -> FakeComm:
         with self._lock:
             world = self._worlds.setdefault(unique_id, _World(size))

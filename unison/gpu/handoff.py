@@ -10,13 +10,18 @@ through `as_cupy`. When CuPy is missing, the error names the pip extra that inst
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from ..dtypes import dtype_of
+from ..dtypes import DType, dtype_of
 from ..errors import InvalidArgumentError
-from .device import DeviceBuffer
+from .device import Array, Device, DeviceBuffer
 from .lazy_cupy import EXTRAS, import_cupy, missing_cupy
 from .ordering import consume, forget_waits, mark_ready
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "EXTRAS", "as_cupy", "bound_ordinal", "device_for", "device_results", "import_cupy", "missing_cupy",
@@ -25,8 +30,8 @@ __all__ = [
 
 _lock = threading.Lock()
 _bound: int | None = None
-_devices: dict[int, Any] = {}
-_dtypes: dict[Any, Any] = {}  # array dtype -> unison DType, for the arrays of the NumPy-style API
+_devices: dict[int, Device] = {}
+_dtypes: dict[np.dtype, DType] = {}  # array dtype -> unison DType, for the arrays of the NumPy-style API
 
 
 def bound_ordinal() -> int | None:
@@ -34,8 +39,10 @@ def bound_ordinal() -> int | None:
     return _bound
 
 
-def device_for(ordinal: int, make: Any = None) -> Any:
+def device_for(ordinal: int, make: Callable[[int], Device] | None = None) -> Any:
     """The `Device` for GPU `ordinal`, binding the process to it on first use.
+
+    Typed Any: a `CupyDevice` (or what `make` makes), whose own attributes callers use beyond `Device`.
 
     Args:
         ordinal: the tensor's CUDA device number.
@@ -77,7 +84,7 @@ def reset() -> None:
         forget_waits()
 
 
-def as_cupy(obj: Any) -> Any:
+def as_cupy(obj: object) -> Array:
     """`obj` as a CuPy array sharing its memory (a CuPy array, ``__cuda_array_interface__``, DLPack).
 
     Raises:
@@ -95,13 +102,15 @@ def as_cupy(obj: Any) -> Any:
                                f"{type(obj).__name__}.")
 
 
-def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any = None,
-                   convert: Any = None, xp: Any = None) -> tuple[list[Any], list[Any], list[Any] | None]:
+def prepare_arrays(arrays: Iterable[object], *, in_place: bool, with_outputs: bool,
+                   make: Callable[[int], Device] | None = None, convert: Callable[[object], Array] | None = None,
+                   xp: ModuleType | None = None) -> tuple[list[DeviceBuffer], list[DType], list[Any] | None]:
     """GPU arrays of the NumPy-style API as (buffers, dtypes, outputs) for `unison._job.submit.submit`.
 
     Each array is wrapped without a copy (`as_cupy`; a non-contiguous one is copied unless in place)
     with an event on the current stream (`mark_ready`); `outputs` are fresh arrays like the inputs when
-    the collective writes into outputs (allreduce, broadcast), else None. `make`, `convert` and `xp`
+    the collective writes into outputs (allreduce, broadcast), else None (typed Any: `DeviceBuffer`s,
+    where `submit` takes host buffers, which they stand in for). `make`, `convert` and `xp`
     (device factory, array conversion, array module) default to CuPy's; tests pass NumPy and fakes.
 
     Raises:
@@ -131,7 +140,7 @@ def prepare_arrays(arrays: Any, *, in_place: bool, with_outputs: bool, make: Any
     return buffers, dtypes, outputs
 
 
-def device_results(results: Any, make: Any = None) -> list[Any]:
+def device_results(results: Iterable[Any], make: Callable[[int], Device] | None = None) -> list[Any]:
     """The arrays of GPU results, after the current stream waits for unison's (rule 4 of `ordering`)."""
     out = []
     for result in results:

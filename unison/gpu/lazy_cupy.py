@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from types import ModuleType
 
 from ..errors import MissingDependencyError
 
@@ -17,7 +17,7 @@ __all__ = ["EXTRAS", "import_cupy", "missing_cupy"]
 # pip extras that install a CuPy build with NCCL, by CUDA major version (pyproject.toml).
 EXTRAS = {"12": "gpu-cuda12", "13": "gpu-cuda13"}
 
-_cupy: Any = None  # CuPy, once an import of it finished
+_cupy: ModuleType | None = None  # CuPy, once an import of it finished
 
 
 def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDependencyError:
@@ -37,7 +37,7 @@ def missing_cupy(what: str, cause: BaseException | None = None) -> MissingDepend
     )
 
 
-def import_cupy(what: str = "CUDA tensors") -> Any:
+def import_cupy(what: str = "CUDA tensors") -> ModuleType:
     """Import CuPy, or raise `missing_cupy(what)` (after the first import returned, no import machinery).
 
     The module is kept only once `import_module` returned it: ``sys.modules`` has it from the start

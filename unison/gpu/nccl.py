@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from ..dtypes import DType
 from ..ops import CollectiveKind, ReduceOp
 from ..protocol.messages import Response
-from .device import Array, Stream
+from .device import Array, Device, Stream
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT_SECONDS", "Comm", "InitState", "Library", "connect_bounded", "init_failure",
@@ -106,7 +106,7 @@ class Library(Protocol):
     def unique_id(self) -> bytes:
         """A new unique id (made by one member, sent to the others)."""
 
-    def connect(self, unique_id: bytes, size: int, index: int, device: Any) -> Comm:
+    def connect(self, unique_id: bytes, size: int, index: int, device: Device) -> Comm:
         """Join the communicator of `size` members as member `index` on `device`; blocks until all joined."""
 
     def version(self) -> int:
@@ -134,7 +134,8 @@ def connect_bounded(connect: Callable[[], Comm], timeout_seconds: float,
         (<InitState.DONE: 2>, 'comm')
     """
     lock = threading.Lock()
-    progress: list[Any] = [InitState.NOT_STARTED, "", False, None]  # state, error, late, communicator
+    # state, error, late, communicator: one slot of each type, read back as that type (Any)
+    progress: list[Any] = [InitState.NOT_STARTED, "", False, None]
 
     def work() -> None:
         try:

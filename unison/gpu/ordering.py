@@ -24,8 +24,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterable, Sequence
 
 from .device import Array, Device, DeviceBuffer, Event, Stream
 
@@ -36,7 +35,7 @@ _records = itertools.count(1)
 _record_lock = threading.Lock()  # numbers events in the order they are recorded, across threads
 # (device, consumer stream key) -> (that stream, the last event it waited on); the stream is held so its
 # handle cannot be reused by another stream while it is a key
-_waited: dict[tuple[int, Any], tuple[Any, Any]] = {}
+_waited: dict[tuple[int, Hashable], tuple[Stream, Event]] = {}
 
 
 def mark_ready(device: Device, array: Array, framework: str = "cupy") -> DeviceBuffer:
@@ -56,7 +55,7 @@ def wait_for_inputs(device: Device, stream: Stream, buffers: Iterable[DeviceBuff
     stream only the last recorded is waited on (a DistributedOptimizer's gradients, each with its own
     event on the framework's stream, cost one wait per response); each other event is waited on once.
     """
-    last: dict[Any, tuple[int, Any]] = {}  # producer stream -> (record number, event)
+    last: dict[Hashable, tuple[int, Event]] = {}  # producer stream -> (record number, event)
     events: dict[int, Event] = {}  # the events to wait on, each once
     for buffer in buffers:
         if buffer is None or buffer.ready is None:
@@ -73,7 +72,7 @@ def wait_for_inputs(device: Device, stream: Stream, buffers: Iterable[DeviceBuff
     return len(events)
 
 
-def publish(device: Device, stream: Stream, arrays: Sequence[Array]) -> tuple[Any, list[DeviceBuffer | None]]:
+def publish(device: Device, stream: Stream, arrays: Sequence[Array | None]) -> tuple[Event, list[DeviceBuffer | None]]:
     """Record the event after unison's writes on `stream` and attach it to each result (rule 3).
 
     Returns the event and one `DeviceBuffer` per array (None stays None).
@@ -120,7 +119,7 @@ class Retention:
 
     def __init__(self, device: Device) -> None:
         self._device = device
-        self._held: deque[tuple[Any, list[Any]]] = deque()
+        self._held: deque[tuple[Event, list[Array]]] = deque()
 
     def __len__(self) -> int:
         return len(self._held)

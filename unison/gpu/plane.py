@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from .nccl import (
 from .ordering import Retention, publish, wait_for_inputs
 from .placement import RECORD_BYTES, Placement, decode_placements, encode_placement, placement_error
 
+if TYPE_CHECKING:
+    from ..engine.handles import Entry
+
 __all__ = ["GpuPlane", "OPERATIONS", "PlaneState", "create_device_plane", "uses_nccl"]
 
 logger = logging.getLogger(__name__)
@@ -60,7 +63,14 @@ OPERATIONS = ("nccl", "mpi")
 _ALLREDUCE = CollectiveKind.ALLREDUCE.value
 
 # Runs a response (device "cpu") on host entries and returns one result per name: `Executor.run_on_host`.
-HostRunner = Callable[[Response, Sequence[Any]], list[Any]]
+HostRunner = Callable[[Response, Sequence["Entry | None"]],
+                      list["np.ndarray | tuple[np.ndarray, np.ndarray] | None"]]
+
+# An executor `Entry` on the device path: its input and output hold `DeviceBuffer`s, where `Entry`
+# types them as host arrays, so the entry cannot be spelled as `Entry` here.
+_DeviceEntry: TypeAlias = Any
+
+_C = TypeVar("_C")  # a communicator kind: NCCL's `Comm`, or `MpiDeviceComm`
 
 
 def _elements(shape: Sequence[int]) -> int:
@@ -158,7 +168,8 @@ class GpuPlane:
         self._state = PlaneState.CLOSED
 
     # -- entry point ----------------------------------------------------------------------------
-    def run(self, response: Response, entries: Sequence[Any]) -> list[Any]:
+    def run(self, response: Response, entries: Sequence[_DeviceEntry | None]
+            ) -> list[DeviceBuffer | tuple[DeviceBuffer | None, np.ndarray | None] | None]:
         """Execute `response`; `entries[i]` is this rank's `Entry` for ``response.names[i]`` or None.
 
         Returns one result per name: a `DeviceBuffer` whose event the consumer waits on (alltoall: a
@@ -193,7 +204,7 @@ class GpuPlane:
         return list(results)
 
     # -- communicators --------------------------------------------------------------------------
-    def _comm(self, process_set_id: int, cache: CommunicatorCache[Any]) -> Any:
+    def _comm(self, process_set_id: int, cache: CommunicatorCache[_C]) -> _C:
         members = self.process_sets[process_set_id]
         for stale in [s for s in self._made_with if self.process_sets.get(s) != self._made_with[s]]:
             self._comms.drop_set(stale)  # the set was removed, or its id reused for other ranks
@@ -269,7 +280,8 @@ class GpuPlane:
         members = self.process_sets[response.process_set_id]
         return members.index(self.rank), len(members)
 
-    def _run_on_device(self, comm: Comm, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Array]:
+    def _run_on_device(self, comm: Comm, response: Response, entries: Sequence[_DeviceEntry]
+                       ) -> tuple[list[Array | None], np.ndarray | None]:
         """Run `response` on device buffers over `comm` (NCCL, or CUDA-aware MPI)."""
         kind = CollectiveKind(response.kind)
         if kind is CollectiveKind.ALLREDUCE:
@@ -306,7 +318,7 @@ class GpuPlane:
             return [self._reducescatter(comm, response, array, me, set_size)], None
         raise ValueError(f"the GPU data plane cannot run {response.kind!r}")
 
-    def _allreduce(self, comm: Comm, response: Response, entries: Sequence[Any]) -> list[Any]:
+    def _allreduce(self, comm: Comm, response: Response, entries: Sequence[_DeviceEntry | None]) -> list[Array | None]:
         dtype, stream, device = response.dtype, self._stream, self.device
         _, set_size = self._set_rank(response)
         pre, post = response.prescale, response.post_factor(set_size)
@@ -355,7 +367,7 @@ class GpuPlane:
         return out
 
     # -- staged through host memory -------------------------------------------------------------
-    def _run_staged(self, response: Response, entries: Sequence[Any]) -> tuple[list[Any], Array]:
+    def _run_staged(self, response: Response, entries: Sequence[_DeviceEntry | None]) -> tuple[list[Array | None], np.ndarray | None]:
         """Copy to host, run the host executor over the backend, copy results back to the device."""
         from ..engine.handles import Entry, Handle
 
@@ -364,7 +376,7 @@ class GpuPlane:
 
             self._run_on_host = Executor(self.backend, self.rank, self.process_sets).run
         stream, device = self._stream, self.device
-        host_entries: list[Any] = []
+        host_entries: list[Entry | None] = []
         for entry in entries:
             if entry is None:
                 host_entries.append(None)
@@ -380,7 +392,7 @@ class GpuPlane:
             host_entries.append(Entry(entry.request, host_in, host_out, Handle(entry.request.name)))
         # the host copy of the response: same plan, host buffers (else the executor would route it back here)
         results = self._run_on_host(dataclasses.replace(response, device="cpu"), host_entries)
-        arrays: list[Any] = []
+        arrays: list[Array | None] = []
         extra = None
         for entry, result in zip(entries, results):
             if entry is None or result is None:

@@ -254,6 +254,8 @@ class Tuner:
         self.start = start
         self.warmup_samples = warmup_samples
         self.max_samples = max_samples
+        # Any: each name's values have that field's type (int, float or bool), which
+        # dataclasses.replace(**{name: value}) checks field by field.
         self._grid: dict[str, tuple[Any, ...]] = {}
         for name in PARAMETER_NAMES:
             current = getattr(start, name)

@@ -109,6 +109,8 @@ class Response:
     postscale: float = 1.0
     process_set_id: int = 0
     device: str = "cpu"
+    # Any: one field of three shapes chosen by `kind` (allgather's counts, alltoall's split matrix,
+    # TUNE's scalars); each reader knows its kind, where a union would need a cast at every reader.
     sizes: tuple[Any, ...] = ()
     message: str = ""
     last_joined: int = -1

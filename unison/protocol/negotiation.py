@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from ..ops import CollectiveKind
 from .messages import Request, Response, ResponseKind
@@ -376,7 +375,7 @@ class Coordinator:
             self._expected_cache.clear()
             return Response(ResponseKind(kind.value), (name,), process_set_id=first.process_set_id)
         members = self._sets[first.process_set_id]
-        sizes: tuple[Any, ...] = ()
+        sizes: tuple[tuple[int, ...] | tuple[tuple[int, ...], ...], ...] = ()
         if kind is CollectiveKind.ALLGATHER:
             sizes = (tuple(by_rank[r].shape[0] if r in by_rank else 0 for r in members),)
         elif kind is CollectiveKind.ALLTOALL:
@@ -505,7 +504,7 @@ class Coordinator:
                         ranks=ranks)
 
 
-def _agreement_key(r: Request) -> tuple[Any, ...]:
+def _agreement_key(r: Request) -> tuple[object, ...]:
     """Every field the agreement checks compare (all but the rank); equal keys cannot disagree."""
     return (r.kind, r.process_set_id, r.ranks, r.dtype, r.shape, r.reduce_op, r.root_rank, r.prescale,
             r.postscale, r.device, r.group, r.group_size)
