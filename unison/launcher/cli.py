@@ -25,7 +25,7 @@ from .hosts.reach import address_seen_from
 from .jobs import register, show_status
 from .mpi.mpiexec import find_mpiexec
 from .mpi.program import check_program
-from .mpi.variables import env_pairs, hide_values
+from .mpi.variables import env_pairs, exported_settings, hide_values
 from .supervision.keeper import command as keeper_command
 from .supervision.reaper import JobDirectory
 from .supervision.relay import MarkerRelay
@@ -160,9 +160,10 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     remote = not _local_only(hosts, hostfile, launcher_exec, extra)
     if keep_going and found.vendor == "mpich":
         extra = ["-disable-auto-cleanup", *extra]
-    # Every variable set here for the ranks is named to mpiexec: Open MPI passes only what -x names to
-    # other hosts, and MPICH only what -genvlist lists when the user narrowed it.
-    names = [*dict.fromkeys([name for name, _ in env_pairs] + list(extra_env or {})),
+    # Every variable set here for the ranks, and every UNISON_/HOROVOD_ setting exported, is named to
+    # mpiexec: Open MPI passes only what -x names to other hosts, and MPICH only what -genvlist lists
+    # when the user narrowed it (name_flags drops repeats).
+    names = [*exported_settings(os.environ), *(name for name, _ in env_pairs), *(extra_env or {}),
              LAUNCHER_DIR_VARIABLE, HOSTS_VARIABLE]
     with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         directory = str(job.path)

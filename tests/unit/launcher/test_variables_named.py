@@ -40,11 +40,20 @@ def _capture(into: dict[str, Any], outcome: JobOutcome | None = None) -> Any:
 
 
 def _set_but_not_named(seen: dict[str, Any]) -> set[str]:
+    """What the launch set for its ranks, or that is an exported unison setting, and did not name."""
     cmd, env = seen["cmd"], seen["env"]
-    named = {cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag == "-x"}
+    named = [cmd[i + 1] for i, flag in enumerate(cmd[:-1]) if flag == "-x"]
+    assert len(named) == len(set(named)), named  # each once
     set_for_ranks = {name for name, value in env.items() if os.environ.get(name) != value}
     assert set_for_ranks, "the launch set nothing for its ranks"
-    return set_for_ranks - named
+    assert env.get("UNISON_CONTROLLER") == "mpi"  # exported by each test, unchanged by the launch
+    return (set_for_ranks | {"UNISON_CONTROLLER"}) - set(named)
+
+
+@pytest.fixture(autouse=True)
+def exported_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setting the user exported rather than passed with -x: ranks on other hosts need it too."""
+    monkeypatch.setenv("UNISON_CONTROLLER", "mpi")
 
 
 def test_unisonrun_names_its_settings_and_its_own_variables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import LaunchError
 
-__all__ = ["env_pairs", "hide_values", "name_flags"]
+__all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags"]
 
 
 def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -45,6 +45,18 @@ def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[st
     return pairs
 
 
+def exported_settings(environ: Mapping[str, str]) -> list[str]:
+    """The ``UNISON_*`` and ``HOROVOD_*`` names set in `environ`: a launch names them to mpiexec, so
+    that ranks on every host see the settings the launcher checked (Hydra passes its whole environment
+    by default; Open MPI passes to other hosts only what ``-x`` names).
+
+    Example:
+        >>> exported_settings({"UNISON_CYCLE_TIME": "1", "PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "0"})
+        ['UNISON_CYCLE_TIME', 'HOROVOD_FUSION_THRESHOLD']
+    """
+    return [name for name in environ if name.startswith(("UNISON_", "HOROVOD_"))]
+
+
 def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple[list[str], list[str]]:
     """The mpiexec flags that pass `names` from mpiexec's environment, and `extra` adjusted for them.
 
@@ -56,17 +68,20 @@ def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple
         ([], [])
         >>> name_flags("mpich", ["KEY"], ["-genvlist", "PATH"])
         ([], ['-genvlist', 'PATH,KEY'])
-        >>> name_flags("openmpi", ["KEY"], [])
+        >>> name_flags("openmpi", ["KEY", "KEY"], [])
         (['-x', 'KEY'], [])
+        >>> name_flags("mpich", ["KEY"], ["-genvlist", "PATH", "-genvnone"])
+        ([], ['-genvlist', 'PATH', '-genvlist', 'KEY'])
     """
     extra = list(extra)
+    names = list(dict.fromkeys(names))  # once each, in order
     if not names:
         return [], extra
     if vendor == "openmpi":
         return [flag for name in names for flag in ("-x", name)], extra
     if "-genvnone" in extra:
-        extra[extra.index("-genvnone")] = "-genvlist"
-        extra.insert(extra.index("-genvlist") + 1, ",".join(names))
+        at = extra.index("-genvnone")
+        extra[at : at + 1] = ["-genvlist", ",".join(names)]
     elif "-genvlist" in extra and extra.index("-genvlist") + 1 < len(extra):
         at = extra.index("-genvlist") + 1
         listed = [n for n in extra[at].split(",") if n]
