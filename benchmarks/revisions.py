@@ -5,8 +5,9 @@ Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [-
 Each revision is checked out into a temporary git worktree (``--after`` defaults to this working
 tree as it is). Each side runs its own benchmark scripts (they read private modules, which a change
 may move) with its own ``unison`` package first on ``PYTHONPATH``; a benchmark whose measuring
-code changed between the two revisions is compared with a warning. Runs alternate
-(before, after, before, after, ...) so that a busy spell of the machine hits both sides alike.
+code changed between the two revisions is compared with a warning. Runs alternate by rounds,
+before then after, then after then before, and so on, so that a busy spell of the machine and any
+drift over the run hit both sides alike.
 
 The numbers compared are each benchmark's own ratios, measured side by side inside one run, which
 already cancel much of the machine's noise: for ``allreduce``, unison's median time over raw
@@ -48,19 +49,21 @@ def train_torch_ratios(results: dict) -> Ratios:
     """unison's samples/s over DDP's and over plain mpi4py calls', per model (higher is better)."""
     out: Ratios = {}
     for model, r in results["models"].items():
-        out[f"train_torch {model}, unison/ddp samples/s"] = r["unison_over_ddp"]
-        out[f"train_torch {model}, unison/mpi samples/s"] = r["unison_over_mpi"]
+        for reference in ("ddp", "mpi"):  # an older benchmark may lack one
+            if f"unison_over_{reference}" in r:
+                out[f"train_torch {model}, unison/{reference} samples/s"] = r[f"unison_over_{reference}"]
     return out
 
 
 BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios}
 
 
-def checkout(rev: str, into: Path) -> Path:
-    """A worktree of `rev` under `into`; the caller removes it (`remove_checkout`)."""
-    path = into / rev.replace("/", "_")
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
-                   check=True, capture_output=True, text=True)
+def checkout(rev: str, path: Path) -> Path:
+    """A worktree of `rev` at `path`; the caller removes it (`remove_checkout`)."""
+    done = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"could not check {rev} out into {path}: {done.stderr.strip()}")
     return path
 
 
@@ -73,8 +76,11 @@ def run_once(name: str, tree: Path, output: Path, quick: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     argv = [str(MPIEXEC), "-n", "2", sys.executable, str(tree / "benchmarks" / f"{name}.py"), "--output", str(output),
             *(["--quick"] if quick else [])]
-    done = subprocess.run(argv, cwd=tree, env=env, timeout=TIMEOUT_SECONDS, text=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        done = subprocess.run(argv, cwd=tree, env=env, timeout=TIMEOUT_SECONDS, text=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{name} on {tree} ran past {TIMEOUT_SECONDS} s; stopped it") from None
     if done.returncode != 0:
         raise SystemExit(f"{name} on {tree} exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(output.read_text())
@@ -91,7 +97,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1. Got {args.rounds}.")
-    names = [n for n in args.benchmarks.split(",") if n]
+    names = list(dict.fromkeys(n for n in args.benchmarks.split(",") if n))
+    if not names:
+        parser.error("--benchmarks names none")
     unknown = sorted(set(names) - BENCHMARKS.keys())
     if unknown:
         parser.error(f"unknown benchmarks {unknown}; known: {sorted(BENCHMARKS)}")
@@ -112,14 +120,18 @@ def main() -> None:
     rounds: dict[str, list[Ratios]] = {"before": [], "after": []}
     load_before, cpu_before, start = os.getloadavg(), cpu_times(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="unison-revisions-") as scratch:
-        trees = {"before": checkout(args.before, Path(scratch))}
-        trees["after"] = checkout(args.after, Path(scratch)) if args.after else ROOT
+        trees = {"after": ROOT}
         try:
+            trees["before"] = checkout(args.before, Path(scratch) / "before")
+            if args.after:
+                trees["after"] = checkout(args.after, Path(scratch) / "after")
             for round_index in range(args.rounds):
                 for side in ("before", "after") if round_index % 2 == 0 else ("after", "before"):
                     ratios: Ratios = {}
                     for name in names:
-                        results = run_once(name, trees[side], Path(scratch) / f"{name}-{side}.json", args.quick)
+                        output = Path(scratch) / f"{name}-{side}.json"
+                        output.unlink(missing_ok=True)  # a run that writes nothing must not read the last one's
+                        results = run_once(name, trees[side], output, args.quick)
                         ratios.update(BENCHMARKS[name](results))
                     rounds[side].append(ratios)
                     print(f"round {round_index + 1}/{args.rounds}: {side} done", flush=True)
@@ -128,11 +140,17 @@ def main() -> None:
                 if tree != ROOT:
                     remove_checkout(tree)
     steal = steal_share(cpu_before, cpu_times())
-    medians = {side: {key: statistics.median(r[key] for r in rounds[side]) for key in rounds[side][0]}
-               for side in rounds}
+    # Ratios every round of both sides has (a case or model one revision lacks is named, not compared).
+    common = [key for key in rounds["before"][0] if all(key in r for side in rounds.values() for r in side)]
+    unmatched = sorted({key for side in rounds.values() for r in side for key in r} - set(common))
+    if unmatched:
+        print(f"warning: not on both sides, not compared: {unmatched}", flush=True)
+    if not common:
+        raise SystemExit("the two sides have no ratio in common")
+    medians = {side: {key: statistics.median(r[key] for r in rounds[side]) for key in common} for side in rounds}
     report = {"before": sides["before"], "after": sides["after"], "rounds": args.rounds, "quick": args.quick,
               "load_before": load_before, "load_after": os.getloadavg(), "steal_share": steal,
-              "benchmark_scripts_changed": changed, "seconds": time.perf_counter() - start, "each_round": rounds, "medians": medians,
+              "benchmark_scripts_changed": changed, "not_compared": unmatched, "seconds": time.perf_counter() - start, "each_round": rounds, "medians": medians,
               "after_over_before": {k: medians["after"][k] / medians["before"][k] for k in medians["before"]}}
     Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
     print(f"before {sides['before']}, after {sides['after']}: {args.rounds} rounds alternated; load "
