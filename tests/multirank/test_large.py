@@ -10,7 +10,7 @@ import pytest
 import unison as hvd
 
 GiB = 1024**3
-NEEDED_BYTES = 10 * GiB  # the ranks' buffers and MPI's, with a margin
+PER_RANK_BYTES = 5 * GiB  # a rank's 2.1 GiB buffers and MPI's, with a margin (about 9 GiB at 2 ranks)
 
 
 def _available_bytes() -> int | None:
@@ -25,19 +25,22 @@ def _available_bytes() -> int | None:
     return None
 
 
-def _available_on_every_rank() -> int | None:
-    """The least `_available_bytes` of the ranks, so that they all run or all skip (collective)."""
+def _available_on_every_rank() -> tuple[int | None, int]:
+    """The least `_available_bytes` of the ranks (None where no rank could tell) and the number of
+    ranks, the same on every rank, so that they all run or all skip (collective)."""
     from mpi4py import MPI
 
     mine = _available_bytes()
-    least = MPI.COMM_WORLD.allreduce(-1 if mine is None else mine, op=MPI.MIN)
-    return None if least < 0 else least
+    unknown = 2**62
+    least = MPI.COMM_WORLD.allreduce(unknown if mine is None else mine, op=MPI.MIN)
+    return (None if least == unknown else least), MPI.COMM_WORLD.Get_size()
 
 
-_AVAILABLE = _available_on_every_rank() if os.environ.get("UNISON_TEST_LARGE") == "1" else None
+_AVAILABLE, _RANKS = _available_on_every_rank() if os.environ.get("UNISON_TEST_LARGE") == "1" else (None, 1)
+NEEDED_BYTES = PER_RANK_BYTES * _RANKS
 pytestmark = [
     pytest.mark.skipif(os.environ.get("UNISON_TEST_LARGE") != "1",
-                       reason="needs ~9 GiB of memory and a minute; set UNISON_TEST_LARGE=1 (make test-large)"),
+                       reason="needs ~9 GiB of memory at 2 ranks; set UNISON_TEST_LARGE=1 (make test-large)"),
     pytest.mark.skipif(_AVAILABLE is not None and _AVAILABLE < NEEDED_BYTES,
                        reason=f"needs {NEEDED_BYTES / GiB:.0f} GiB of available memory; this machine has "
                               f"{(_AVAILABLE or 0) / GiB:.1f} GiB"),
