@@ -50,13 +50,18 @@ test: venv
 	$(VPY) -m pytest tests/service tests/faults tests/torchrun -q -n 2 --dist loadfile
 	$(VPY) tests/run_multirank.py -n 1
 	$(VPY) tests/run_multirank.py -n 2
-	$(VPY) tests/run_multirank.py -n 3
+	$(VPY) tests/run_multirank.py -n 3 $(MULTIRANK_AT_3)
 	$(VPY) tests/run_multirank.py -n 4 tests/multirank/test_adasum.py tests/multirank/test_torch_distributed.py::test_a_two_dimensional_device_mesh
 	UNISON_CONTROLLER=grpc UNISON_SERVICE_HOST_AGGREGATION=0 $(VPY) tests/run_multirank.py -n 2 $(CONTROL_PLANE_TESTS)
 	UNISON_CONTROLLER=grpc $(VPY) tests/run_multirank.py -n 3 $(CONTROL_PLANE_TESTS)
 	$(VPY) tests/run_multirank.py --torchrun -n 2 $(TORCHRUN_AT_2)
 	$(VPY) tests/run_multirank.py --torchrun -n 3 $(TORCHRUN_TESTS)
 
+# At 3 ranks (odd sizes, uneven splits) every file but the Keras and TensorFlow training-level ones:
+# their numerics do not depend on the number of ranks and ran at 1 and 2; TensorFlow's collectives,
+# whose splits do, stay (the Keras files took 37 s of the tier's 90 on 2 cores).
+MULTIRANK_AT_3 = $(filter-out tests/multirank/test_keras% tests/multirank/test_tf_graph_mode.py \
+	tests/multirank/test_tf_broadcast_object_fn.py tests/multirank/test_compression_tf.py,$(wildcard tests/multirank/test_*.py))
 # The other control plane changes how requests and responses travel, not what the framework adapters
 # submit: its tiers leave out the TensorFlow, Keras and torch adapter files, which the MPI tiers run
 # (the torch ones under torchrun too); torch.distributed's file stays, for its mismatches.
