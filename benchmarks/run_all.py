@@ -282,6 +282,9 @@ def summary_rows(results: dict[str, Results]) -> list[tuple[str, str, str, str, 
             rate = model["median_samples_per_second"]
             rows.append(("torch_distributed", f"DDP on {name}, samples/s: backend unison vs gloo",
                          f"{rate['unison']:.1f}", f"{rate['gloo']:.1f}", f"{model['unison_over_gloo']:.2f}x"))
+            if "nocomm" in rate:
+                rows.append(("torch_distributed", f"DDP on {name}, samples/s: no communication (the ceiling) vs gloo",
+                             f"{rate['nocomm']:.1f}", f"{rate['gloo']:.1f}", f"{model['nocomm_over_gloo']:.2f}x"))
         small = data["allreduce_4kib_median_seconds"]
         if small:
             rows.append(("torch_distributed", "4 KiB dist.all_reduce, median: unison vs gloo",

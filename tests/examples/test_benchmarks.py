@@ -52,7 +52,7 @@ def test_quick_run_writes_every_json_plot_and_the_summary(tmp_path: Path) -> Non
     assert {"unison", "nocomm", "mpi", "raw"} == tf_results["seconds_per_step"].keys()
     assert all(len(v) == tf_results["steps"] for v in tf_results["seconds_per_step"].values())
     torch_dist = json.loads((tmp_path / "torch_distributed.json").read_text())
-    assert {"unison", "gloo"} == torch_dist["models"]["mlp"]["step_seconds"].keys()
+    assert {"unison", "gloo", "nocomm"} == torch_dist["models"]["mlp"]["step_seconds"].keys()
     unison_errors = torch_dist["mismatch"]["unison"]
     assert [entry["outcome"].split(":")[0] for entry in unison_errors] == ["MismatchError"] * 2, unison_errors
     schemes = json.loads((tmp_path / "compression.json").read_text())["schemes"]
