@@ -54,3 +54,41 @@ def test_abandon_ends_a_wait_for_a_peer_that_never_comes() -> None:
                 backend.allgather_status(np.zeros(2, dtype=np.uint64))  # rank 1 never joins this one
     finally:
         hvd.barrier()
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on `port`."""
+    from pathlib import Path
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        path = Path(table)
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_a_single_host_job_store_listens_on_loopback_alone() -> None:
+    from datetime import timedelta
+    from pathlib import Path
+
+    from unison.adapters.torch.process_group import job_store
+
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs Linux's /proc/net/tcp to see which addresses listen")
+    if hvd.local_size() != hvd.size():
+        pytest.skip("the job spans hosts: the store must listen where the other hosts reach it")
+    store, rank, size = job_store(timedelta(seconds=60))
+    if size == 1:
+        assert type(store).__name__ == "HashStore"
+        return
+    store.set(f"rank{rank}", str(rank))  # the store serves every rank
+    assert [store.get(f"rank{r}").decode() for r in range(size)] == [str(r) for r in range(size)]
+    if rank == 0:
+        assert _listening(store.port) == {"0100007F"}  # 127.0.0.1, and nothing else
+    hvd.barrier()

@@ -700,7 +700,9 @@ def job_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
     """A torch store shared by the ranks of the unison job, with this rank and the job's size.
 
     Rank 0 hosts a TCPStore on a free port and the others learn its address through unison (a
-    broadcast): no MASTER_ADDR or MASTER_PORT is needed. One process gets an in-memory store.
+    broadcast): no MASTER_ADDR or MASTER_PORT is needed. One process gets an in-memory store. When every
+    rank is on rank 0's host, the store listens on the loopback interface only (torch's own server
+    listens on every interface): nothing off the host can reach it.
     """
     if not _runtime.is_initialized():
         _runtime.init()
@@ -711,13 +713,34 @@ def job_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
 
     address = None
     if rank == 0:
-        host = "127.0.0.1" if _runtime.local_size() == size else socket.getfqdn()
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-        address = (host, store.port)
+        if _runtime.local_size() == size:
+            store, port = _loopback_store(size, timeout)
+            address = ("127.0.0.1", port)
+        else:
+            host = socket.getfqdn()
+            store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+            address = (host, store.port)
     address = broadcast_object(address, root_rank=0, name="torch.store.address")
     if rank != 0:
         store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=timeout)
     return store, rank, size
+
+
+def _loopback_store(size: int, timeout: timedelta) -> tuple[dist.TCPStore, int]:
+    """A master TCPStore that listens on 127.0.0.1 alone, on a free port: torch binds its own server to
+    every interface, so the listening socket is made here and handed over (torch then owns it)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(max(size, 128))
+        port = listener.getsockname()[1]
+        store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=listener.fileno())
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store closes it
+    return store, port
 
 
 def _rendezvous_with_fallback(original: Callable[..., Iterator[tuple[dist.Store, int, int]]],
