@@ -79,6 +79,19 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "Unset: rank 0 makes a random one and hands it to the other ranks over MPI."),
     Setting("secret_file", "UNISON_SECRET_FILE", None, "str", "",
             "File holding the secret instead (must not be readable by group or others: mode 0600)."),
+    Setting("tls_cert_file", "UNISON_TLS_CERT_FILE", None, "str", "",
+            "PEM certificate (or chain) that unison's gRPC services present: the coordinator service "
+            "(UNISON_CONTROLLER=grpc) and parameter servers. Set, every gRPC channel is encrypted and "
+            "clients check the service against UNISON_TLS_CA_FILE. Unset: channels are plain text "
+            "(the job secret still authenticates every call)."),
+    Setting("tls_key_file", "UNISON_TLS_KEY_FILE", None, "str", "",
+            "Private key of UNISON_TLS_CERT_FILE, needed where a service runs (must not be readable by "
+            "group or others: mode 0600)."),
+    Setting("tls_ca_file", "UNISON_TLS_CA_FILE", None, "str", "",
+            "PEM certificates a client trusts for the services' certificate. Unset: "
+            "UNISON_TLS_CERT_FILE itself (one self-signed certificate for the job)."),
+    Setting("tls_server_name", "UNISON_TLS_SERVER_NAME", None, "str", "",
+            "Name clients expect in the services' certificate instead of the host they connect to."),
     Setting("service_host_aggregation", "UNISON_SERVICE_HOST_AGGREGATION", None, "bool", True,
             "grpc controller: the lowest rank of each host gathers its host's status rows and requests "
             "over shared memory and negotiates for all of them (one stream per host instead of one per "
@@ -213,6 +226,10 @@ class Settings:
     service_addr: str = ""
     secret: str = dataclasses.field(default="", repr=False)
     secret_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_server_name: str = ""
     service_host_aggregation: bool = True
     heartbeat_timeout_seconds: float = 10.0
     peer_timeout_seconds: float = 10.0

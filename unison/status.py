@@ -59,12 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     if secret is None:
         print("unison.status: set UNISON_SECRET or UNISON_SECRET_FILE to the job's secret.", file=sys.stderr)
         return 2
-    with open_channel(args.address) as channel:  # the service's own message limits and keepalive
+    try:
+        channel = open_channel(args.address)  # the service's own message limits, keepalive and TLS
+    except ConfigError as exc:
+        print(f"unison.status: {exc}", file=sys.stderr)
+        return 2
+    with channel:
         try:
             reply = Stub(channel, COORDINATOR, token_metadata(secret)).call("Status", pb.StatusRequest(),
                                                                             timeout=args.timeout)
         except grpc.RpcError as exc:
-            print(f"unison.status: {args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            hint = (" (a service with TLS refuses plain-text clients: set the job's UNISON_TLS_CA_FILE or "
+                    "UNISON_TLS_CERT_FILE here; with TLS set, the service's certificate must be signed by it)"
+                    if exc.code() == grpc.StatusCode.UNAVAILABLE else "")
+            print(f"unison.status: {args.address}: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
             return 1
     print(format_status(reply))
     return 0

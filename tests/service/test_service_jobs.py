@@ -244,3 +244,45 @@ def test_a_malformed_message_with_the_secret_does_not_delay_the_end_of_the_job(t
     # The two ranks print to one stream: their lines may run together, so match anywhere.
     times = [float(t) for t in re.findall(r"shutdown took ([0-9.]+) s", out)]
     assert len(times) == 2 and max(times) < 3, out
+
+
+def test_a_job_over_tls_runs_and_its_service_refuses_plain_text(tmp_path: Path) -> None:
+    """UNISON_TLS_*: every rank's channel to rank 0's service is TLS; a client without it gets nowhere."""
+    import shutil
+
+    key = tmp_path / "key.pem"
+    shutil.copy(Path(__file__).parents[1] / "data" / "tls" / "key.pem", key)
+    key.chmod(0o600)
+    tls = {"UNISON_TLS_CERT_FILE": str(Path(__file__).parents[1] / "data" / "tls" / "cert.pem"),
+           "UNISON_TLS_KEY_FILE": str(key)}
+    process = job("""
+        import os, time, numpy as np, unison as hvd
+        hvd.init()
+        if hvd.rank() == 0:
+            open("address.tmp", "w").write(hvd._job.runtime.job().engine.backend.control.address)
+            os.replace("address.tmp", "address")
+        while not os.path.exists("go"):
+            time.sleep(0.1)
+        print(f"rank {hvd.rank()} sum {hvd.allreduce(np.ones(2), op=hvd.Sum, name='over.tls').tolist()}", flush=True)
+        hvd.shutdown()
+    """, tmp_path, tls)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "address").exists():
+        assert time.monotonic() < deadline and process.poll() is None, "job never started"
+        time.sleep(0.1)
+    address = (tmp_path / "address").read_text()
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_TLS_")}
+
+    def read_status(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "unison.status", address], capture_output=True, text=True,
+                              timeout=60, env=dict(env, UNISON_SECRET=SECRET))
+
+    plain = read_status(plain_env)
+    secure = read_status(dict(plain_env, **tls))
+    (tmp_path / "go").write_text("")
+    out = finish(process, 60)
+    assert process.returncode == 0, out
+    assert "rank 0 sum [2.0, 2.0]" in out and "rank 1 sum [2.0, 2.0]" in out, out
+    assert secure.returncode == 0 and secure.stdout.splitlines()[0] == "job of 2 ranks", secure.stdout + secure.stderr
+    assert plain.returncode != 0 and "job of" not in plain.stdout, plain.stdout + plain.stderr
+    assert "a service with TLS refuses plain-text clients" in plain.stderr, plain.stderr

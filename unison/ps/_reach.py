@@ -49,7 +49,8 @@ def unavailable_message(*, server: int, endpoint: str, trainer: int, method: str
     last = f"; last: {unreached.error}" if unreached.error else ""
     return (f"parameter server {server} ({endpoint}) has not answered trainer {trainer} since {when} "
             f"({now - unreached.since:.1f} s, over the reconnect window of {reconnect_seconds:g} s{last}), so its "
-            f"{method} failed: the server died, is stopped, or cannot be reached. A server restarted on the same "
+            f"{method} failed: the server died, is stopped, or cannot be reached (or refuses this trainer's channel: "
+            "UNISON_TLS_* must be set alike on servers and trainers). A server restarted on the same "
             "address within the window (UNISON_PS_RECONNECT_SECONDS), with its checkpoint directory, is picked up "
             "and training goes on; unisonrun --pservers restarts a lost server itself when UNISON_PS_CHECKPOINT_DIR "
             "is set (docs/ps.md).")

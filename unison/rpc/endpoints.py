@@ -3,7 +3,8 @@
 Client and server keepalive settings agree, so the server never answers pings with GOAWAY
 ("too_many_pings"), and idle streams survive long validation phases (or a synchronous pull that
 waits minutes for a step). A server takes calls behind its `gate.Gate`, with as many workers as the
-gate admits calls plus `REFUSAL_WORKERS` for the calls it refuses, and never shares its port.
+gate admits calls plus `REFUSAL_WORKERS` for the calls it refuses, and never shares its port. Both
+ends use TLS where the job's settings name a certificate (`security.tls_of`), plain text otherwise.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from concurrent import futures
 
 import grpc
 
+from ..config import load_settings
 from ..errors import ConfigError
 from .gate import Gate
+from .security import tls_of
 
 __all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "REFUSAL_WORKERS", "SERVER_OPTIONS", "open_channel", "serve"]
 
@@ -41,8 +44,19 @@ REFUSAL_WORKERS = 8
 
 
 def open_channel(address: str, extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.Channel:
-    """A channel to `address` with the shared options (and the caller's own, after them)."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS + list(extra_options))
+    """A channel to `address` with the shared options (and the caller's own, after them); encrypted, the
+    service's certificate checked, where the settings name TLS material.
+
+    Raises:
+        ConfigError: a TLS file that the settings name cannot be read.
+    """
+    options = CHANNEL_OPTIONS + list(extra_options)
+    tls = tls_of(load_settings())
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls.authority), options)
 
 
 def serve(gate: Gate, handler: grpc.GenericRpcHandler, address: str, *, who: str,
@@ -50,14 +64,18 @@ def serve(gate: Gate, handler: grpc.GenericRpcHandler, address: str, *, who: str
     """Start a server for `handler` behind `gate` on `address` (port 0: any free port); return it and its port.
 
     Raises:
-        ConfigError: the port is in use or the address is not local: ``{who} cannot listen on {address}: ...``.
+        ConfigError: the port is in use or the address is not local: ``{who} cannot listen on {address}: ...``;
+            or the settings name TLS material that cannot be read, or no key to serve with.
     """
+    tls = tls_of(load_settings())
+    credentials = grpc.ssl_server_credentials([tls.server_credentials(who)]) if tls is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=gate.limit + REFUSAL_WORKERS,
                                                     thread_name_prefix=thread_name_prefix),
                          interceptors=[gate], options=SERVER_OPTIONS)
     server.add_generic_rpc_handlers((handler,))
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
     except RuntimeError as exc:  # grpc raises where it once returned 0
         port, reason = 0, str(exc)
     else:

@@ -1,11 +1,15 @@
-"""The job secret of a gRPC service of unison: where it comes from, and how calls prove they know it.
+"""The job secret of a gRPC service of unison: where it comes from, and how calls prove they know it;
+and the TLS material that encrypts the channels, where the job gives one.
 
 Every call carries the secret in its metadata under `TOKEN_KEY` (`token_metadata`); the server's
-`gate.Gate` compares it in constant time (`token_matches`) before the call holds anything.
+`gate.Gate` compares it in constant time (`token_matches`) before the call holds anything. Channels
+are plain text unless ``UNISON_TLS_CERT_FILE`` (or ``UNISON_TLS_CA_FILE``) is set (`tls_of`): then the
+secret and every message travel encrypted, and clients check the service's certificate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import os
 import secrets
@@ -14,7 +18,8 @@ import stat
 from ..config import Settings
 from ..errors import ConfigError
 
-__all__ = ["MIN_SECRET_LENGTH", "TOKEN_KEY", "load_secret", "new_secret", "token_matches", "token_metadata"]
+__all__ = ["MIN_SECRET_LENGTH", "TOKEN_KEY", "Tls", "load_secret", "new_secret", "tls_of", "token_matches",
+           "token_metadata"]
 
 MIN_SECRET_LENGTH = 32
 TOKEN_KEY = "x-unison-token"  # gRPC metadata key carrying the secret on every call
@@ -35,18 +40,7 @@ def load_secret(settings: Settings) -> str | None:
         secret = settings.secret.strip()
         source = "UNISON_SECRET"
     elif settings.secret_file:
-        path = settings.secret_file
-        try:
-            mode = os.stat(path).st_mode
-        except OSError as exc:
-            raise ConfigError(f"UNISON_SECRET_FILE={path!r} cannot be read: {exc.strerror}.") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"UNISON_SECRET_FILE={path!r} is accessible to group or others (mode "
-                f"{stat.S_IMODE(mode):04o}); make it private with `chmod 600 {path}`."
-            )
-        with open(path, encoding="utf-8") as f:
-            secret = f.read().strip()
+        secret = _read("UNISON_SECRET_FILE", settings.secret_file, private=True).decode("utf-8").strip()
         source = "UNISON_SECRET_FILE"
     else:
         return None
@@ -75,3 +69,62 @@ def token_metadata(secret: str) -> tuple[tuple[str, str], ...]:
         'x-unison-token'
     """
     return ((TOKEN_KEY, secret),)
+
+
+def _read(variable: str, path: str, *, private: bool = False) -> bytes:
+    """The bytes of the file a setting names; a private one must not be accessible to group or others.
+
+    Raises:
+        ConfigError: the file cannot be read, or a private one is open to group or others.
+    """
+    try:
+        mode = os.stat(path).st_mode
+        if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(
+                f"{variable}={path!r} is accessible to group or others (mode {stat.S_IMODE(mode):04o}); "
+                f"make it private with `chmod 600 {path}`."
+            )
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(f"{variable}={path!r} cannot be read: {exc.strerror}.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tls:
+    """The TLS material of a job's gRPC channels (`tls_of`)."""
+
+    authority: bytes  # PEM certificates a client checks a service's certificate against
+    certificate: bytes  # PEM chain a service presents ("" where only clients run)
+    key: bytes = dataclasses.field(default=b"", repr=False)  # its private key ("" where only clients run)
+    server_name: str = ""  # the name clients expect in the certificate ("": the host they connect to)
+
+    def server_credentials(self, who: str) -> tuple[bytes, bytes]:
+        """The (key, certificate chain) a service listens with.
+
+        Raises:
+            ConfigError: this process has no certificate or no key to serve with.
+        """
+        if not self.certificate or not self.key:
+            missing = "UNISON_TLS_CERT_FILE" if not self.certificate else "UNISON_TLS_KEY_FILE"
+            raise ConfigError(
+                f"{who} serves over TLS (UNISON_TLS_* is set) but {missing} is not set here: a service needs "
+                "both its certificate and its private key.")
+        return self.key, self.certificate
+
+
+def tls_of(settings: Settings) -> Tls | None:
+    """The TLS material the settings name, read from its files; None where channels are plain text.
+
+    Raises:
+        ConfigError: a file cannot be read, the key is open to group or others, or a key is given
+            without its certificate.
+    """
+    if not (settings.tls_cert_file or settings.tls_ca_file):
+        if settings.tls_key_file:
+            raise ConfigError("UNISON_TLS_KEY_FILE is set without UNISON_TLS_CERT_FILE, the certificate it belongs to.")
+        return None
+    certificate = _read("UNISON_TLS_CERT_FILE", settings.tls_cert_file) if settings.tls_cert_file else b""
+    authority = _read("UNISON_TLS_CA_FILE", settings.tls_ca_file) if settings.tls_ca_file else certificate
+    key = _read("UNISON_TLS_KEY_FILE", settings.tls_key_file, private=True) if settings.tls_key_file else b""
+    return Tls(authority, certificate, key, settings.tls_server_name)

@@ -80,7 +80,8 @@ class ControlClient:
             return ConfigError(
                 f"rank {self.rank} could not register with the coordinator service at {self.address} "
                 f"within {timeout:.0f} s: {exc.code().name}: {exc.details()}. Check that every rank "
-                "uses the same UNISON_SERVICE_ADDR and secret, and that no firewall blocks the port.")
+                "uses the same UNISON_SERVICE_ADDR, secret and UNISON_TLS_* settings (a service with TLS "
+                "refuses plain-text clients), and that no firewall blocks the port.")
 
         reply = self._stub.call("Register", request, timeout=timeout, wait_for_ready=True, error=refused)
         if negotiate:
