@@ -17,9 +17,11 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(bool(REASON), reason=f"{REASON}; this test runs servers across emulated hosts")]
 
 SCRIPT = """
-import json, socket
+import json, os, socket, sys
 import numpy as np
 import unison.ps as ps
+print(f"SEEN {os.environ.get('UNISON_PS_ROLE', '?')} {socket.gethostname()} {os.environ.get('MY_FLAG', '(unset)')}",
+      file=sys.stderr, flush=True)  # servers run this too
 client = ps.init()
 ps.declare_dense({"w": np.zeros(3, np.float32)}, ps.SGD(1.0))
 ps.declare_table("emb", dim=4, capacity=1000)
@@ -43,7 +45,7 @@ def test_servers_are_placed_round_robin_on_the_hosts_and_reached_by_name(tmp_pat
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}, "UNISON_PS_MODE": "sync"}
     with EmulatedHosts(hosts=2, slots=1) as cluster:
         done = cluster.run([sys.executable, str(script)], env=env, timeout=150,
-                           unisonrun_args=["--pservers", "3"])
+                           unisonrun_args=["--pservers", "3", "-x", "MY_FLAG=a b 'c' $HOME"])
     results = sorted((json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
                       if line.startswith("RESULT ")), key=lambda r: r["trainer"])
     assert done.returncode == 0 and len(results) == 2, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
@@ -56,6 +58,10 @@ def test_servers_are_placed_round_robin_on_the_hosts_and_reached_by_name(tmp_pat
         assert sum(r["rows"]) == 100
     assert results[0]["w"] == results[1]["w"] == [-3.0] * 3  # 3 steps of the average gradient, one each
     assert "returned on a server" not in done.stderr
+    # the -x pair reached every server, the one on h1 through its launcher's standard input, unexpanded
+    seen = sorted(line for line in done.stderr.splitlines() if line.startswith("SEEN"))
+    assert seen == sorted(["SEEN server h0 a b 'c' $HOME"] * 2 + ["SEEN server h1 a b 'c' $HOME"]
+                          + [f"SEEN trainer h{i} a b 'c' $HOME" for i in range(2)]), done.stderr[-3000:]
 
 
 FAILING = """

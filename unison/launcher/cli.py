@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .pservers.servers import parameter_servers
 
             with parameter_servers(args.pservers, args.np, command, hosts=args.hosts, hostfile=args.hostfile,
-                                   launcher_exec=args.launcher_exec) as servers:
+                                   launcher_exec=args.launcher_exec, env_pairs=_variables(args)) as servers:
                 # a trainer that fails does not stop the others: the servers' rules decide (docs/ps.md)
                 return launch(args.np, command, hosts=args.hosts, hostfile=args.hostfile,
                               tag_output=args.tag_output, output_dir=args.output_filename,

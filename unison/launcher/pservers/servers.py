@@ -51,7 +51,7 @@ _START_SECONDS = 60.0
 _EXIT_SECONDS = 30.0
 _CHECK_SECONDS = 0.1
 # Forwarded to a server on another host (its environment is the remote login's, not this one's);
-# the job secret travels on its standard input instead.
+# the job secret and unisonrun's -x pairs travel on its standard input instead (no value on a command line).
 _FORWARDED_PREFIXES = ("UNISON_", "PYTHONPATH")
 _SECRET_VARIABLES = frozenset({"UNISON_SECRET", "UNISON_SECRET_FILE"})
 
@@ -60,6 +60,7 @@ _SECRET_VARIABLES = frozenset({"UNISON_SECRET", "UNISON_SECRET_FILE"})
 _REMOTE = """cd {cwd} || exit 97
 IFS= read -r UNISON_SECRET || exit 98
 export UNISON_SECRET
+while IFS= read -r pair && [ -n "$pair" ]; do export "$pair" || exit 96; done
 d=$(mktemp -d "${{TMPDIR:-/tmp}}/unisonrun-ps-XXXXXX") || exit 99
 exec 3<&0
 env {variables} UNISON_PS_ADDRESS_FILE="$d/address" {program} </dev/null 1>&2 &
@@ -143,8 +144,10 @@ class ServerSet:
     """The job's servers while its trainers run: their variables for the trainers, and `check` for the supervisor."""
 
     def __init__(self, program: Sequence[str], secret: str, role_variables: Mapping[str, str], reach: Reach,
-                 wide: bool, checkpoint_dir: str, reconnect_seconds: float) -> None:
+                 wide: bool, checkpoint_dir: str, reconnect_seconds: float,
+                 pairs: Mapping[str, str] | None = None) -> None:
         self.program, self.secret, self.role_variables = list(program), secret, dict(role_variables)
+        self.pairs = dict(pairs or {})  # unisonrun's -x pairs: every server gets them, as the trainers do
         self.reach, self.wide = reach, wide
         self.checkpoint_dir, self.reconnect_seconds = checkpoint_dir, reconnect_seconds
         self.servers: list[_Server] = []
@@ -164,18 +167,20 @@ class ServerSet:
             file = Path(directory) / f"server-{placement.index}.address"
             for stale in (file, Path(f"{file}.end")):
                 stale.unlink(missing_ok=True)
-            env = dict(os.environ, **role, UNISON_SECRET=self.secret, UNISON_PS_ADDRESS_FILE=str(file))
+            env = {**os.environ, **self.pairs, **role, "UNISON_SECRET": self.secret,
+                   "UNISON_PS_ADDRESS_FILE": str(file)}
             return _Server(placement, subprocess.Popen(self.program, env=env), file)
         forwarded = {k: v for k, v in os.environ.items()
-                     if k.startswith(_FORWARDED_PREFIXES) and k not in _SECRET_VARIABLES}
+                     if k.startswith(_FORWARDED_PREFIXES) and k not in _SECRET_VARIABLES and k not in self.pairs}
         command = self.reach.command(placement.host, _remote_command(self.program, {**forwarded, **role}))
+        pairs = [f"{k}={v}" for k, v in self.pairs.items() if k not in role and k not in _SECRET_VARIABLES]
         try:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"parameter server {placement.index} could not be started on {placement.host} with "
                               f"{command[0]}: {exc}") from None
         assert proc.stdin is not None
-        proc.stdin.write(self.secret.encode() + b"\n")
+        proc.stdin.write("".join(f"{line}\n" for line in [self.secret, *pairs, ""]).encode())
         proc.stdin.flush()
         return _Server(placement, proc, None)
 
@@ -248,13 +253,15 @@ def _say(line: str) -> None:
 
 @contextlib.contextmanager
 def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mode: str = "", *,
-                      hosts: str = "", hostfile: str = "", launcher_exec: str = "") -> Iterator[ServerSet]:
+                      hosts: str = "", hostfile: str = "", launcher_exec: str = "",
+                      env_pairs: Sequence[tuple[str, str]] = ()) -> Iterator[ServerSet]:
     """Run `count` servers (the same `program`, whose ``unison.ps.init()`` serves), and yield them as a `ServerSet`.
 
     Each server listens on a free port and reports its address; the trainers get (`ServerSet.env`)
     every address, the number of trainers and the job secret (made here unless ``UNISON_SECRET`` is
     set). With `hosts` or `hostfile`, servers are placed round robin on the hosts (see the module's
-    docstring). On leaving, the servers get time to exit by themselves (they do once their trainers
+    docstring). `env_pairs` (unisonrun's ``-x``) reach every server as they reach the trainers; a server
+    on another host reads them from its standard input, so a value may not hold a line break. On leaving, the servers get time to exit by themselves (they do once their trainers
     are done), then are stopped.
     """
     if not program:
@@ -275,13 +282,17 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
     names = hosts_of(hosts, hostfile_text)
     placements = place_servers(count, names, this_host)
     wide = spans_hosts(placements, names, this_host)
+    broken = [name for name, value in env_pairs if "\n" in value or "\r" in value]
+    if broken and any(not p.local for p in placements):
+        raise LaunchError(f"-x {broken[0]}: a value with a line break cannot reach a parameter server on another "
+                          "host (it reads the -x pairs line by line); export it there instead.")
     secret = os.environ.get("UNISON_SECRET") or new_secret()
     common = {"UNISON_PS_NUM_TRAINERS": str(num_trainers), "UNISON_PS_NUM_SERVERS": str(count),
               **({"UNISON_PS_MODE": mode} if mode else {})}
     # a server given "HOST:0" as its endpoint listens on every interface, on a free port
     listen = {"UNISON_PS_ENDPOINTS": ",".join(f"{p.host}:0" for p in placements)} if wide else {}
     job = ServerSet(program, secret, {**common, **listen}, Reach(launcher_exec), wide, settings.ps_checkpoint_dir,
-                    settings.ps_reconnect_seconds)
+                    settings.ps_reconnect_seconds, dict(env_pairs))
     with tempfile.TemporaryDirectory(prefix="unisonrun-ps-") as directory:
         try:
             for p in placements:
