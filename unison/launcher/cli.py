@@ -25,7 +25,7 @@ from .hosts.reach import address_seen_from
 from .jobs import register, show_status
 from .mpi.mpiexec import find_mpiexec
 from .mpi.program import check_program
-from .mpi.variables import env_pairs, exported_settings, hide_values
+from .mpi.variables import env_pairs, hide_values
 from .supervision.keeper import command as keeper_command
 from .supervision.reaper import JobDirectory
 from .supervision.relay import MarkerRelay
@@ -160,11 +160,6 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
     remote = not _local_only(hosts, hostfile, launcher_exec, extra)
     if keep_going and found.vendor == "mpich":
         extra = ["-disable-auto-cleanup", *extra]
-    # Every variable set here for the ranks, and every UNISON_/HOROVOD_ setting exported, is named to
-    # mpiexec: Open MPI passes only what -x names to other hosts, and MPICH only what -genvlist lists
-    # when the user narrowed it (name_flags drops repeats).
-    names = [*exported_settings(os.environ), *(name for name, _ in env_pairs), *(extra_env or {}),
-             LAUNCHER_DIR_VARIABLE, HOSTS_VARIABLE]
     with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         directory = str(job.path)
         env = dict(os.environ)
@@ -174,11 +169,9 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
         env[HOSTS_VARIABLE] = launcher_hosts(np, hosts, hostfile)
         if keep_going:  # keepers report a rank's death by signal as an exit status: mpiexec keeps the others
             env[KEEP_GOING_VARIABLE] = "1"
-            names.append(KEEP_GOING_VARIABLE)
         if remote:  # ranks and keepers on other hosts send their markers to the relay
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(_host_names(hosts, hostfile))))
             env[RELAY_VARIABLE] = relay.variable
-            names.append(RELAY_VARIABLE)
         tails = None
         if tag_output and found.vendor != "openmpi":
             # Hydra's own -prepend-rank tags each chunk it reads, not each line: write every rank's
@@ -187,7 +180,8 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
             tails = (np, output_dir)
         cmd = found.command(np, keeper_command(list(program), remote=remote), hosts=hosts,
                             hostfile=hostfile, tag_output=tag_output, output_dir=output_dir,
-                            env_names=names, extra=extra, launcher_exec=launcher_exec, iface=iface)
+                            env=env, env_names=[name for name, _ in env_pairs], extra=extra,
+                            launcher_exec=launcher_exec, iface=iface)  # every variable set here is named
         record = register(directory, program, np)
         job.remove_too(record)
         try:

@@ -56,7 +56,6 @@ from ...errors import InvalidArgumentError, LaunchError
 from ..hosts.reach import Reach, address_seen_from, local_names, reach_of, run_on_hosts
 from ..jobs import ElasticRecord
 from ..mpi.mpiexec import MpiExec, find_mpiexec
-from ..mpi.variables import exported_settings
 from ..supervision.keeper import command as keeper_command
 from ..supervision.reaper import JobDirectory
 from ..supervision.relay import MarkerRelay
@@ -271,11 +270,9 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (cli.launch)
             output_dir = output_dir or str(job.path)
             tails = (epoch.np, output_dir)
-        # Named to mpiexec, as every variable set for the ranks (cli.launch says why).
-        env_names = [*exported_settings(env), *env_names, ELASTIC_STORE_VARIABLE, ELASTIC_DRIVER_VARIABLE,
-                     LAUNCHER_DIR_VARIABLE, ELASTIC_EPOCH_VARIABLE, ELASTIC_HOSTS_VARIABLE, LAUNCHER_HOSTS_VARIABLE]
         cmd = found.command(epoch.np, keeper_command(list(program), remote=remote),
-                            hosts=epoch.hosts_argument(), env_names=env_names, extra=shlex.split(mpi_args),
+                            hosts=epoch.hosts_argument(), env=epoch_env, env_names=env_names,
+                            extra=shlex.split(mpi_args),
                             launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
                             output_dir=output_dir)
         # No grace after a failure: the state is in the commits, and the next launch starts as soon

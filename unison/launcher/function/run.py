@@ -16,7 +16,6 @@ from ...elastic.membership import Epoch
 from ...errors import AbortedError, LaunchError, ShutdownError
 from ..elastic.driver import ElasticOptions, run_elastic
 from ..mpi.mpiexec import find_mpiexec
-from ..mpi.variables import exported_settings
 from ..supervision.keeper import command as keeper_command
 from ..supervision.reaper import JobDirectory
 from ..supervision.supervise import exit_status, report, supervise
@@ -154,10 +153,8 @@ def run(func: Callable[..., _Result], args: Sequence[object] = (), kwargs: Mappi
                                 {**decided.env, **(env or {})}, mpiexec=mpiexec, mpi_args=mpi_args or "",
                                 output_dir=decided.output_dir, timeout=timeout)
         program = keeper_command([python, "-m", "unison.launcher.function.bootstrap", directory])
-        # Named to mpiexec, as every variable set for the ranks (cli.launch says why).
-        names = [*exported_settings(run_env), *decided.env, *(env or {}), LAUNCHER_DIR_VARIABLE, HOSTS_VARIABLE]
         cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir,
-                            env_names=names)
+                            env=run_env, env_names=[*decided.env, *(env or {})])
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[_Result] = []
         errors = _read_errors(job, np)

@@ -9,11 +9,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import LaunchError
-from .variables import name_flags
+from .variables import name_flags, names_for_ranks
 
 __all__ = ["MpiExec", "find_mpiexec", "library_vendor", "mpiexec_vendor"]
 
@@ -72,12 +72,16 @@ class MpiExec:
 
     def command(self, np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "",
                 tag_output: bool = False, output_dir: str = "", env_names: Sequence[str] = (),
-                extra: Sequence[str] = (), launcher_exec: str = "", iface: str = "") -> list[str]:
+                env: Mapping[str, str] | None = None, extra: Sequence[str] = (), launcher_exec: str = "",
+                iface: str = "") -> list[str]:
         """The full mpiexec command line for `program` on `np` processes.
 
-        `env_names` are variables to pass to every rank from mpiexec's environment: the caller puts
-        their values there (`variables`); the command line, readable by every user, names them at
-        most.
+        `env` is the environment mpiexec will run in (the ranks'): every variable in it that the
+        launcher's own environment lacks or holds with another value, and every ``UNISON_*`` and
+        ``HOROVOD_*`` setting, is named to mpiexec (`names_for_ranks`), since Open MPI passes to other
+        hosts only what ``-x`` names and MPICH only what a narrowed ``-genvlist`` lists. `env_names`
+        are named too, whatever their values (``-x NAME`` of a variable the launcher has as well). The
+        command line, readable by every user, names variables at most, never their values.
 
         `launcher_exec` replaces ssh for starting processes on other hosts. `iface` names the network
         interface between hosts; with MPICH it also selects the TCP netmod (``ofi`` with the ``tcp``
@@ -112,7 +116,8 @@ class MpiExec:
                 cmd += ["-iface", iface]
                 for name, value in network:
                     cmd += ["-genv", name, value]
-        flags, extra = name_flags(self.vendor, list(env_names), extra)
+        named = [*(names_for_ranks(env, os.environ) if env is not None else []), *env_names]
+        flags, extra = name_flags(self.vendor, named, extra)
         return cmd + flags + extra + list(program)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import LaunchError
 
-__all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags"]
+__all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags", "names_for_ranks"]
 
 
 def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -55,6 +55,20 @@ def exported_settings(environ: Mapping[str, str]) -> list[str]:
         ['UNISON_CYCLE_TIME', 'HOROVOD_FUSION_THRESHOLD']
     """
     return [name for name in environ if name.startswith(("UNISON_", "HOROVOD_"))]
+
+
+def names_for_ranks(ranks_env: Mapping[str, str], own_env: Mapping[str, str]) -> list[str]:
+    """What a launch names to mpiexec for the ranks' environment: every ``UNISON_*``/``HOROVOD_*`` setting
+    in it (`exported_settings`), then every variable it sets that the launcher's own environment does
+    not have or has with another value; each once.
+
+    Example:
+        >>> names_for_ranks({"PATH": "/bin", "UNISON_CYCLE_TIME": "1", "UNISON_LAUNCHER_DIR": "/d", "K": "2"},
+        ...                 {"PATH": "/bin", "UNISON_CYCLE_TIME": "1", "K": "1"})
+        ['UNISON_CYCLE_TIME', 'UNISON_LAUNCHER_DIR', 'K']
+    """
+    changed = [name for name, value in ranks_env.items() if own_env.get(name) != value]
+    return list(dict.fromkeys([*exported_settings(ranks_env), *changed]))
 
 
 def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple[list[str], list[str]]:
