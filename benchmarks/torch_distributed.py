@@ -9,8 +9,8 @@ a model's memory lands moves its step time by up to 13% on the 2-core machine (t
 taken in blocks: each block builds fresh copies, in an order rotated by one each block, and the
 headline ratio is the median of the blocks' ratios; the table also shows samples/s from each mode's
 median step over all blocks. A third copy, ``nocomm``, is DDP with a communication hook that returns
-each bucket at once: DDP's own work (copying gradients into buckets and out, dividing them) with no
-communication, the ceiling that no backend can pass (its gradients are not averaged). A third group, ``gloo-detail``, is
+each bucket at once: DDP's own work (copying gradients into buckets and out) with no communication,
+the ceiling that no backend can pass (its gradients are not averaged). A third group, ``gloo-detail``, is
 gloo wrapped as ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wraps it (a check of every collective's shape and
 type over a second gloo group before it runs: torch's own tool for the desynchronisation the unison
 backend reports by name). DDP does not run on it: in torch 2.13.0 DDP's construction crashes the
@@ -199,7 +199,8 @@ def main() -> None:
         path = Path(args.output)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
-            "ranks": hvd.size(), "threads_per_rank": 1, "steps": steps, "blocks": blocks, "batch_size": args.batch_size,
+            "ranks": hvd.size(), "threads_per_rank": 1, "steps": -(-steps // blocks) * blocks, "blocks": blocks,
+            "batch_size": args.batch_size,
             "load_before": load_before, "load_after": load_after, "steal_share": steal, "models": models,
             "allreduce_4kib_median_seconds": small,
             "mismatch": {m: [{"rank": r, "seconds": s, "outcome": o} for r, (s, o) in enumerate(per_rank)]

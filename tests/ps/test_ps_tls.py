@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,8 +42,16 @@ def test_synchronous_training_over_tls(tmp_path: Path, tls: dict[str, str]) -> N
 
 @pytest.mark.timeout(120)
 def test_a_trainer_without_tls_is_refused_by_a_server_with_it(tmp_path: Path, tls: dict[str, str]) -> None:
-    endpoints = [f"127.0.0.1:{free_port()}"]
+    port = free_port()
+    endpoints = [f"127.0.0.1:{port}"]
     server = start_server(0, endpoints, 1, "sync", **tls)
+    deadline = time.monotonic() + 60
+    while True:  # the server listens before the trainer tries: what refuses it is TLS, not a closed port
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        assert time.monotonic() < deadline and server.poll() is None, "the server never listened"
+        time.sleep(0.05)
     env = environment(endpoints, 1, "sync", UNISON_PS_ROLE="trainer", UNISON_PS_TRAINER_ID="0", STEPS="1",
                       PAUSES="99", UNISON_PS_RECONNECT_SECONDS="3")
     try:
@@ -52,3 +62,4 @@ def test_a_trainer_without_tls_is_refused_by_a_server_with_it(tmp_path: Path, tl
     assert trainer.returncode != 0
     assert "ServerUnavailableError: parameter server 0 (127.0.0.1:" in trainer.stderr, trainer.stderr[-2000:]
     assert "UNISON_TLS_* must be set alike on servers and trainers" in trainer.stderr, trainer.stderr[-2000:]
+    assert "Connection refused" not in trainer.stderr, trainer.stderr[-2000:]

@@ -30,8 +30,10 @@ def test_unisonrun_starts_servers_and_trainers(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("UNISON_")}
+    # a setting given with -x counts for the launcher's servers as for the trainers (one secret for all)
     done = subprocess.run([sys.executable, "-m", "unison.launcher", "-np", "2", "--pservers", "2", "-x",
-                           "MY_FLAG=a b 'c'", "--log-level", "INFO", sys.executable, str(script)],
+                           "MY_FLAG=a b 'c'", "-x", f"UNISON_SECRET={'k' * 64}", "--log-level", "INFO",
+                           sys.executable, str(script)],
                           capture_output=True, text=True, timeout=80, env=env)
     assert done.returncode == 0, done.stderr
     # -x pairs and --log-level reach the servers as they reach the trainers

@@ -285,4 +285,4 @@ def test_a_job_over_tls_runs_and_its_service_refuses_plain_text(tmp_path: Path) 
     assert "rank 0 sum [2.0, 2.0]" in out and "rank 1 sum [2.0, 2.0]" in out, out
     assert secure.returncode == 0 and secure.stdout.splitlines()[0] == "job of 2 ranks", secure.stdout + secure.stderr
     assert plain.returncode != 0 and "job of" not in plain.stdout, plain.stdout + plain.stderr
-    assert "a service with TLS refuses plain-text clients" in plain.stderr, plain.stderr
+    assert "if the job sets UNISON_TLS_*, set the same here" in plain.stderr, plain.stderr

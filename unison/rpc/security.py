@@ -72,22 +72,32 @@ def token_metadata(secret: str) -> tuple[tuple[str, str], ...]:
 
 
 def _read(variable: str, path: str, *, private: bool = False) -> bytes:
-    """The bytes of the file a setting names; a private one must not be accessible to group or others.
+    """The bytes of the file a setting names; a private one must not be accessible to group or others
+    (checked on the file opened, so it cannot be swapped between the check and the read).
 
     Raises:
         ConfigError: the file cannot be read, or a private one is open to group or others.
     """
     try:
-        mode = os.stat(path).st_mode
-        if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(
-                f"{variable}={path!r} is accessible to group or others (mode {stat.S_IMODE(mode):04o}); "
-                f"make it private with `chmod 600 {path}`."
-            )
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if private and mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise ConfigError(
+                    f"{variable}={path!r} is accessible to group or others (mode {stat.S_IMODE(mode):04o}); "
+                    f"make it private with `chmod 600 {path}`."
+                )
             return f.read()
     except OSError as exc:
         raise ConfigError(f"{variable}={path!r} cannot be read: {exc.strerror}.") from None
+
+
+def _read_pem(variable: str, path: str, *, private: bool = False) -> bytes:
+    """A PEM file a TLS setting names (certificates or a key), refused when it holds none."""
+    data = _read(variable, path, private=private)
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{variable}={path!r} holds no PEM block (-----BEGIN ...): give a PEM "
+                          f"{'private key' if private else 'certificate'} file.")
+    return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,36 +105,41 @@ class Tls:
     """The TLS material of a job's gRPC channels (`tls_of`)."""
 
     authority: bytes  # PEM certificates a client checks a service's certificate against
-    certificate: bytes  # PEM chain a service presents ("" where only clients run)
-    key: bytes = dataclasses.field(default=b"", repr=False)  # its private key ("" where only clients run)
+    certificate: bytes  # PEM chain a service presents (b"" where only clients run)
+    key_file: str = ""  # its private key's file, read where a service runs (`server_credentials`)
     server_name: str = ""  # the name clients expect in the certificate ("": the host they connect to)
 
     def server_credentials(self, who: str) -> tuple[bytes, bytes]:
-        """The (key, certificate chain) a service listens with.
+        """The (key, certificate chain) a service listens with; the key is read here, so a process
+        that only connects needs no key file.
 
         Raises:
-            ConfigError: this process has no certificate or no key to serve with.
+            ConfigError: this process has no certificate or no key to serve with, or the key file
+                cannot be read, holds no PEM block, or is open to group or others.
         """
-        if not self.certificate or not self.key:
+        if not self.certificate or not self.key_file:
             missing = "UNISON_TLS_CERT_FILE" if not self.certificate else "UNISON_TLS_KEY_FILE"
             raise ConfigError(
                 f"{who} serves over TLS (UNISON_TLS_* is set) but {missing} is not set here: a service needs "
                 "both its certificate and its private key.")
-        return self.key, self.certificate
+        return _read_pem("UNISON_TLS_KEY_FILE", self.key_file, private=True), self.certificate
 
 
 def tls_of(settings: Settings) -> Tls | None:
-    """The TLS material the settings name, read from its files; None where channels are plain text.
+    """The TLS material the settings name (certificates read, the key's file kept for a service);
+    None where channels are plain text.
 
     Raises:
-        ConfigError: a file cannot be read, the key is open to group or others, or a key is given
-            without its certificate.
+        ConfigError: a file cannot be read or holds no PEM block, or a key or server name is given
+            without a certificate to go with it.
     """
     if not (settings.tls_cert_file or settings.tls_ca_file):
-        if settings.tls_key_file:
-            raise ConfigError("UNISON_TLS_KEY_FILE is set without UNISON_TLS_CERT_FILE, the certificate it belongs to.")
+        for variable, value in (("UNISON_TLS_KEY_FILE", settings.tls_key_file),
+                                ("UNISON_TLS_SERVER_NAME", settings.tls_server_name)):
+            if value:
+                raise ConfigError(f"{variable} is set without UNISON_TLS_CERT_FILE or UNISON_TLS_CA_FILE: "
+                                  "TLS needs a certificate (channels would otherwise stay plain text).")
         return None
-    certificate = _read("UNISON_TLS_CERT_FILE", settings.tls_cert_file) if settings.tls_cert_file else b""
-    authority = _read("UNISON_TLS_CA_FILE", settings.tls_ca_file) if settings.tls_ca_file else certificate
-    key = _read("UNISON_TLS_KEY_FILE", settings.tls_key_file, private=True) if settings.tls_key_file else b""
-    return Tls(authority, certificate, key, settings.tls_server_name)
+    certificate = _read_pem("UNISON_TLS_CERT_FILE", settings.tls_cert_file) if settings.tls_cert_file else b""
+    authority = _read_pem("UNISON_TLS_CA_FILE", settings.tls_ca_file) if settings.tls_ca_file else certificate
+    return Tls(authority, certificate, settings.tls_key_file, settings.tls_server_name)

@@ -69,8 +69,8 @@ def test_a_service_and_its_clients_talk_over_tls(tls_server: str) -> None:
     assert _echo(tls_server) == 2
 
 
-def test_the_channel_is_encrypted(tls_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plain-text client cannot talk to the service: what travels is TLS, not HTTP/2 in clear."""
+def test_a_plain_text_client_cannot_talk_to_a_tls_service(tls_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service speaks TLS only: a client without the settings is refused at the connection."""
     for name in ("UNISON_TLS_CERT_FILE", "UNISON_TLS_KEY_FILE"):
         monkeypatch.delenv(name)
     with pytest.raises(grpc.RpcError) as raised:
@@ -115,11 +115,35 @@ def test_half_settings_and_open_keys_are_refused_with_the_variable_named(
         _serve()
     monkeypatch.setenv("UNISON_TLS_KEY_FILE", key)
     monkeypatch.delenv("UNISON_TLS_CERT_FILE")
-    with pytest.raises(ConfigError, match="UNISON_TLS_KEY_FILE is set without UNISON_TLS_CERT_FILE"):
+    with pytest.raises(ConfigError, match="UNISON_TLS_KEY_FILE is set without UNISON_TLS_CERT_FILE or "):
         _serve()
+    monkeypatch.delenv("UNISON_TLS_KEY_FILE")
+    monkeypatch.setenv("UNISON_TLS_SERVER_NAME", "localhost")  # alone: TLS asked for, no certificate to use
+    with pytest.raises(ConfigError, match="UNISON_TLS_SERVER_NAME is set without .* would otherwise stay plain text"):
+        open_channel("127.0.0.1:1")
+    monkeypatch.delenv("UNISON_TLS_SERVER_NAME")
     monkeypatch.setenv("UNISON_TLS_CERT_FILE", "/nonexistent/cert.pem")
     with pytest.raises(ConfigError, match=r"UNISON_TLS_CERT_FILE='/nonexistent/cert.pem' cannot be read"):
         open_channel("127.0.0.1:1")
+
+
+def test_files_without_pem_are_refused_naming_the_variable(
+        tls_env: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    garbage.chmod(0o600)
+    monkeypatch.setenv("UNISON_TLS_KEY_FILE", str(garbage))
+    with pytest.raises(ConfigError, match="UNISON_TLS_KEY_FILE=.* holds no PEM block .* private key file"):
+        _serve()
+    monkeypatch.setenv("UNISON_TLS_CA_FILE", str(garbage))
+    with pytest.raises(ConfigError, match="UNISON_TLS_CA_FILE=.* holds no PEM block .* certificate file"):
+        open_channel("127.0.0.1:1")
+
+
+def test_a_client_reads_no_key(tls_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a service reads the key: a client host whose key file is missing still connects."""
+    monkeypatch.setenv("UNISON_TLS_KEY_FILE", "/nonexistent/key.pem")
+    assert _echo(tls_server) == 2
 
 
 def test_without_tls_settings_channels_stay_plain_text(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -728,19 +728,33 @@ def job_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
 
 def _loopback_store(size: int, timeout: timedelta) -> tuple[dist.TCPStore, int]:
     """A master TCPStore that listens on 127.0.0.1 alone, on a free port: torch binds its own server to
-    every interface, so the listening socket is made here and handed over (torch then owns it)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
+    every interface, so the listening socket is made here and a duplicate of it handed over (torch owns
+    and closes that one; a failure never closes a descriptor twice). Before torch 2.8, libuv's server
+    did not listen on a socket it was given (torch PR 150215): there the classic server takes it. A
+    torch without ``master_listen_fd`` gets its own server, on every interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(max(size, 128))
         port = listener.getsockname()[1]
-        store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout, wait_for_workers=False,
-                              master_listen_fd=listener.fileno())
-    except BaseException:
-        listener.close()
-        raise
-    listener.detach()  # the store closes it
+        handed = os.dup(listener.fileno())
+        try:
+            if _torch_version() < (2, 8):
+                store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout,
+                                      wait_for_workers=False, master_listen_fd=handed, use_libuv=False)
+            else:
+                store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout,
+                                      wait_for_workers=False, master_listen_fd=handed)
+        except TypeError:  # no master_listen_fd or use_libuv in this torch: the descriptor was never taken
+            os.close(handed)
+            store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+            return store, store.port
     return store, port
+
+
+def _torch_version() -> tuple[int, int]:
+    """torch's (major, minor): ``2.13.0+cpu`` gives (2, 13)."""
+    major, minor = (torch.__version__.split("+")[0].split(".") + ["0", "0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def _rendezvous_with_fallback(original: Callable[..., Iterator[tuple[dist.Store, int, int]]],

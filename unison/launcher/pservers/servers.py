@@ -56,14 +56,16 @@ _FORWARDED_PREFIXES = ("UNISON_", "PYTHONPATH")
 _SECRET_VARIABLES = frozenset({"UNISON_SECRET", "UNISON_SECRET_FILE"})
 
 # Runs on the server's host under sh. Its standard output carries only the address line; the
-# script's own output goes to standard error.
+# script's own output goes to standard error. The -x pairs it reads are given to the program alone
+# (env's arguments), never to the script's own shell.
 _REMOTE = """cd {cwd} || exit 97
 IFS= read -r UNISON_SECRET || exit 98
 export UNISON_SECRET
-while IFS= read -r pair && [ -n "$pair" ]; do export "$pair" || exit 96; done
+set --
+while IFS= read -r pair && [ -n "$pair" ]; do set -- "$@" "$pair"; done
 d=$(mktemp -d "${{TMPDIR:-/tmp}}/unisonrun-ps-XXXXXX") || exit 99
 exec 3<&0
-env {variables} UNISON_PS_ADDRESS_FILE="$d/address" {program} </dev/null 1>&2 &
+env "$@" {variables} UNISON_PS_ADDRESS_FILE="$d/address" {program} </dev/null 1>&2 &
 pid=$!
 (cat <&3 >/dev/null 2>&1; kill $pid 2>/dev/null) >/dev/null 2>&1 &
 exec 3<&-
@@ -180,8 +182,11 @@ class ServerSet:
             raise LaunchError(f"parameter server {placement.index} could not be started on {placement.host} with "
                               f"{command[0]}: {exc}") from None
         assert proc.stdin is not None
-        proc.stdin.write("".join(f"{line}\n" for line in [self.secret, *pairs, ""]).encode())
-        proc.stdin.flush()
+        try:
+            proc.stdin.write("".join(f"{line}\n" for line in [self.secret, *pairs, ""]).encode("utf-8", "surrogateescape"))
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # its launcher ended at once: the start's wait for the address names the server and its status
         return _Server(placement, proc, None)
 
     def check(self) -> dict[int, str]:
@@ -268,8 +273,9 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
         raise LaunchError("No program given: unisonrun -np N --pservers M python train.py")
     from ...rpc.security import new_secret
 
+    given = {**os.environ, **dict(env_pairs)}  # a setting passed with -x counts here as it does on the servers
     try:
-        settings = load_settings(os.environ)
+        settings = load_settings(given)
     except ConfigError as exc:
         raise LaunchError(str(exc)) from None
     hostfile_text = ""
@@ -282,11 +288,9 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
     names = hosts_of(hosts, hostfile_text)
     placements = place_servers(count, names, this_host)
     wide = spans_hosts(placements, names, this_host)
-    broken = [name for name, value in env_pairs if "\n" in value or "\r" in value]
-    if broken and any(not p.local for p in placements):
-        raise LaunchError(f"-x {broken[0]}: a value with a line break cannot reach a parameter server on another "
-                          "host (it reads the -x pairs line by line); export it there instead.")
-    secret = os.environ.get("UNISON_SECRET") or new_secret()
+    if any(not p.local for p in placements):
+        _check_remote_pairs(env_pairs)
+    secret = given.get("UNISON_SECRET") or new_secret()
     common = {"UNISON_PS_NUM_TRAINERS": str(num_trainers), "UNISON_PS_NUM_SERVERS": str(count),
               **({"UNISON_PS_MODE": mode} if mode else {})}
     # a server given "HOST:0" as its endpoint listens on every interface, on a free port
@@ -317,6 +321,25 @@ def parameter_servers(count: int, num_trainers: int, program: Sequence[str], mod
             yield job
         finally:
             _stop(job.servers)
+
+
+def _check_remote_pairs(pairs: Sequence[tuple[str, str]]) -> None:
+    r"""Refuse -x pairs that cannot reach a server on another host, which reads them line by line and
+    hands them to ``env`` (a name starting with ``-`` would read as one of env's options).
+
+    Example:
+        >>> _check_remote_pairs([("A", "1"), ("B_2", "x = 'y' $HOME")])
+        >>> _check_remote_pairs([("A", "two\nlines")])
+        Traceback (most recent call last):
+        ...
+        unison.errors.LaunchError: -x A: a value with a line break cannot reach a parameter server on another host (it reads the -x pairs line by line); export it there instead.
+    """
+    for name, value in pairs:
+        if not name or name.startswith("-") or any(c in name for c in "\n\r"):
+            raise LaunchError(f"-x {name!r}: not a variable name that can reach a parameter server on another host.")
+        if "\n" in value or "\r" in value:
+            raise LaunchError(f"-x {name}: a value with a line break cannot reach a parameter server on another "
+                              "host (it reads the -x pairs line by line); export it there instead.")
 
 
 def _stop(servers: Sequence[_Server]) -> None:
