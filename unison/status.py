@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import load_settings
     from .errors import ConfigError
     from .rpc.endpoints import open_channel
-    from .rpc.security import load_secret, tls_of, token_metadata
+    from .rpc.security import load_secret, tls_here, token_metadata
     from .rpc.stub import Stub
     from .service import coordinator_pb2 as pb
     from .service.methods import COORDINATOR
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             hint = ""
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 hint = (" (if the job sets UNISON_TLS_*, set the same here: a service with TLS refuses plain-text "
-                        "clients)" if tls_of(load_settings()) is None else
+                        "clients)" if tls_here() is None else
                         " (TLS is set here: the service must use it too, with a certificate that "
                         "UNISON_TLS_CA_FILE, or UNISON_TLS_CERT_FILE, trusts)")
             print(f"unison.status: {args.address}: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)

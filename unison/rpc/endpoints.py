@@ -4,7 +4,7 @@ Client and server keepalive settings agree, so the server never answers pings wi
 ("too_many_pings"), and idle streams survive long validation phases (or a synchronous pull that
 waits minutes for a step). A server takes calls behind its `gate.Gate`, with as many workers as the
 gate admits calls plus `REFUSAL_WORKERS` for the calls it refuses, and never shares its port. Both
-ends use TLS where the job's settings name a certificate (`security.tls_of`), plain text otherwise.
+ends use TLS where the job's settings name a certificate (`security.tls_here`), plain text otherwise.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from concurrent import futures
 
 import grpc
 
-from ..config import load_settings
 from ..errors import ConfigError
 from .gate import Gate
-from .security import tls_of
+from .security import tls_here
 
 __all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "REFUSAL_WORKERS", "SERVER_OPTIONS", "open_channel", "serve"]
 
@@ -51,7 +50,7 @@ def open_channel(address: str, extra_options: Sequence[tuple[str, int | str]] = 
         ConfigError: a TLS file that the settings name cannot be read.
     """
     options = CHANNEL_OPTIONS + list(extra_options)
-    tls = tls_of(load_settings())
+    tls = tls_here()
     if tls is None:
         return grpc.insecure_channel(address, options=options)
     if tls.server_name:
@@ -67,7 +66,7 @@ def serve(gate: Gate, handler: grpc.GenericRpcHandler, address: str, *, who: str
         ConfigError: the port is in use or the address is not local: ``{who} cannot listen on {address}: ...``;
             or the settings name TLS material that cannot be read, or no key to serve with.
     """
-    tls = tls_of(load_settings())
+    tls = tls_here()
     credentials = grpc.ssl_server_credentials([tls.server_credentials(who)]) if tls is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=gate.limit + REFUSAL_WORKERS,
                                                     thread_name_prefix=thread_name_prefix),

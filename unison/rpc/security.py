@@ -15,11 +15,11 @@ import os
 import secrets
 import stat
 
-from ..config import Settings
+from ..config import Settings, load_settings
 from ..errors import ConfigError
 
-__all__ = ["MIN_SECRET_LENGTH", "TOKEN_KEY", "Tls", "load_secret", "new_secret", "tls_of", "token_matches",
-           "token_metadata"]
+__all__ = ["MIN_SECRET_LENGTH", "TOKEN_KEY", "Tls", "load_secret", "new_secret", "tls_here", "tls_of",
+           "token_matches", "token_metadata"]
 
 MIN_SECRET_LENGTH = 32
 TOKEN_KEY = "x-unison-token"  # gRPC metadata key carrying the secret on every call
@@ -143,3 +143,9 @@ def tls_of(settings: Settings) -> Tls | None:
     certificate = _read_pem("UNISON_TLS_CERT_FILE", settings.tls_cert_file) if settings.tls_cert_file else b""
     authority = _read_pem("UNISON_TLS_CA_FILE", settings.tls_ca_file) if settings.tls_ca_file else certificate
     return Tls(authority, certificate, settings.tls_key_file, settings.tls_server_name)
+
+
+def tls_here() -> Tls | None:
+    """`tls_of` this process's ``UNISON_TLS_*`` variables alone: a channel or a service never fails on
+    another setting's bad value (the job's start checks those)."""
+    return tls_of(load_settings({k: v for k, v in os.environ.items() if k.startswith("UNISON_TLS_")}))
