@@ -738,7 +738,7 @@ def _loopback_store(size: int, timeout: timedelta) -> tuple[dist.TCPStore, int]:
         port = listener.getsockname()[1]
         handed = os.dup(listener.fileno())
         try:
-            if _torch_version() < (2, 8):
+            if torch.__version__ < "2.8":  # a TorchVersion: compared as a version, not as text
                 store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout,
                                       wait_for_workers=False, master_listen_fd=handed, use_libuv=False)
             else:
@@ -749,12 +749,6 @@ def _loopback_store(size: int, timeout: timedelta) -> tuple[dist.TCPStore, int]:
             store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
             return store, store.port
     return store, port
-
-
-def _torch_version() -> tuple[int, int]:
-    """torch's (major, minor): ``2.13.0+cpu`` gives (2, 13)."""
-    major, minor = (torch.__version__.split("+")[0].split(".") + ["0", "0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def _rendezvous_with_fallback(original: Callable[..., Iterator[tuple[dist.Store, int, int]]],

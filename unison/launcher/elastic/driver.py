@@ -260,7 +260,6 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
             names = [host.name for host in epoch.hosts if not _is_local(host.name)]
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(names)))
             epoch_env[LAUNCHER_RELAY_VARIABLE] = relay.variable
-            env_names = [*env_names, LAUNCHER_RELAY_VARIABLE]
         epoch_env[ELASTIC_EPOCH_VARIABLE] = str(epoch.number)
         epoch_env[ELASTIC_HOSTS_VARIABLE] = epoch_env[LAUNCHER_HOSTS_VARIABLE] = epoch.hosts_argument()
         if output_dir:  # one directory per epoch: a rank number names a different process each epoch
