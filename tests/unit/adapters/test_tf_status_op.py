@@ -23,6 +23,13 @@ CASES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def registered() -> None:
+    """Register the op as the bridge does before building with it (`_bridge` calls ``available()``
+    first): each test stands alone, whichever worker or order runs it."""
+    assert _status_op.available()
+
+
 def test_the_op_registers() -> None:
     assert _status_op.available()
 
