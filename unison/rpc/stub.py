@@ -152,11 +152,11 @@ class Stub:
               timeout: float | None, wait_for_ready: bool | None) -> Any:
         requests = request() if self.service[method].streams_requests else request
         target = self._callables[method]
-        if streaming:
-            call = target(requests, metadata=self.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
-        else:
-            call = target.future(requests, metadata=self.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
-        with self._lock:
+        with self._lock:  # started and recorded at once: a cancel seeing the call at the server sees it here too
+            if streaming:
+                call = target(requests, metadata=self.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
+            else:
+                call = target.future(requests, metadata=self.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
             self._in_flight.add(call)
         try:
             return list(call) if streaming else call.result()
