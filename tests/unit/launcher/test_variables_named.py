@@ -86,3 +86,19 @@ def test_unison_run_names_its_settings_and_its_own_variables(monkeypatch: pytest
     with pytest.raises(_Launched):
         unison.run(os.getpid, np=2, env={"UNISON_CYCLE_TIME": "1"})
     assert _set_but_not_named(seen) == set()
+
+
+def test_names_no_shell_could_export_are_left_off_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bash exports a function as BASH_FUNC_f%%; a comma would split Hydra's -genvlist in two
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(function_run, "find_mpiexec", lambda explicit="", check=True: OPEN_MPI)
+    monkeypatch.setattr(function_run, "supervise", _capture(seen))
+    with pytest.raises(_Launched):
+        unison.run(os.getpid, np=2, env={"BASH_FUNC_f%%": "() {  :\n}", "A,B": "1", "MY_SETTING": "2"})
+    assert seen["env"]["BASH_FUNC_f%%"] == "() {  :\n}" and seen["env"]["A,B"] == "1"  # still the ranks' own
+    assert _set_but_not_named(seen) == {"BASH_FUNC_f%%", "A,B"}
+
+
+def test_a_name_mpiexec_cannot_pass_is_refused_with_the_rule() -> None:
+    with pytest.raises(unison.errors.LaunchError, match=r"-x A,B=1: 'A,B' is not a variable name mpiexec can pass"):
+        cli.env_pairs(["A,B=1"], {})

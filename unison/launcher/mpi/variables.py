@@ -17,11 +17,14 @@ there (on Linux) as soon as unisonrun starts. Prefer ``-x NAME`` with the value 
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 
 from ...errors import LaunchError
 
 __all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags", "names_for_ranks"]
+
+_NAMEABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a name POSIX shells export
 
 
 def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -30,12 +33,19 @@ def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[st
     Example:
         >>> env_pairs(["A=1", "B"], {"B": "2"})
         [('A', '1'), ('B', '2')]
+        >>> env_pairs(["A,B=1"], {})
+        Traceback (most recent call last):
+        ...
+        unison.errors.LaunchError: -x A,B=1: 'A,B' is not a variable name mpiexec can pass (letters, digits and _, not starting with a digit).
     """
     pairs = []
     for item in items:
         name, sep, value = item.partition("=")
         if not name:
             raise LaunchError(f"-x needs NAME or NAME=VALUE. Got {item!r}.")
+        if not _NAMEABLE.fullmatch(name):
+            raise LaunchError(f"-x {item}: {name!r} is not a variable name mpiexec can pass (letters, digits and "
+                              "_, not starting with a digit).")
         if not sep:
             if name not in environ:
                 raise LaunchError(f"-x {name}: {name} is not set in unisonrun's environment. Set it "
@@ -75,7 +85,9 @@ def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple
     """The mpiexec flags that pass `names` from mpiexec's environment, and `extra` adjusted for them.
 
     Returns ``(flags, extra)``: flags to add before the program, and the user's ``--mpi-args`` with
-    Hydra's environment narrowing widened to include `names`.
+    Hydra's environment narrowing widened to include `names`. Only names a shell could export are
+    named: another (bash's exported function ``BASH_FUNC_f%%``, common on clusters with environment
+    modules; a comma, which would split ``-genvlist``) reaches the ranks of this host as mpiexec's own.
 
     Example:
         >>> name_flags("mpich", ["KEY"], [])
@@ -86,9 +98,11 @@ def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple
         (['-x', 'KEY'], [])
         >>> name_flags("mpich", ["KEY"], ["-genvlist", "PATH", "-genvnone"])
         ([], ['-genvlist', 'PATH', '-genvlist', 'KEY'])
+        >>> name_flags("openmpi", ["BASH_FUNC_module%%", "A,B", "KEY"], [])
+        (['-x', 'KEY'], [])
     """
     extra = list(extra)
-    names = list(dict.fromkeys(names))  # once each, in order
+    names = [name for name in dict.fromkeys(names) if _NAMEABLE.fullmatch(name)]  # once each, in order
     if not names:
         return [], extra
     if vendor == "openmpi":
