@@ -13,7 +13,7 @@ import pytest
 
 from ._harness import HOSTS, check_committed, run
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(150)]
 
 COOLDOWN = ["--blacklist-cooldown-range", "2", "2"]
 

@@ -17,7 +17,7 @@ import pytest
 from . import _train_keras, _train_tf
 from ._harness import HOSTS, Job, check_each_sample_once, run
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(120)]
 
 HERE = Path(__file__).parent
 

@@ -16,7 +16,7 @@ import pytest
 from . import _train
 from ._harness import HOSTS, check_committed, run
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(120)]
 
 
 @pytest.mark.parametrize("failure", ["ELASTIC_KILL", "ELASTIC_RAISE"])

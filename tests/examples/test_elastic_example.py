@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long_jobs
+
 ROOT = Path(__file__).parents[2]
 
 

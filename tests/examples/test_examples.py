@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long_jobs
+
 ROOT = Path(__file__).parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 

@@ -18,7 +18,7 @@ from unison._job.failure import ALARM_SECONDS, GRACE_SECONDS
 
 from ._jobs import BOUND_SECONDS, HERE, MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(120)]
 
 STALL_SECONDS = 2
 STALL_ENV = {"UNISON_STALL_CHECK_TIME_SECONDS": "1", "UNISON_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_SECONDS)}

@@ -18,7 +18,7 @@ from elastic._harness import check_committed, run
 from unison.testing.hosts import EmulatedHosts, _remove_namespace, unavailable_reason
 
 REASON = unavailable_reason()
-pytestmark = [pytest.mark.timeout(240),
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(240),
               pytest.mark.skipif(bool(REASON), reason=f"{REASON}; this test runs a job across emulated hosts")]
 
 

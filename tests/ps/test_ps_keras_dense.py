@@ -13,6 +13,8 @@ import pytest
 
 from tests.ps._cluster import ROOT, free_port, run_job, start_server, start_trainer, stop, wait_all
 
+pytestmark = pytest.mark.long_jobs
+
 
 @pytest.mark.timeout(150)
 def test_sync_fit_on_two_trainers_equals_one_process_on_the_global_batch(tmp_path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(240)]
 
 PROGRAM = str(Path(__file__).resolve().parent / "_program.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
