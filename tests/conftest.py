@@ -9,14 +9,15 @@ the long files to run last on one worker while the other had nothing to do.
 Cleanup. Fault tests stop plain ``mpiexec`` jobs with signals, and a rank killed that way never unlinks its
 segments (``/dev/shm/mpich_shm_*``, 1-3 MB each; unisonrun removes its own ranks' segments, plain
 mpiexec does not). At the end of the session the controlling process (not a pytest-xdist worker, not a
-rank of a multi-rank run) unlinks the segments that appeared during the session and that no live
-process maps: only what the session's own jobs left, never a running job's.
+rank of a multi-rank run) unlinks the segments that appeared during the session, that no live
+process maps and that are over 5 s old: only what the session's own jobs left, never a running job's.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 
@@ -32,6 +33,13 @@ def _controls(session: pytest.Session) -> bool:
 
 def _segments() -> set[str]:
     return set(glob.glob(SEGMENT_PREFIX + "*"))
+
+
+def _older_than(path: str, seconds: float) -> bool:
+    try:
+        return os.stat(path).st_mtime < time.time() - seconds
+    except OSError:
+        return False
 
 
 def _mapped_by_anyone() -> set[str]:
@@ -59,6 +67,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     before = session.stash.get(_BEFORE, None)
     if before is None:
         return
-    left = _segments() - before
+    left = {path for path in _segments() - before if _older_than(path, 5.0)}  # not one a job is setting up
     if left:
         remove_segments(left - _mapped_by_anyone())
