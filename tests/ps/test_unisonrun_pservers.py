@@ -13,14 +13,17 @@ SCRIPT = """
 import os, sys
 import numpy as np
 import unison.ps as ps
-print(f"SEEN {os.environ.get('UNISON_PS_ROLE', '?')} {os.environ.get('MY_FLAG', '(unset)')} "
-      f"{os.environ.get('UNISON_LOG_LEVEL', '(unset)')}", file=sys.stderr, flush=True)  # servers run this too
+# servers run this too; one write per line: print writes the newline apart, and under PYTHONUNBUFFERED
+# two servers sharing the launcher's stderr can then interleave their halves
+sys.stderr.write(f"SEEN {os.environ.get('UNISON_PS_ROLE', '?')} {os.environ.get('MY_FLAG', '(unset)')} "
+                 f"{os.environ.get('UNISON_LOG_LEVEL', '(unset)')}\\n")
 client = ps.init()
 ps.declare_dense({"w": np.zeros(3, np.float32)}, ps.SGD(1.0))
 for _ in range(3):
     ps.pull_dense()
     ps.push(dense={"w": np.ones(3)})
-print(f"trainer {client.trainer} of {client.num_trainers} with {client.num_servers} servers", flush=True)
+sys.stdout.write(f"trainer {client.trainer} of {client.num_trainers} with {client.num_servers} servers\\n")
+sys.stdout.flush()
 ps.shutdown()
 """
 
