@@ -20,8 +20,10 @@ SCRIPT = """
 import json, os, socket, sys
 import numpy as np
 import unison.ps as ps
-print(f"SEEN {os.environ.get('UNISON_PS_ROLE', '?')} {socket.gethostname()} {os.environ.get('MY_FLAG', '(unset)')}",
-      file=sys.stderr, flush=True)  # servers run this too
+# servers run this too; one write per line (print writes the newline apart: under PYTHONUNBUFFERED two
+# servers sharing the launcher's stderr can interleave their halves)
+sys.stderr.write(f"SEEN {os.environ.get('UNISON_PS_ROLE', '?')} {socket.gethostname()} "
+                 f"{os.environ.get('MY_FLAG', '(unset)')}\\n")
 client = ps.init()
 ps.declare_dense({"w": np.zeros(3, np.float32)}, ps.SGD(1.0))
 ps.declare_table("emb", dim=4, capacity=1000)
@@ -30,10 +32,11 @@ for step in range(3):
     rows = ps.pull_sparse("emb", np.arange(100))
     ps.push(dense={"w": np.ones(3)}, sparse={"emb": (np.arange(100), np.ones((100, 4)))})
 stats = ps.server_statistics()
-print("RESULT " + json.dumps({"trainer": client.trainer, "host": socket.gethostname(),
-                              "endpoints": list(client.endpoints), "w": ps.pull_dense()["w"].tolist(),
-                              "trainer_hosts": [sorted(t["host"] for t in s["trainers"].values()) for s in stats],
-                              "rows": [s["tables"]["emb"]["rows"] for s in stats]}), flush=True)
+sys.stdout.write("RESULT " + json.dumps({"trainer": client.trainer, "host": socket.gethostname(),
+                                         "endpoints": list(client.endpoints), "w": ps.pull_dense()["w"].tolist(),
+                                         "trainer_hosts": [sorted(t["host"] for t in s["trainers"].values()) for s in stats],
+                                         "rows": [s["tables"]["emb"]["rows"] for s in stats]}) + "\\n")
+sys.stdout.flush()
 ps.shutdown()
 """
 
