@@ -22,9 +22,19 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import LaunchError
 
-__all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags", "names_for_ranks"]
+__all__ = ["env_pairs", "exported_settings", "hide_values", "name_flags", "nameable", "names_for_ranks"]
 
 _NAMEABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a name POSIX shells export
+
+
+def nameable(name: str) -> bool:
+    """Whether a command line can name variable `name` (to mpiexec, to ``env``): a name POSIX shells export.
+
+    Example:
+        >>> [nameable(n) for n in ("KEY_2", "BASH_FUNC_f%%", "A,B", "-i", "")]
+        [True, False, False, False, False]
+    """
+    return _NAMEABLE.fullmatch(name) is not None
 
 
 def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -43,7 +53,7 @@ def env_pairs(items: Sequence[str], environ: Mapping[str, str]) -> list[tuple[st
         name, sep, value = item.partition("=")
         if not name:
             raise LaunchError(f"-x needs NAME or NAME=VALUE. Got {item!r}.")
-        if not _NAMEABLE.fullmatch(name):
+        if not nameable(name):
             raise LaunchError(f"-x {item}: {name!r} is not a variable name mpiexec can pass (letters, digits and "
                               "_, not starting with a digit).")
         if not sep:
@@ -102,7 +112,7 @@ def name_flags(vendor: str, names: Sequence[str], extra: Sequence[str]) -> tuple
         (['-x', 'KEY'], [])
     """
     extra = list(extra)
-    names = [name for name in dict.fromkeys(names) if _NAMEABLE.fullmatch(name)]  # once each, in order
+    names = [name for name in dict.fromkeys(names) if nameable(name)]  # once each, in order
     if not names:
         return [], extra
     if vendor == "openmpi":

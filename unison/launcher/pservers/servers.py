@@ -41,6 +41,7 @@ from typing import Any
 from ...config import load_settings
 from ...errors import ConfigError, LaunchError
 from ..hosts.reach import Reach, local_names
+from ..mpi.variables import nameable
 from ..supervision.blame import how_ended
 from ..supervision.deaths import alive
 from .decisions import RESTARTS, Placement, hosts_of, place_servers, server_exit, spans_hosts
@@ -335,7 +336,7 @@ def _check_remote_pairs(pairs: Sequence[tuple[str, str]]) -> None:
         unison.errors.LaunchError: -x A: a value with a line break cannot reach a parameter server on another host (it reads the -x pairs line by line); export it there instead.
     """
     for name, value in pairs:
-        if not name or name.startswith("-") or any(c in name for c in "\n\r"):
+        if not nameable(name):  # env would read a name starting with - as one of its options
             raise LaunchError(f"-x {name!r}: not a variable name that can reach a parameter server on another host.")
         if "\n" in value or "\r" in value:
             raise LaunchError(f"-x {name}: a value with a line break cannot reach a parameter server on another "
