@@ -51,10 +51,11 @@ def test_a_single_rank_that_raises_is_named_and_its_host_blacklisted(tmp_path: P
     named = re.findall(r"^unisonrun: rank 0 \((\S+), pid \d+\) failed", done.stderr, re.MULTILINE)
     assert named == list(HOSTS), done.stderr
     assert done.stderr.count("unisonrun: rank 0 (") == 3, done.stderr
-    assert f"epoch 0 failed (exit status 1); blacklisting {HOSTS[0]} for good (rank 0 failed)" in done.stderr
+    assert f"epoch 0 failed (exit status 1); blacklisting {HOSTS[0]} for good (rank 0 failed)" in done.stderr, \
+        done.stderr
     assert ("3 launches in a row failed with the same error (ValueError at program.py:5 in <module>) on 3 "
-            "different hosts") in done.stderr
-    assert "epoch 3" not in done.stderr
+            "different hosts") in done.stderr, done.stderr
+    assert "epoch 3" not in done.stderr, done.stderr
 
 
 def test_failures_that_name_no_rank_stop_after_three_launches(tmp_path: Path) -> None:

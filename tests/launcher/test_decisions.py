@@ -14,7 +14,7 @@ from unison.launcher.mpi.program import check_program
 from unison.launcher.mpi.variables import env_pairs, name_flags
 from unison.launcher.supervision.blame import Markers, blame, read_markers
 from unison.launcher.supervision.deaths import DeathWatch
-from unison.launcher.supervision.supervise import JobOutcome, exit_status
+from unison.launcher.supervision.supervise import JobOutcome, exit_status, own_ends
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,6 +96,16 @@ def test_the_timeout_is_the_first_line_and_stopped_ranks_are_no_failures() -> No
 def test_the_exit_status_is_the_first_failures_own(returncode: int, ended: dict[int, int], expected: int) -> None:
     outcome = JobOutcome(returncode, {1: "rank 1 failed", 0: "rank 0 stopped too"}, ended=ended)
     assert exit_status(outcome) == expected
+
+
+def test_a_rank_the_launcher_killed_after_its_failure_keeps_its_own_exit_status() -> None:
+    # Rank 0 raised (named), and the launcher killed it before it finished exiting (an elastic launch
+    # kills at once): its keeper then saw SIGKILL, which is the launcher's doing, not the rank's.
+    ended = own_ends({0: (10, -9), 1: (11, 3)}, killed=[10, 12])
+    assert ended == {1: 3}
+    assert exit_status(JobOutcome(-9, {0: "rank 0 (h, pid 10) failed: ValueError: x"}, ended=ended)) == 1
+    # A rank that died of SIGKILL by itself (the kernel's OOM killer) keeps its 137.
+    assert exit_status(JobOutcome(-9, {0: "rank 0 killed"}, ended=own_ends({0: (10, -9)}, killed=[]))) == 137
 
 
 def test_interrupt_and_timeout_outrank_the_failures() -> None:

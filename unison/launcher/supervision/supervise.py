@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
@@ -52,7 +52,7 @@ class JobOutcome:
     announced: bool = False  # the timeout line was printed when it fired
     killed: list[int] = dataclasses.field(default_factory=list)  # pids killed after the job
     told: set[int] = dataclasses.field(default_factory=set)  # failures already printed while the job ran
-    ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> exit code its keeper saw (-N: signal N)
+    ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> its own exit code, as its keeper saw it (-N: signal N; `own_ends`)
     mpi_messages: int = 0  # lines of MPICH's own stop report held back (unison explained the stop)
 
     def summary(self) -> str:
@@ -151,7 +151,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
         pending.extend((now, group) for group in watch.deaths())
         markers = read_markers(directory)
         started.update(markers.started)
-        outcome.ended.update((rank, code) for rank, (_, code) in markers.ended.items())
+        outcome.ended.update(own_ends(markers.ended, outcome.killed))
         due = [group for seen, group in pending if final or now - seen >= wait]
         del pending[:len(due)]
         if not stopping:
@@ -319,6 +319,20 @@ def _kill_ranks(started: Mapping[int, tuple[str, int]], host: str, outcome: JobO
                 outcome.killed.append(pid)
             except ProcessLookupError:
                 pass
+
+
+def own_ends(ended: Mapping[int, tuple[int, int]], killed: Collection[int]) -> dict[int, int]:
+    """The exit codes the keepers saw (rank -> (pid, code)), less those of ranks the launcher killed.
+
+    A rank killed by the launcher (after a failure's grace, at once in an elastic launch) ended as the
+    launcher made it, not as it would have: a rank whose uncaught exception was named and that was
+    killed before it finished exiting must not report SIGKILL's 137 in place of its own 1.
+
+    Example:
+        >>> own_ends({0: (10, -9), 1: (11, 3)}, killed=[10])
+        {1: 3}
+    """
+    return {rank: code for rank, (pid, code) in ended.items() if pid not in killed}
 
 
 def exit_status(outcome: JobOutcome) -> int:
