@@ -7,6 +7,7 @@ period) after the stuck rank stopped submitting; a rank of a broken job waits at
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ STALL_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + 1  # interrupted at once: en
 BROKEN_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + GRACE_SECONDS + 2  # waits out the exit agreement
 FORK_SCENARIO = str(HERE / "_fork_scenario.py")
 TORCH_SCENARIO = str(HERE / "_torch_scenario.py")
+KERAS_SCENARIO = str(HERE / "_keras_scenario.py")
 
 
 def launch(launcher: str, *args: str) -> list[str]:
@@ -86,6 +88,23 @@ def test_a_collective_called_on_one_rank_only_is_reported_as_a_deadlock_at_once(
     assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
     assert "MPI_Abort" not in done.output
     assert done.seconds < STARTUP_SECONDS + 2 + 1 + 2, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None,
+                    reason="needs tensorflow and keras")
+def test_a_collective_that_only_rank_0_calls_between_keras_steps_is_a_deadlock_at_once(tmp_path: Path) -> None:
+    # Rank 1 waits in a train step: its gradients' allreduce waits in one of TensorFlow's threads while
+    # its main thread waits in C for the step. That counts as blocked, so the job stops after
+    # UNISON_DEADLOCK_SECONDS, not after the 60 s stall warning and the 600 s shutdown.
+    done = run_job(unisonrun("-np", "2", PYTHON, KERAS_SCENARIO, str(tmp_path)), env={}, deadline=100)
+    assert done.returncode == 1, done.output
+    assert "unisonrun: the job deadlocked (found by rank 0" in done.output, done.output
+    assert "rank 0 waits for allreduce.epoch_loss; has not submitted grouped_allreduce.DistributedGradients." \
+        in done.output, done.output
+    assert "rank 1 waits for grouped_allreduce.DistributedGradients." in done.output, done.output
+    assert "Stall:" not in done.output  # no stall warning came first
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
     assert_no_strays(tmp_path, 2)
 
 

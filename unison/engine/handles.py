@@ -6,26 +6,66 @@ them, so they live apart from all of those and import nothing of the engine.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ..protocol.messages import Request
 
-__all__ = ["Entry", "Handle", "main_thread_waits"]
+__all__ = ["Entry", "Handle", "for_a_graph", "main_thread_waits"]
 
 _MAIN_THREAD = threading.main_thread().ident
 _main_waiting: list[Handle | None] = [None]  # the handle the main thread waits for: written by it alone
+_graph_waiting: dict[int, Handle] = {}  # thread -> the handle it waits for in a TensorFlow graph's op
+_in_graph_op = threading.local()  # .active: this thread runs a unison op of a TensorFlow graph
+# The main thread's innermost Python frame while it runs a TensorFlow graph (a tf.function, Keras's
+# train step, a v1 session) in C: (function, file), in a file under tensorflow/.
+_GRAPH_CALLS = frozenset({("quick_execute", "execute.py"), ("_call_tf_sessionrun", "session.py")})
+
+
+@contextlib.contextmanager
+def for_a_graph() -> Iterator[None]:
+    """Count this thread's waits in the block as the main thread's when the main thread runs a
+    TensorFlow graph meanwhile: a graph's unison op waits in one of TensorFlow's threads, while the
+    main thread that runs the graph waits in C for the graph to end (`main_thread_waits`)."""
+    _in_graph_op.active = True
+    try:
+        yield
+    finally:
+        _in_graph_op.active = False
 
 
 def main_thread_waits() -> bool:
-    """True while the main thread is blocked in `Handle.wait` on a handle not yet done (the engine's
-    deadlock flag reads it). A done handle's waiter is about to run on, however long the machine
-    takes to schedule it: it is not blocked."""
+    """True while the main thread is blocked in unison (the engine's deadlock flag reads it): in
+    `Handle.wait` on a handle not yet done, or in a TensorFlow graph whose unison ops all wait, in
+    TensorFlow's threads, on handles not yet done (`for_a_graph`). A done handle's waiter is about to
+    run on, however long the machine takes to schedule it: it is not blocked.
+
+    A graph waits as a whole: while its unison ops wait, the main thread cannot go on, and the graph
+    submits nothing more unless another of its ops becomes ready to run; one that needs more than the
+    deadlock window (``UNISON_DEADLOCK_SECONDS``) of compute first is the case that setting is for.
+    """
     waiting = _main_waiting[0]
-    return waiting is not None and not waiting._done
+    if waiting is not None and not waiting._done:
+        return True
+    in_graph = list(_graph_waiting.values())
+    return bool(in_graph) and not any(handle._done for handle in in_graph) and _main_runs_a_graph()
+
+
+def _main_runs_a_graph() -> bool:
+    """True when the main thread's innermost Python frame is TensorFlow's call into a graph."""
+    frame = sys._current_frames().get(_MAIN_THREAD)  # type: ignore[arg-type]
+    if frame is None:
+        return False
+    code = frame.f_code
+    return ((code.co_name, os.path.basename(code.co_filename)) in _GRAPH_CALLS
+            and f"{os.sep}tensorflow{os.sep}" in code.co_filename)
 
 
 class Handle:
@@ -57,15 +97,21 @@ class Handle:
         """Block until done; return False on timeout."""
         if self._done:
             return True
-        main = threading.get_ident() == _MAIN_THREAD
+        thread = threading.get_ident()
+        main = thread == _MAIN_THREAD
+        in_graph = not main and getattr(_in_graph_op, "active", False)
         if main:
             _main_waiting[0] = self
+        elif in_graph:
+            _graph_waiting[thread] = self
         try:
             if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
                 return False
         finally:
             if main:
                 _main_waiting[0] = None
+            elif in_graph:
+                _graph_waiting.pop(thread, None)
         self._lock.release()
         return True
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
+from ...engine.handles import for_a_graph
 from ...errors import (
     AbortedError,
     HorovodInternalError,
@@ -201,7 +202,8 @@ def run(fn: Callable[..., Sequence[Array | npt.ArrayLike]], inputs: Sequence[tf.
 
     def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
         try:
-            outputs = fn(*arrays)
+            with for_a_graph():  # its wait is the main thread's, which runs the graph (deadlock check)
+                outputs = fn(*arrays)
         except UnisonError as error:
             if not with_status:
                 raise
