@@ -29,7 +29,6 @@ def test_the_main_thread_counts_as_blocked_only_while_its_handle_is_not_done() -
     assert not main_thread_waits()
 
 
-
 def test_a_graph_ops_wait_counts_only_while_the_main_thread_runs_a_graph() -> None:
     # A thread of a TensorFlow graph waits; the main thread runs Python, not a graph, so it could
     # still submit: not blocked. (tests/faults/test_lifecycle.py has the blocked case: a Keras step.)
