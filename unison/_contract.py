@@ -45,7 +45,7 @@ from pathlib import Path
 
 __all__ = [
     "ELASTIC_DRIVER_VARIABLE", "ELASTIC_EPOCH_VARIABLE", "ELASTIC_HOSTS_VARIABLE", "ELASTIC_STORE_VARIABLE",
-    "HOSTS_UPDATED_EXIT", "JOB_FILE", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE",
+    "FINISHED_AFTER_PEER", "HOSTS_UPDATED_EXIT", "JOB_FILE", "LAUNCHER_DIR_VARIABLE", "LAUNCHER_HOSTS_VARIABLE",
     "LAUNCHER_KEEP_GOING_VARIABLE", "LAUNCHER_RELAY_VARIABLE", "MARKER_KINDS", "META_FILE",
     "RELAY_TIMEOUT_SECONDS", "SERVICE_FILE", "SIGNATURE_CHARS", "ask_signed", "epoch_directory",
     "error_file", "host_of", "marker_name", "parse_hosts", "parse_marker_name", "read_signed", "relay_line",
@@ -68,6 +68,9 @@ SERVICE_FILE = "service.json"
 JOB_FILE = "job.pkl"
 META_FILE = "meta.json"
 MARKER_KINDS = ("started", "failed", "finished", "ended")
+# The text of a ``finished-R`` marker whose rank then ended with an uncaught ShutdownError: a peer's
+# exit stopped it, so its non-zero status is that peer's consequence, not a failure of its own.
+FINISHED_AFTER_PEER = "after a peer's shutdown"
 RELAY_TIMEOUT_SECONDS = 2.0
 SIGNATURE_CHARS = 64  # a hex HMAC-SHA256
 ANSWER_BYTES = 4096  # the longest answer a client reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -66,16 +67,30 @@ def test_orderly_ends_and_programs_without_unison_are_no_failures() -> None:
     assert blame(crashed, [], {}, "h") == {1: "rank 1 (h, pid 11) exited with status 3 before unison.init()."}
 
 
+def test_a_rank_that_shut_down_and_exited_non_zero_is_named_and_the_peers_it_stopped_are_not() -> None:
+    # Rank 1 called sys.exit(4); rank 0's uncaught ShutdownError made it exit 1, and its keeper wrote
+    # ended-0 first (marker times have the kernel's coarse clock: ties are common).
+    seen = Markers(started=dict(TWO), finished={0, 1}, after_peer={0}, ended={0: (10, 1), 1: (11, 4)},
+                   written_ns={("finished", 1): 1, ("finished", 0): 1, ("ended", 0): 4, ("ended", 1): 5})
+    assert blame(seen, [[0], [1]], {}, "h") == {1: "rank 1 (h, pid 11) exited with status 4 after shutting unison down."}
+    assert exit_status(JobOutcome(5, blame(seen, [], {}, "h"), ended={0: 1, 1: 4})) == 4
+    # An elastic rank's stop for a host change is no failure.
+    elastic = Markers(started=dict(TWO), finished={0, 1}, ended={0: (10, 75), 1: (11, 75)},
+                      written_ns={("finished", 1): 1, ("finished", 0): 2, ("ended", 0): 3, ("ended", 1): 4})
+    assert blame(elastic, [], {}, "h") == {}
+
+
 def test_markers_are_read_from_their_files(tmp_path: Path) -> None:
     (tmp_path / "started-1").write_text("h 11\n")
     (tmp_path / "ended-1").write_text("11 -9\n")
     (tmp_path / "finished-0").write_text("\n")
+    (tmp_path / "finished-2").write_text("after a peer's shutdown\n")
     (tmp_path / "failed-0").write_text("why\n")
     (tmp_path / "rank.0.stdout").write_text("output, not a marker\n")
     seen = read_markers(tmp_path)
     assert seen.started == {1: ("h", 11)} and seen.ended == {1: (11, -9)}
-    assert seen.finished == {0} and seen.failed == {0: "why"}
-    assert set(seen.written_ns) == {("started", 1), ("ended", 1), ("finished", 0), ("failed", 0)}
+    assert seen.finished == {0, 2} and seen.after_peer == {2} and seen.failed == {0: "why"}
+    assert set(seen.written_ns) == {("started", 1), ("ended", 1), ("finished", 0), ("finished", 2), ("failed", 0)}
     assert read_markers(tmp_path / "gone") == Markers()
 
 
@@ -110,6 +125,10 @@ def test_a_rank_the_launcher_killed_after_its_failure_keeps_its_own_exit_status(
 
 def test_interrupt_and_timeout_outrank_the_failures() -> None:
     assert exit_status(JobOutcome(9, {1: "x"}, ended={1: -9}, interrupted=True)) == 130
+    terminated = JobOutcome(9, {1: "x"}, ended={1: -9}, interrupted=True, signal=signal.SIGTERM)
+    assert exit_status(terminated) == 143
+    assert JobOutcome(-15, {}, interrupted=True, signal=signal.SIGTERM).summary() == (
+        "unisonrun: terminated (SIGTERM); stopped every rank (exit status 143).")
     assert exit_status(JobOutcome(9, {1: "x"}, ended={1: -9}, timed_out=True)) == 124
     assert exit_status(JobOutcome(0, {})) == 0 and exit_status(JobOutcome(5, {})) == 5
 

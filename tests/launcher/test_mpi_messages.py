@@ -41,6 +41,17 @@ def test_the_banner_and_cleanup_lines_are_held_whatever_the_chunking(size: int) 
     assert held == BANNER + CLEANUP
 
 
+def test_hydras_lines_of_a_forced_stop_are_held_and_its_question_passes() -> None:
+    # A second Ctrl-C, which unisonrun passes on: Hydra's cleanup after it is MPICH's own report.
+    asked = (b"[mpiexec@vm] Sending Ctrl-C to processes as requested\n"
+             b"[mpiexec@vm] Press Ctrl-C again to force abort\n")
+    forced = (b"[proxy:0@vm] main (/mpich-5.0.2/src/pm/hydra/proxy/pmip.c:123): demux engine error waiting for "
+              b"event\n\nCtrl-C caught... cleaning up processes\n")
+    passed, held = _run([asked + b"rank 0 except KeyboardInterrupt\n" + forced])
+    assert passed == asked + b"rank 0 except KeyboardInterrupt\n\n"
+    assert held == forced.replace(b"\n\n", b"\n")
+
+
 def test_everything_else_passes_byte_for_byte() -> None:
     stream = (b"\n\nblank lines above\n" + RULE + b"a rule of the user's own\n" + b"==== short\n"
               + b"[1,0]<stdout>: tagged\n[mpiexec@vm] HYD_spawn (lib/tools/bootstrap/src/bsci_launch.c:1): "

@@ -49,11 +49,12 @@ from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, cast
 
-from .._contract import LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
+from .._contract import FINISHED_AFTER_PEER, LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
-from .summary import describe
+from .stop_report import Role, decide, role_of
+from .summary import describe, user_where, without_unison_frames
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -87,6 +88,8 @@ class _State:
     host = ""
     launcher_dir: Path | None = None
     launcher_relay = ""  # KEY@HOST:PORT: where markers go when launcher_dir is not on this host
+    under_launcher = False  # unisonrun (or unison.run) started this rank and reports its failures
+    after_peer = False  # the main thread ends with an uncaught ShutdownError: a peer's exit stopped it
     failure_recorded = False  # a failed-R marker was written: the first one names the cause
     previous_excepthook: Callable[[type[BaseException], BaseException, TracebackType | None], object] | None = None
     previous_threading_excepthook: _ThreadingHook | None = None
@@ -152,7 +155,8 @@ def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launch
     _state.trailer_printed = False
     _state.launcher_dir = _launcher_dir(launcher_dir)
     _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
-    _state.failure_recorded = False
+    _state.under_launcher = _state.launcher_dir is not None or bool(_state.launcher_relay)
+    _state.failure_recorded = _state.after_peer = False
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook
@@ -206,7 +210,8 @@ def mark_finished() -> None:
     _settle_exit_watch()  # shut down, or its failure was reported: either way not a silent end
     if (_state.engine is not None and not _state.aborted_reason and not _state.broken_reason
             and not _state.failure_recorded):
-        _write_marker(marker_name("finished", _state.rank), "\n")
+        # After an uncaught ShutdownError the exit status (1) is the consequence of a peer's exit.
+        _write_marker(marker_name("finished", _state.rank), (FINISHED_AFTER_PEER if _state.after_peer else "") + "\n")
 
 
 def _settle_exit_watch() -> None:
@@ -328,17 +333,51 @@ def _flush_stdio() -> None:
             pass
 
 
-def _trailer(exc: BaseException) -> None:
-    """Print the line that says why this rank stopped (last line of its output)."""
-    engine = _state.engine
-    error = engine.stop_error if engine is not None else None
+def _trailer(exc: BaseException, role: Role) -> None:
+    """Print the line that says why this rank stopped and who reports the failure (`stop_report`)."""
     if _state.trailer_printed:
         return
-    _state.trailer_printed = bool(_state.aborted_reason or error)
-    if _state.aborted_reason:
-        _stderr(f"unison: {_state.aborted_reason}; stopping every rank.")
-    elif isinstance(error, HorovodInternalError) and not isinstance(exc, HorovodInternalError):
-        _stderr(f"unison: rank {_state.rank} stopped: {error}")
+    engine = _state.engine or _state.last_engine
+    stop = engine.stop_error if engine is not None else None
+    reason, error = str(exc), type(exc).__name__
+    if isinstance(exc, JobInterrupt) or (role is Role.OWN and not _state.aborted_reason
+                                         and isinstance(stop, HorovodInternalError)
+                                         and not isinstance(exc, HorovodInternalError)):
+        # Stopped while not waiting on unison (interrupted), or the program's own error came after
+        # the job stopped: the stop is what to tell.
+        reason = str(stop or _state.broken_reason or _state.aborted_reason or exc)
+        error = type(stop).__name__ if stop is not None else error
+        if role is Role.OWN:
+            role = Role.CONSEQUENCE
+    said = decide(role, rank=_state.rank, who=f"rank {_state.rank} ({_state.host}, pid {os.getpid()})",
+                  where=user_where(exc), error=error, reason=reason, under_launcher=_state.under_launcher,
+                  aborted_reason=_state.aborted_reason, logged=isinstance(stop or exc, StallError))
+    if said.line:
+        _state.trailer_printed = True
+        _stderr(said.line)
+
+
+def _traceback_shown(role: Role) -> bool:
+    """Whether this rank prints the traceback of its uncaught error (`stop_report`'s table); at the
+    DEBUG log level every rank prints it whole."""
+    if log.isEnabledFor(logging.DEBUG) or role is Role.OWN:
+        return True
+    return role is Role.SHARED and _state.rank == 0 and not _state.under_launcher
+
+
+def _shortened(exc: BaseException, tb: TracebackType | None) -> TracebackType | None:
+    """`tb` and the tracebacks of the errors chained to `exc` without unison's own frames (but at DEBUG)."""
+    if log.isEnabledFor(logging.DEBUG):
+        return tb
+    seen: set[int] = set()
+    chained = exc.__cause__ or exc.__context__
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        chained.__traceback__ = without_unison_frames(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+    shortened = without_unison_frames(tb)
+    exc.__traceback__ = shortened  # Python's own hook prints the exception's traceback, whatever it is given
+    return shortened
 
 
 def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -346,11 +385,17 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     # The main thread is ending with its own error: an abort from another rank must not interrupt
     # its report (the traceback was cut and replaced by "Error in sys.excepthook").
     _state.reporting = True
-    previous(exc_type, exc, tb)
+    _state.after_peer = isinstance(exc, ShutdownError) and not isinstance(exc, StallError)
+    role = role_of(exc)
+    if role is Role.SHARED and _state.engine is not None and not _state.failure_recorded:
+        # Every rank's own call site reaches the launcher, also where another rank's abort came first.
+        _write_marker(marker_name("failed", _state.rank), describe(exc, _state.rank, _state.host, os.getpid()) + "\n")
+    if _traceback_shown(role):
+        previous(exc_type, exc, _shortened(exc, tb))
     try:
         abort_job(exc)
     finally:
-        _trailer(exc)
+        _trailer(exc, role)
 
 
 def _threading_excepthook(args: threading.ExceptHookArgs) -> None:
@@ -361,7 +406,7 @@ def _threading_excepthook(args: threading.ExceptHookArgs) -> None:
     try:
         abort_job(args.exc_value)
     finally:
-        _trailer(args.exc_value)
+        _trailer(args.exc_value, role_of(args.exc_value))
 
 
 def _on_engine_stop(error: BaseException, waiting: bool) -> None:

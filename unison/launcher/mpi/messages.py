@@ -23,11 +23,12 @@ __all__ = ["MessageFilter", "OutputRelay"]
 
 # Hydra's lines about waiting for ranks that it (or an abort) stopped; launch errors do not match.
 _CLEANUP = re.compile(rb"^\[(mpiexec|proxy:[^\]@]*)@[^\]]*\] .*(wait_for_completion|waiting for completion|"
-                      rb"wait_for_event|control_cmd_cb|assert \(!closed\) failed)")
+                      rb"wait_for_event|waiting for event|control_cmd_cb|assert \(!closed\) failed)"
+                      rb"|^Ctrl-C caught\.\.\. cleaning up processes$")  # Hydra's forced stop (a second Ctrl-C)
 _RULE_MIN = 40  # the banner's rules are 83 '=' characters
 _TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING", b"This typically refers to a problem",
             b"Please see the FAQ page")
-_HOLD_PREFIXES = (b"=", b"[", b"YOUR APPLICATION", b"This typically", b"Please see the FAQ")
+_HOLD_PREFIXES = (b"=", b"[", b"YOUR APPLICATION", b"This typically", b"Please see the FAQ", b"Ctrl-C caught")
 
 
 def _is_rule(line: bytes) -> bool:

@@ -10,7 +10,10 @@ The rule: the first thing that went wrong is the cause and is named; ranks that 
 consequence (mpiexec or the abort stops them) and are not. Uncaught exceptions (``failed-R``) are
 always named. Markers are ordered by the time they were written, which for ``ended-R`` is before
 mpiexec can stop any other rank; deaths seen only through `DeathWatch` (ranks without a keeper) come
-after the markers of the same look.
+after the markers of the same look. A rank that shut unison down in order and then exited non-zero
+(``sys.exit(4)``) is named with that status, unless its ``finished-R`` says a peer's exit stopped it
+(an uncaught ``ShutdownError``: the peers a ``sys.exit(4)`` left waiting) or the status is
+``HOSTS_UPDATED_EXIT`` (an elastic rank's stop for a host change).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..._contract import parse_marker_name
+from ..._contract import FINISHED_AFTER_PEER, HOSTS_UPDATED_EXIT, parse_marker_name
 
 __all__ = ["Markers", "blame", "read_markers"]
 
@@ -33,6 +36,7 @@ class Markers:
     started: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)  # rank -> (host, pid)
     failed: dict[int, str] = dataclasses.field(default_factory=dict)  # rank -> reason
     finished: set[int] = dataclasses.field(default_factory=set)
+    after_peer: set[int] = dataclasses.field(default_factory=set)  # finished, then stopped by a peer's exit
     ended: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)  # rank -> (pid, exit code)
     written_ns: dict[tuple[str, int], int] = dataclasses.field(default_factory=dict)  # (kind, rank) -> mtime
 
@@ -51,11 +55,13 @@ def read_markers(directory: Path) -> Markers:
         kind, rank = marker
         try:
             markers.written_ns[(kind, rank)] = entry.stat().st_mtime_ns
-            text = "" if kind == "finished" else Path(entry.path).read_text(errors="backslashreplace").strip()
+            text = Path(entry.path).read_text(errors="backslashreplace").strip()
         except OSError:
             continue
         if kind == "finished":
             markers.finished.add(rank)
+            if text == FINISHED_AFTER_PEER:
+                markers.after_peer.add(rank)
         elif kind == "failed":
             markers.failed[rank] = text
         elif kind == "started":
@@ -89,8 +95,11 @@ def _ended(rank: int, code: int, pid: int, markers: Markers, host: str, role: st
 
     `role` names ranks that never call ``unison.init()`` (parameter-server trainers) by what they are.
     """
-    if rank in markers.finished:
-        return None
+    if rank in markers.finished:  # its own status, chosen after an orderly shutdown (sys.exit(4))
+        if code in (0, HOSTS_UPDATED_EXIT) or rank in markers.after_peer:
+            return None
+        return f"rank {rank} ({markers.started.get(rank, (host, pid))[0]}, pid {pid}) {how_ended(code)} after " \
+               "shutting unison down."
     if rank in markers.failed:
         return markers.failed[rank]
     where = f"rank {rank} ({markers.started.get(rank, (host, pid))[0]}, pid {pid})"
@@ -148,3 +157,4 @@ def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int,
                                          "of them." if len(vanished) > 1 else ".")
             )
     return new
+

@@ -11,7 +11,13 @@ its own session, so killing mpiexec's process group is not enough: the registere
 Whom to name is decided by `blame` from plain data. When one rank dies, mpiexec kills the others
 within milliseconds; `DeathWatch` gets the order of death from the kernel, so the rank that died first
 (the cause) is named, not the lowest rank. Once the launcher itself stops the job (``--timeout``,
-Ctrl-C), the ranks it stops are not failures.
+Ctrl-C, SIGTERM), the ranks it stops are not failures.
+
+How the launcher stops a job: ``--timeout`` and Ctrl-C send mpiexec SIGINT, which it passes to every
+rank (a ``KeyboardInterrupt``: ``finally:`` blocks run); SIGTERM is passed on as SIGTERM. Each later
+Ctrl-C or SIGTERM is passed on too (MPICH's mpiexec asks for a second Ctrl-C to end the ranks at
+once), and shortens what is left of the grace to `FORCE_GRACE_SECONDS`. Whatever is still alive
+when the grace ends is killed.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ..mpi.messages import OutputRelay
 from .blame import blame, read_markers
 from .deaths import DeathWatch, alive
+from .reports import report_lines
 from .segments import Segments
 
 __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 
 GRACE_SECONDS = RANK_GRACE_SECONDS + 2.0  # ranks hard-exit 5 s after an abort; kill at 7 s
 INTERRUPT_GRACE_SECONDS = 3.0
+FORCE_GRACE_SECONDS = 0.5  # after a second Ctrl-C (or SIGTERM): mpiexec's own forced stop, then ours
 KEEPER_WAIT_SECONDS = 1.0  # a death seen before its keeper's ended-R marker waits this long for it
 _POLL_SECONDS = 0.01
 
@@ -47,6 +55,7 @@ class JobOutcome:
     returncode: int
     failures: dict[int, str]  # rank -> why (first failure first)
     interrupted: bool = False
+    signal: int = 0  # the signal that interrupted the launcher (SIGINT, SIGTERM), when `interrupted`
     timed_out: bool = False
     timeout: float | None = None
     announced: bool = False  # the timeout line was printed when it fired
@@ -64,9 +73,9 @@ class JobOutcome:
         lines = []
         if self.timed_out and not self.announced:
             lines.append(timeout_line(self.timeout, stopped=True))
-        lines += [f"unisonrun: {why}" for rank, why in self.failures.items() if rank not in self.told]
+        lines += report_lines({rank: why for rank, why in self.failures.items() if rank not in self.told})
         if self.interrupted:
-            lines.append("unisonrun: interrupted; stopped every rank.")
+            lines.append(interrupt_line(self.signal))
         if not lines and self.returncode != 0 and not self.timed_out:
             lines.append(f"unisonrun: the job failed with exit status {self.returncode}; see the ranks' "
                          "output above.")
@@ -78,6 +87,18 @@ def timeout_line(timeout: float | None, stopped: bool) -> str:
     limit = f"--timeout {timeout:g} s" if timeout is not None else "--timeout"
     return (f"unisonrun: the job ran past {limit}; "
             + ("stopped every rank (exit status 124)." if stopped else "stopping every rank (exit status 124)."))
+
+
+def interrupt_line(signum: int) -> str:
+    """The line that says the launcher was interrupted (Ctrl-C) or terminated (SIGTERM) and stopped the job.
+
+    Example:
+        >>> interrupt_line(signal.SIGTERM)
+        'unisonrun: terminated (SIGTERM); stopped every rank (exit status 143).'
+    """
+    if signum == signal.SIGTERM:
+        return f"unisonrun: terminated (SIGTERM); stopped every rank (exit status {128 + signum})."
+    return "unisonrun: interrupted; stopped every rank (exit status 130)."
 
 
 def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -95,10 +116,12 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               show_mpi_messages: bool = False) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
-    SIGINT and SIGTERM received meanwhile are forwarded to mpiexec; ranks still alive
-    `INTERRUPT_GRACE_SECONDS` later are killed. With `announce`, the timeout line is printed the
-    moment the timeout fires, before mpiexec's own messages about the ranks it stops. `keepers` says
-    the local ranks run under `keeper`, whose ``ended-R`` markers say exactly which rank ended first.
+    SIGINT and SIGTERM received meanwhile are forwarded to mpiexec, each one; ranks still alive
+    `INTERRUPT_GRACE_SECONDS` after the first (`FORCE_GRACE_SECONDS` after a later one) are killed.
+    ``--timeout`` stops the job as Ctrl-C does: SIGINT to mpiexec, then the same grace. With
+    `announce`, the timeout line is printed the moment the timeout fires, before mpiexec's own
+    messages about the ranks it stops. `keepers` says the local ranks run under `keeper`, whose
+    ``ended-R`` markers say exactly which rank ended first.
     After a failure the job gets `grace_seconds` (default `GRACE_SECONDS`) to end by itself before
     everything is killed; an elastic launch passes 0: its state is in the commits, and the next
     launch starts as soon as this one is gone. MPICH's shared-memory segments that the local ranks
@@ -133,7 +156,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     failures: dict[int, str] = {}
     stop_at: float | None = None
     stopping = False  # the launcher is stopping the job itself: what ends now is no failure
-    forwarded = False
+    forwarded = 0  # signals passed on to mpiexec
     outcome = JobOutcome(0, failures, timeout=timeout)
     started: dict[int, tuple[str, int]] = {}
     watched: set[int] = set()
@@ -177,20 +200,21 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
             now = time.monotonic()
             if failures and stop_at is None and not keep_going:
                 stop_at = now + grace
-            if interrupted and not forwarded:
-                forwarded = stopping = True
-                outcome.interrupted = True
-                try:
-                    proc.send_signal(signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-                stop_at = min(stop_at or float("inf"), now + INTERRUPT_GRACE_SECONDS)
+            while forwarded < len(interrupted):
+                signum = interrupted[forwarded]
+                if not outcome.interrupted and not outcome.timed_out:
+                    outcome.interrupted, outcome.signal = True, signum
+                allowed = INTERRUPT_GRACE_SECONDS if forwarded == 0 and not outcome.timed_out else FORCE_GRACE_SECONDS
+                forwarded += 1
+                stopping = True
+                _send(proc, signum)  # a second Ctrl-C too: MPICH's mpiexec asks for it to end the ranks at once
+                stop_at = min(stop_at or float("inf"), now + allowed)
             if timeout is not None and now - start > timeout and stop_at is None:
                 outcome.timed_out = stopping = True
                 if announce:
                     print(timeout_line(timeout, stopped=False), file=sys.stderr, flush=True)
                     outcome.announced = True
-                _kill_group(proc, signal.SIGTERM)
+                _send(proc, signal.SIGINT)  # as Ctrl-C: every rank's finally: blocks run
                 stop_at = now + INTERRUPT_GRACE_SECONDS
             if rc is not None:
                 break
@@ -220,6 +244,13 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
     _settle_messages(relays, outcome, mpi_messages, show_mpi_messages)
     return outcome
+
+
+def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
+    try:
+        proc.send_signal(signum)
+    except ProcessLookupError:
+        pass
 
 
 _RELAY_END_SECONDS = 2.0  # a stray that inherited mpiexec's output must not hold the launcher
@@ -336,7 +367,7 @@ def own_ends(ended: Mapping[int, tuple[int, int]], killed: Collection[int]) -> d
 
 
 def exit_status(outcome: JobOutcome) -> int:
-    """The launcher's exit status: 130 on interrupt, 124 on timeout; after a failure, the status of the
+    """The launcher's exit status: 130 on Ctrl-C, 143 on SIGTERM, 124 on timeout; after a failure, the status of the
     first failed rank as a shell reports it (docs/launcher.md, "Exit status").
 
     The first failure decides, not mpiexec's status: MPICH's mpiexec combines the statuses of every
@@ -351,7 +382,7 @@ def exit_status(outcome: JobOutcome) -> int:
         137
     """
     if outcome.interrupted:
-        return 130
+        return 128 + (outcome.signal or signal.SIGINT)
     if outcome.timed_out:
         return 124
     if outcome.failures:
