@@ -8,7 +8,7 @@ import pytest
 from mpi4py import MPI
 
 import unison as hvd
-from unison.engine.adasum import is_power_of_two
+from unison.engine.adasum import NORM_FLOOR, is_power_of_two
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -30,8 +30,8 @@ def tree(vectors: list[np.ndarray], work: type) -> np.ndarray:
         for a, b in zip(level[0::2], level[1::2]):
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
             dot, aa, bb = a64 @ b64, a64 @ a64, b64 @ b64
-            ca = 1.0 - dot / aa / 2 if aa >= 1e-8 else 1.0
-            cb = 1.0 - dot / bb / 2 if bb >= 1e-8 else 1.0
+            ca = 1.0 - dot / aa / 2 if aa >= NORM_FLOOR else 1.0
+            cb = 1.0 - dot / bb / 2 if bb >= NORM_FLOOR else 1.0
             nxt.append((ca * a64 + cb * b64).astype(work))
         level = nxt
     return level[0]
@@ -80,6 +80,29 @@ def test_half_precision_adasum_runs_in_float32_and_rounds_once(dtype: np.dtype) 
     want = tree([rank_vector(r, 257).astype(dtype).astype(np.float32) for r in range(hvd.size())],
                 np.float32).astype(dtype)
     np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2 ** -7, atol=2 ** -7)
+
+
+@pow2
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("spread", ["tiny", "wide"])
+def test_parallel_vectors_at_the_ends_of_the_dtypes_range_give_their_mean(dtype: type, spread: str) -> None:
+    # Each rank holds a multiple of one vector. Adasum of parallel vectors is their mean, also when
+    # the entries are near the dtype's smallest normal value (squared norms near 1e-73 for float32)
+    # or when the ranks' scales run from that value to the square root of the dtype's largest.
+    info = np.finfo(dtype)
+    base = np.random.default_rng(7).standard_normal(1024)
+    if spread == "tiny":
+        scales = np.random.default_rng(8).standard_normal(hvd.size()) * float(info.tiny)
+    else:
+        low, high = float(info.tiny), float(np.sqrt(float(info.max)))
+        scales = np.array([high ** ((r + 1) / hvd.size()) * low ** ((hvd.size() - r - 1) / hvd.size())
+                           for r in range(hvd.size())])
+    vectors = [(base * scale).astype(dtype) for scale in scales]
+    got = hvd.allreduce(vectors[hvd.rank()], op=hvd.Adasum, name=f"adasum.ends.{spread}.{np.dtype(dtype).name}")
+    want = np.mean([v.astype(np.float64) for v in vectors], axis=0)
+    # within a few units in the last place of the dtype, relative to the whole vector
+    relative = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+    assert relative < 8 * float(info.eps), (spread, relative)
 
 
 @pow2

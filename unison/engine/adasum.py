@@ -4,11 +4,13 @@ The combination of two ranks' values ``a`` and ``b`` of one tensor is
 
     adasum(a, b) = (1 - a·b / (2 |a|²)) · a  +  (1 - a·b / (2 |b|²)) · b
 
-with a coefficient of 1 where that squared norm is below `NORM_FLOOR` (a zero gradient leaves the
-other unchanged). Identical vectors give their value (like an average), orthogonal ones their sum,
-opposite ones cancel only as far as they agree. Over ``2^k`` ranks it is applied as a binary tree:
-ranks (0, 1), (2, 3), ... first, then the pairs' results (01, 23), and so on, so that rank order
-decides the tree and every rank ends with the same bits.
+with a coefficient of 1 where that squared norm is below `NORM_FLOOR`, the square root of float64's
+smallest normal number (about 1.5e-154), as in Horovod: a zero gradient leaves the other unchanged,
+and a gradient whose entries are near float32's smallest normal value (a squared norm near 1e-73)
+is still weighted by the formula. Identical vectors give their value (like an average), orthogonal
+ones their sum, opposite ones cancel only as far as they agree. Over ``2^k`` ranks it is applied as
+a binary tree: ranks (0, 1), (2, 3), ... first, then the pairs' results (01, 23), and so on, so that
+rank order decides the tree and every rank ends with the same bits.
 
 The run is recursive vector halving with distance doubling (the CPU algorithm of the Adasum paper):
 at the level of distance ``d`` a rank and its partner ``rank ^ d`` hold the same segment of their
@@ -39,7 +41,7 @@ from ..backends.base import Backend
 
 __all__ = ["NORM_FLOOR", "Level", "adasum_", "coefficients", "is_power_of_two", "plan"]
 
-NORM_FLOOR = 1e-8
+NORM_FLOOR = float(np.sqrt(np.finfo(np.float64).tiny))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unison.backends.loopback import ThreadGroup
-from unison.engine.adasum import Level, adasum_, coefficients, is_power_of_two, plan
+from unison.engine.adasum import NORM_FLOOR, Level, adasum_, coefficients, is_power_of_two, plan
 
 TIMEOUT = 20.0
 
@@ -25,8 +25,8 @@ def reference(vectors: list[np.ndarray], lengths: list[int], work: type) -> np.n
             for start, stop in zip(bounds[:-1], bounds[1:]):
                 a64, b64 = a[start:stop].astype(np.float64), b[start:stop].astype(np.float64)
                 dot, aa, bb = a64 @ b64, a64 @ a64, b64 @ b64
-                ca = 1.0 - dot / aa / 2 if aa >= 1e-8 else 1.0
-                cb = 1.0 - dot / bb / 2 if bb >= 1e-8 else 1.0
+                ca = 1.0 - dot / aa / 2 if aa >= NORM_FLOOR else 1.0
+                cb = 1.0 - dot / bb / 2 if bb >= NORM_FLOOR else 1.0
                 out[start:stop] = ca * a64 + cb * b64
             combined.append(out)
         level = combined
@@ -86,6 +86,19 @@ def test_coefficients_halve_equal_vectors_keep_orthogonal_ones_and_ignore_zero_n
     a_coeff, b_coeff = coefficients(dots)
     np.testing.assert_array_equal(a_coeff, [0.5, 1.0, 1.0, 1.5])
     np.testing.assert_array_equal(b_coeff, [0.5, 1.0, 1.0, 1.5])
+
+
+def test_coefficients_weigh_norms_far_below_one_and_floor_only_below_float64s_range() -> None:
+    tiny = float(np.finfo(np.float32).tiny)  # float32's smallest normal value, about 1.2e-38
+    a = np.full(1024, tiny)
+    b = 3.0 * a
+    dots = np.array([[a @ b, a @ a, b @ b],          # squared norms near 1e-73: weighted by the formula
+                     [1e-160, 1e-160, 4.0]])          # below NORM_FLOOR (about 1.5e-154): coefficient 1
+    a_coeff, b_coeff = coefficients(dots)
+    np.testing.assert_allclose(a_coeff, [-0.5, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(b_coeff, [0.5 + 1 / 3, 1.0 - 1e-160 / 8], rtol=1e-12)
+    np.testing.assert_allclose(a_coeff[0] * a + b_coeff[0] * b, (a + b) / 2, rtol=1e-12)  # parallel: the mean
+    assert NORM_FLOOR == np.sqrt(np.finfo(np.float64).tiny)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
