@@ -1,12 +1,16 @@
 """The start-up check of `init()`: every rank arrives and reports its local set-up, each wait bounded.
 
-`init()` runs collective MPI steps (topology, settings agreement, communicators, process sets) that
+Over MPI (`check_start`): `init()` runs collective MPI steps (topology, settings agreement, communicators, process sets) that
 block, spinning a core, for as long as one rank is missing. So before any of them, every rank sends
 rank 0 a short report over point-to-point messages: "ready", or the error its local set-up raised
 (a bad setting, a timeline file it cannot write). Rank 0 answers every rank with the verdict. A rank
 that does not arrive within `UNISON_START_TIMEOUT_SECONDS` (it raised before `init()`, is stuck, or
 already left after an earlier shutdown) is named in the error the others raise; a rank whose set-up
 failed is named with its error. Waits poll nonblocking requests with sleeps, like the control plane.
+
+Over a torch store (`check_start_in_store`, a job that met at one): the same reports as keys, rank 0's
+verdict as a key every rank waits for; a report also carries the world size the rank was given and
+its host, and a rank claimed by two processes, or a world size that differs between ranks, is named.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -29,7 +33,8 @@ from ..errors import StartupError
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["REPORT_BYTES", "check_start", "guard_mpi_start", "verdict", "verdict_message"]
+__all__ = ["REPORT_BYTES", "Arrival", "check_start", "check_start_in_store", "guard_mpi_start", "store_verdict",
+           "verdict", "verdict_message"]
 
 _TAG_REPORT = 7311
 _TAG_VERDICT = 7312
@@ -175,6 +180,106 @@ def check_start(comm: MPI.Comm, mpi: ModuleType, problem: str, timeout_seconds: 
     _wait_all(dict(enumerate(sends)), time.monotonic() + 5.0)
     if text:
         raise StartupError(text, tuple(missing))
+
+
+class Arrival(NamedTuple):
+    """A rank's report at a store: the world size it was given, its host and pid, its set-up error ('' for ready)."""
+
+    size: int
+    host: str
+    pid: int
+    problem: str
+
+
+def store_verdict(arrivals: Mapping[int, Arrival], size: int, timeout_seconds: float) -> str:
+    """Rank 0's start-up error text at a store ('' when every rank of `size` arrived ready). Pure.
+
+    Example:
+        >>> a = Arrival(2, "h", 1, "")
+        >>> store_verdict({0: a, 1: a}, 2, 60.0)
+        ''
+        >>> store_verdict({0: a, 1: Arrival(3, "h", 2, "")}, 2, 60.0)[:92]
+        'init() failed: the world size differs between ranks: 2 on rank [0]; 3 on rank [1]. Pass the '
+    """
+    sizes: dict[int, list[int]] = {}
+    for rank in sorted(arrivals):
+        sizes.setdefault(arrivals[rank].size, []).append(rank)
+    if len(sizes) > 1:
+        listing = "; ".join(f"{n} on rank{'s' if len(r) > 1 else ''} {r}" for n, r in sizes.items())
+        return (f"init() failed: the world size differs between ranks: {listing}. Pass the same world_size to "
+                "init_process_group on every rank (WORLD_SIZE in the environment of each).")
+    missing = [r for r in range(size) if r not in arrivals]
+    return verdict({r: a.problem for r, a in arrivals.items()}, missing, timeout_seconds)
+
+
+def _arrival(raw: bytes) -> Arrival:
+    told = json.loads(raw)
+    return Arrival(int(told["size"]), str(told["host"]), int(told["pid"]), str(told["problem"]))
+
+
+def _poll(deadline: float, ready: Callable[[], bool]) -> bool:
+    """Poll `ready` with growing sleeps until it holds (True) or the deadline passed (False)."""
+    delay = _POLL_SECONDS
+    while not ready():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_POLL_SECONDS)
+    return True
+
+
+def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout_seconds: float,
+                         host: str) -> dict[int, Arrival]:
+    """Collective over the processes that met at `store` (keys of one job: the caller prefixes them):
+    every rank's `Arrival` once each of the `size` ranks arrived within the bound and reported ready;
+    else `StartupError` on every rank that can be told.
+
+    Each process claims its rank first: the second process to claim one is refused at once, naming
+    both. Rank 0 gathers the reports and writes the verdict; the others wait for it (rank 0 waits for
+    the last rank up to the bound, so they allow twice that) and, when it never comes, name from the
+    reports they can see which ranks did not arrive. `timeout_seconds <= 0` waits forever.
+    """
+    bound = timeout_seconds if timeout_seconds > 0 else float("inf")
+    me = Arrival(size, host, os.getpid(), problem[:REPORT_BYTES])
+    if store.add(f"claim/{rank}", 1) > 1:
+        _poll(time.monotonic() + 5.0, lambda: bool(store.check([f"report/{rank}"])))
+        first = _arrival(store.get(f"report/{rank}")) if store.check([f"report/{rank}"]) else None
+        who = f"{first.host}, pid {first.pid}" if first else "another process"
+        raise StartupError(
+            f"init() failed: two processes claim rank {rank}: {who} came first, this one ({host}, pid "
+            f"{os.getpid()}) second. Give each process its own rank (rank=... of init_process_group, or RANK).",
+            ())
+    store.set(f"report/{rank}", json.dumps(me._asdict()))
+    if rank != 0:
+        if not _poll(time.monotonic() + 2 * bound + 5.0, lambda: bool(store.check(["verdict"]))):
+            seen = [r for r in range(size) if store.check([f"report/{r}"])]
+            missing = [r for r in range(size) if r not in seen]
+            raise StartupError(verdict({}, missing, timeout_seconds), tuple(missing))
+        told = json.loads(store.get("verdict"))
+        given = {int(r): Arrival(*row) for r, row in told["arrivals"].items()}
+        if told["text"]:
+            raise StartupError(told["text"], tuple(told["missing"]))
+        if len(given) != size:  # rank 0 was given another world size and did not wait for this rank
+            raise StartupError(store_verdict({**given, rank: me}, size, timeout_seconds), ())
+        return given
+    arrivals: dict[int, Arrival] = {0: me}
+
+    def arrived() -> bool:
+        for r in range(1, size):
+            if r not in arrivals and store.check([f"report/{r}"]):
+                arrivals[r] = _arrival(store.get(f"report/{r}"))
+                if arrivals[r].size != size:
+                    return True  # a world size of its own: no need to wait for the rest
+        return len(arrivals) == size
+
+    _poll(time.monotonic() + bound, arrived)
+    text = store_verdict(arrivals, size, timeout_seconds)
+    missing = [r for r in range(size) if r not in arrivals]
+    store.set("verdict", json.dumps({"text": text, "missing": missing,
+                                     "arrivals": {r: list(a) for r, a in arrivals.items()}}))
+    if text:
+        raise StartupError(text, tuple(missing))
+    return arrivals
 
 
 # The watchdog of MPI's own start-up: a separate process, since MPI_Init holds the GIL (no thread of

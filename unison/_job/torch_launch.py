@@ -1,49 +1,38 @@
-"""A job launched by torch's launcher (torchrun, or anything that sets torch's env:// variables), without MPI.
+"""torch's launch variables and stores: where a job that torch's launchers started meets.
 
 torchrun starts each process with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-``MASTER_ADDR`` and ``MASTER_PORT``, and hosts a store there (its agent's). `init()` then meets the
-other ranks through that store (torch's own ``env://`` rendezvous) and runs the job on the gloo
-transport (`unison.backends.gloo`) for both planes: no mpiexec, no mpi4py. Keys live under a prefix
-of the launch's restart count, so that a restart (``torchrun --max-restarts``) starts a fresh job
-on the store the agent keeps.
+``MASTER_ADDR`` and ``MASTER_PORT``, and hosts a store there (its agent's); Ray Train, Kubernetes'
+PyTorchJob and Accelerate set the same variables. `torch_launch` reads them, `env_store` meets the
+other ranks at that store (torch's own ``env://`` rendezvous), and `root_store` finds the store
+under torch's prefixes, so that the job (`unison._job.launch.rendezvous`) and the test harness's
+barrier (`unison.testing._barrier`) share one store whichever way they reached it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
-
-from ..config import Settings, process_environment
+from ..config import process_environment
 from ..errors import ConfigError, MissingDependencyError
 
-__all__ = ["TorchLaunch", "check_settings_agree", "torch_backend", "torch_launch", "torch_launched_alone"]
+__all__ = ["TorchLaunch", "env_store", "root_store", "torch_job_of_one", "torch_launch", "torch_launched_alone"]
 
 _VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _MPI_LAUNCHERS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_RANK")
-_jobs = [0]  # jobs this process started on torch's store (every rank starts the same ones, in order)
 
 
 @dataclasses.dataclass(frozen=True)
 class TorchLaunch:
-    """This process's place in a torch-launched job."""
+    """This process's place in a job described by torch's env:// variables."""
 
     rank: int
     size: int
     local_rank: int
     local_size: int
     restart: int
-
-    @property
-    def topology(self) -> tuple[int, int, int, int, bool]:
-        """(local rank, local size, cross rank, cross size, homogeneous), as `unison._job.runtime` keeps it."""
-        hosts = max(1, self.size // max(1, self.local_size))
-        return self.local_rank, self.local_size, self.rank // max(1, self.local_size), hosts, \
-            self.size % max(1, self.local_size) == 0
 
 
 def torch_launch(env: Mapping[str, str] | None = None) -> TorchLaunch | None:
@@ -88,9 +77,40 @@ def torch_launched_alone(env: Mapping[str, str] | None = None) -> bool:
             and env["WORLD_SIZE"].strip() == "1")
 
 
-def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
-    """Meet the other ranks through torch's store and return the gloo transport over them (under the
-    gRPC coordinator service with ``UNISON_CONTROLLER=grpc``)."""
+def torch_job_of_one(env: Mapping[str, str] | None = None) -> ConfigError | None:
+    """The error for a process that torch's variables count as one of several where no store can be
+    reached (``MASTER_ADDR``, ``MASTER_PORT`` or ``RANK`` unset): a job of one process each would train
+    alone on all the data, so it is refused.
+
+    Example:
+        >>> torch_job_of_one({}) is None
+        True
+        >>> str(torch_job_of_one({"WORLD_SIZE": "2", "LOCAL_RANK": "1"}))[80:136]
+        'WORLD_SIZE=2, but RANK, MASTER_ADDR and MASTER_PORT are '
+    """
+    env = process_environment() if env is None else env
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None
+    if world <= 1 or any(name in env for name in _MPI_LAUNCHERS):
+        return None
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "a launcher of torch's env:// variables"
+    unset = [name for name in _VARIABLES if name not in env]
+    named = unset[0] if len(unset) == 1 else ", ".join(unset[:-1]) + " and " + unset[-1]
+    return ConfigError(
+        f"This process was started by {launcher} as rank {env.get('RANK', '?')} of WORLD_SIZE={world}, but "
+        f"{named} {'is' if len(unset) == 1 else 'are'} unset, so unison cannot meet the other processes "
+        "and would make a job of this process alone, training alone on all the data. Set RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT in every process, or call torch.distributed.init_process_group('unison', "
+        "rank=..., world_size=...) before unison's init() (Lightning's and Accelerate's strategies do), or "
+        f"start the job with unisonrun or mpiexec (unisonrun -np {world} python <script>)."
+    )
+
+
+def env_store(launch: TorchLaunch, timeout_seconds: float) -> Any:
+    """torch's store at ``MASTER_ADDR:MASTER_PORT`` (torch's own ``env://`` rendezvous; under torchrun,
+    a client of its agent's store), without the prefixes torch adds."""
     try:
         import torch.distributed as dist
     except ImportError:
@@ -98,31 +118,16 @@ def torch_backend(launch: TorchLaunch, settings: Settings) -> Any:
             "This process was started by torchrun (torch's env:// variables are set, no MPI launcher), which "
             "needs torch: pip install torch."
         ) from None
-    from ..backends import create_backend
-    from ..backends.gloo import GlooWorld
-
-    timeout = timedelta(seconds=settings.start_timeout_seconds or 1800.0)
-    store, rank, size = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size, timeout=timeout))
-    _jobs[0] += 1  # init() after shutdown() starts a fresh job: keys of its own, as a restart's
-    world = GlooWorld(dist.PrefixStore(f"unison/{launch.restart}/{_jobs[0]}", store), rank, size,
-                      peer_timeout_seconds=settings.peer_timeout_seconds)
-    data = create_backend("gloo", world, settings)
-    if settings.controller != "grpc":
-        return data
-    from ..service.setup import grpc_over  # UNISON_CONTROLLER=grpc: the coordinator service on rank 0
-
-    return grpc_over(data, settings, launch.local_size)
+    timeout = timedelta(seconds=timeout_seconds or 1800.0)
+    store, _, _ = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size, timeout=timeout))
+    return root_store(store)
 
 
-def check_settings_agree(backend: Any, settings: Settings) -> None:
-    """Collective: refuse, on every rank, to start when the ranks differ in a job-wide setting."""
-    from ..config import disagreement, job_wide_values
+def root_store(store: Any) -> Any:
+    """The store under torch's `PrefixStore` layers (``default_pg/0/cpu/`` for the default group): the
+    job's own keys then do not depend on which group or which rendezvous reached the store."""
+    import torch.distributed as dist
 
-    mine = np.frombuffer(json.dumps(job_wide_values(settings), sort_keys=True).encode(), dtype=np.uint8)
-    lengths = [int(row[0]) for row in backend.allgather_status(np.array([mine.size], dtype=np.uint64))]
-    gathered = np.empty(sum(lengths), dtype=np.uint8)
-    backend.allgatherv(mine.copy(), gathered, lengths, 0)
-    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(int)
-    problem = disagreement([json.loads(gathered[offsets[r]:offsets[r + 1]].tobytes()) for r in range(len(lengths))])
-    if problem:
-        raise ConfigError(problem)
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store

@@ -246,16 +246,14 @@ class StoreBarrier:
 
 def torch_store_barrier(environ: Mapping[str, str]) -> StoreBarrier | None:
     """The store barrier of a job launched by torchrun (torch's env:// variables, no MPI launcher),
-    on torch's store under a prefix of its own; None for any other launch."""
-    from .._job.torch_launch import torch_launch
+    on the store the job meets at (`unison._job.torch_launch.env_store`) under a prefix of its own;
+    None for any other launch."""
+    from .._job.torch_launch import env_store, torch_launch
 
     launch = torch_launch(environ)
     if launch is None:
         return None
-    from datetime import timedelta
-
     import torch.distributed as dist
 
-    store, rank, size = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.size,
-                                             timeout=timedelta(seconds=300)))
-    return StoreBarrier(dist.PrefixStore(f"unison-test/{launch.restart}", store), rank, size)
+    store = env_store(launch, 300.0)
+    return StoreBarrier(dist.PrefixStore(f"unison-test/{launch.restart}", store), launch.rank, launch.size)

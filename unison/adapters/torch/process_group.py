@@ -9,16 +9,23 @@ every rank that runs the same program. Two ranks at different points of their pr
 collectives, shapes or dtypes under one name, and every rank gets a `MismatchError` naming the ranks
 and both calls from the work's ``wait()`` (out of DDP's ``backward()``), instead of a watchdog timeout.
 
-Every call returns at once with a `UnisonWork`. A thread that waits for it finishes it (copies,
-unison's error); once torch asks for its future (DDP's communication hooks chain on it), one completer
-thread per group finishes it in submission order if no thread waits. Calls that unison has no collective for are composed exactly:
+Every call returns at once with a `UnisonWork` (`pg_work`). Calls that unison has no collective for are composed exactly:
 ``reduce`` and ``gather`` from the allreduce and allgather (the root keeps the result), ``scatter``
 from an alltoall in which only the root sends, the bitwise ops from an allgather reduced locally.
 Point-to-point calls raise an error that names the call.
 
 ``dist.new_group(ranks)`` of a subset runs on a unison process set of those ranks: torch calls the
 backend on the group's members only, but every rank calls ``new_group`` (torch's contract), so
-`register` wraps torch's group creation to register the set on every rank first (`process_set_of`).
+`register` wraps torch's group creation to register the set on every rank first (`group_creation`).
+
+The first group's factory forms the job from what torch hands it (`unison._job.runtime.join_job`: the
+store of torch's rendezvous, the rank, the world size, the timeout), unless this process is already a
+rank of a unison job. Each group also carries a gloo backend of its members for the CPU device, made
+from the same store: torch's functional collectives (DTensor's redistribution, FSDP2's full state
+dicts, distributed checkpoints) call a group's per-device backend, which a group written in Python
+cannot be, and reach gloo there; every other call runs through unison. The group's collectives are
+kept out of torch.compile's tracing (dynamo reached them when DDP rebuilt its buckets in a compiled
+model, and failed on the group object).
 """
 
 # torch's stubs declare ProcessGroup's methods as overloads of its C++ and Python forms; a Python
@@ -27,14 +34,10 @@ backend on the group's members only, but every rank calls ``new_group`` (torch's
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
-import queue
-import socket
 import sys
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from functools import reduce as fold
 from typing import TYPE_CHECKING, Any
@@ -43,7 +46,8 @@ import torch
 import torch.distributed as dist
 
 from ..._job import runtime as _runtime
-from ..._job.objects import process_set_of, registered_set_of
+from ..._job.launch import Request
+from ..._job.objects import registered_set_of
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -55,209 +59,41 @@ from .collectives import (
     broadcast_async_,
     grouped_allreduce_async_,
     reducescatter_async,
-    synchronize,
 )
+from .group_creation import BACKEND_NAME, registering_sets
+from .pg_ops import (
+    _check_count,
+    _contiguous,
+    _copy_back,
+    _keep_at_root,
+    _op,
+    _op_key,
+    _point_to_point,
+    _sig,
+)
+from .pg_work import UnisonWork, _Completer, _Failed, _Pending
+from .torch_store import job_store, rendezvous_with_fallback
 
 if TYPE_CHECKING:
-    from typing import TypeAlias, TypeVar
+    from typing import TypeAlias
 
     from torch._C._distributed_c10d import AllgatherOptions, _DistributedBackendOptions
-
-    from ...engine.handles import Handle
 
     # what a call's work completes with: its output tensors (a list of them per input for the gathers)
     _Outputs: TypeAlias = list[torch.Tensor] | list[list[torch.Tensor]]
     # a torch reduce op as c10d hands it: an options object's ReduceOp, or a member such as ReduceOp.SUM
     _TorchOp: TypeAlias = dist.ReduceOp | dist.ReduceOp.RedOpType
-    _R = TypeVar("_R")  # what a wrapped function returns
 
 __all__ = ["BACKEND_NAME", "UnisonProcessGroup", "UnisonWork", "create_process_group", "job_store", "register"]
 
 log = logging.getLogger(__name__)
 
-BACKEND_NAME = "unison"
-_RED: Any = dist.ReduceOp.RedOpType  # its members are missing from torch's stubs
-_OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVERAGE, _RED.PRODUCT: ReduceOp.PRODUCT,
-        _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.PREMUL_SUM: ReduceOp.SUM}
-_BITWISE: dict[dist.ReduceOp.RedOpType, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
 _group_count: dict[int, int] = {}  # process set id -> groups made on it here (the same on every member)
 _group_lock = threading.Lock()
-
-
-class _Failed:
-    """The value a work's inner future completes with when unison's collective failed."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _value(future: torch.futures.Future[_Outputs | _Failed]) -> _Outputs:
-    """The inner future's value, raising unison's error in its place."""
-    value = future.value()
-    if isinstance(value, _Failed):
-        raise value.error
-    return value
-
-
-class UnisonWork(dist._Work):
-    """One call's completion: ``wait()`` returns once it finished (raising its error), ``get_future()``.
-
-    Two futures: the inner one, completed with the outputs or a `_Failed` by the thread that waits or by
-    the group's completer, and the one torch sees (`get_future`), chained on it. An error reaches torch's C++ side (DDP's reducer) only through
-    that chain, which turns it into an error C++ can hold: a Python exception set on a future that
-    DDP waits for directly crashed the process (torch 2.13, SIGSEGV).
-    """
-
-    def __init__(self, pending: _Pending, what: str, waits: Sequence[Handle], completer: _Completer) -> None:
-        super().__init__()
-        self._pending = pending
-        self._inner = pending.future
-        self._completer = completer
-        self._future: torch.futures.Future[_Outputs] | None = None  # made by get_future (a then() costs)
-        self._what = what
-        self._waits = list(waits)  # unison's own handles: a wait on them counts as blocked in unison
-
-    def __repr__(self) -> str:
-        return f"<UnisonWork {self._what} {'done' if self._inner.done() else 'pending'}>"
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        """Block until the call finished; raise its error (a `MismatchError`, a stall, an abort).
-
-        The wait is on unison's handles first, so that a main thread blocked here counts as blocked in
-        unison for the deadlock check (``UNISON_DEADLOCK_SECONDS``), as in unison's own synchronize.
-        """
-        self.settle()
-        _value(self._inner)
-        return True
-
-    def is_completed(self) -> bool:
-        """Whether the call finished (successfully or not)."""
-        if not self._inner.done() and all(handle.done() for handle in self._waits):
-            self._pending.run()
-        return self._inner.done()
-
-    def is_success(self) -> bool:
-        """Whether the call finished without an error."""
-        return self._inner.done() and not isinstance(self._inner.value(), _Failed)
-
-    def exception(self) -> BaseException | None:
-        """The call's error once it failed, else None."""
-        value = self._inner.value() if self._inner.done() else None
-        return value.error if isinstance(value, _Failed) else None
-
-    def get_future(self) -> torch.futures.Future[_Outputs]:
-        """The future the call completes with its output tensors (DDP's hooks chain on it).
-
-        From here on the group's completer thread finishes the call if no thread waits for it.
-        """
-        if self._future is None:
-            self._future = self._inner.then(_value)
-            self._completer.add(self._pending)
-        return self._future
-
-    def result(self) -> _Outputs:
-        """The output tensors, once finished."""
-        self.wait()
-        return _value(self._inner)
-
-    def settle(self) -> None:
-        """Wait until finished, without raising (its error stays for its own wait)."""
-        for handle in self._waits:
-            handle.wait()
-        self._pending.run()
-        self._inner.wait()
-
-
-class _Pending:
-    """One call to complete: unison's handles, how to finish, and the inner future it completes.
-
-    Whoever comes first runs it: the group's completer thread, or a thread that waits for the work
-    (its handles are done, so finishing costs nothing more than the wait it was doing anyway; the
-    completer then finds it done). Exactly one of them synchronizes the handles.
-    """
-
-    __slots__ = ("_claimed", "_lock", "finish", "future", "handles", "on_error")
-
-    # `finish` takes its handles' results (Any: each call's own, from unison's synchronize)
-    def __init__(self, handles: list[int], finish: Callable[[list[Any]], _Outputs],
-                 future: torch.futures.Future[_Outputs | _Failed],
-                 on_error: Callable[[BaseException], None]) -> None:
-        self.handles, self.finish, self.future, self.on_error = handles, finish, future, on_error
-        self._lock = threading.Lock()
-        self._claimed = False
-
-    def run(self) -> None:
-        """Complete the future, unless another thread did or is doing it (then return at once)."""
-        with self._lock:
-            if self._claimed:
-                return
-            self._claimed = True
-        try:
-            results = [synchronize(handle) for handle in self.handles]
-            value = self.finish(results)
-        except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
-            self.on_error(exc)
-            self.future.set_result(_Failed(exc))
-        else:
-            self.future.set_result(value)
-
-
-class _Completer:
-    """One thread that completes works in submission order from unison's handles."""
-
-    def __init__(self, label: str) -> None:
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._label = label
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def add(self, pending: _Pending) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"unison-{self._label}", daemon=True)
-                self._thread.start()
-        self._queue.put(pending)
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread = None
-
-    def _run(self) -> None:
-        while True:
-            pending = self._queue.get()
-            if pending is None:
-                return
-            pending.run()
-
-
-def _op(reduce_op: _TorchOp) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
-    """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
-    kind = getattr(reduce_op, "op", reduce_op)
-    if kind in _BITWISE:
-        return None, _BITWISE[kind], 1.0
-    if kind not in _OPS:
-        raise UnisonNotImplementedError(f"The unison backend has no reduce op {kind}.")
-    factor = _premul_factor(reduce_op) if kind == _RED.PREMUL_SUM else 1.0
-    return _OPS[kind], None, factor
-
-
-def _premul_factor(reduce_op: _TorchOp) -> float:
-    """PREMUL_SUM's factor: ``ReduceOp.factor`` from torch 2.12 on, the pickled state before (2.11 has no
-    ``factor``); never 1.0 by default, which would sum unscaled without a word."""
-    raw = getattr(reduce_op, "factor", None)
-    if raw is None:
-        state = getattr(reduce_op, "__getstate__", lambda: ())()
-        raw = state[1] if isinstance(state, tuple) and len(state) == 2 else None
-    if raw is None:
-        raise UnisonNotImplementedError(
-            f"The unison backend cannot read the factor of {reduce_op!r} (PREMUL_SUM) in torch {torch.__version__}; "
-            "scale the tensor and use ReduceOp.SUM instead.")
-    return float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+# the collectives torch calls on a group: kept out of torch.compile's tracing
+_COLLECTIVES = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "_reduce_scatter_base",
+                "allgather", "_allgather_base", "gather", "broadcast", "scatter", "alltoall", "alltoall_base",
+                "barrier")
 
 
 class UnisonProcessGroup(dist.ProcessGroup):
@@ -275,6 +111,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._names = CallNames()
         self._naming = threading.local()  # the call this thread named last: (index, name), for _work
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
+        self._device_backend: Any = None  # gloo, for torch's functional collectives (`_add_device_backend`)
 
     def __repr__(self) -> str:
         return (f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} ranks={self._members} "
@@ -583,74 +420,48 @@ class UnisonProcessGroup(dist.ProcessGroup):
         raise _point_to_point("recv")
 
 
-def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
-    """What a call's tensors are, for `CallNames`: shape, dtype and device of each."""
-    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
-
-
-def _op_key(reduce_op: _TorchOp | None) -> tuple[str | float, ...]:
-    if reduce_op is None:
-        return ()
-    kind = getattr(reduce_op, "op", reduce_op)
-    return (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)
-
-
-def _point_to_point(call: str) -> UnisonNotImplementedError:
-    return UnisonNotImplementedError(
-        f"dist.{call} (and isend, irecv, batch_isend_irecv) is not available on the unison backend: unison runs "
-        "collectives only. Use dist.broadcast or dist.scatter from the sending rank, or a gloo group for "
-        "point-to-point traffic: dist.new_group(backend='gloo')."
-    )
-
-
-def _check_count(call: str, tensors: Sequence[torch.Tensor], size: int) -> None:
-    if len(tensors) != size:
-        raise InvalidArgumentError(f"{call} needs one tensor per rank of the group ({size}). Got {len(tensors)}.")
-
-
-def _contiguous(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Contiguous stand-ins for non-contiguous tensors, and the copies back to make at the end."""
-    out, copies = [], []
-    for tensor in tensors:
-        if tensor.is_contiguous():
-            out.append(tensor)
-        else:
-            stand_in = tensor.contiguous()
-            out.append(stand_in)
-            copies.append((tensor, stand_in))
-    return out, copies
-
-
-def _copy_back(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for tensor, stand_in in copies:
-        tensor.copy_(stand_in)
-
-
-def _keep_at_root(results: list[torch.Tensor], tensors: list[torch.Tensor], root: bool) -> list[torch.Tensor]:
-    if root:
-        for tensor, result in zip(tensors, results):
-            tensor.copy_(result)
-    return tensors
-
-
 def create_process_group(options: _DistributedBackendOptions,
                          backend_options: object = None) -> UnisonProcessGroup:
     """torch's factory for ``"unison"`` (its extended API): start unison if needed, check the group."""
-    if not _runtime.is_initialized():
-        _runtime.init()
     ranks = list(getattr(options, "global_ranks_in_group", []) or [])
+    group_rank, group_size = int(options.group_rank), int(options.group_size)
+    timeout = getattr(options, "timeout", None)
+    if not _runtime.is_initialized():
+        if ranks:  # a group of some ranks before the job: the job comes from the launch alone
+            _runtime.init()
+        else:  # init_process_group: the job from torch's rendezvous, unless a launch of unison's made one
+            _runtime.join_job(Request(options.store, group_rank, group_size, timeout))
     size = _runtime.size()
     if ranks and ranks != list(range(size)):
-        return _subset_group(ranks, options)
-    group_size = int(options.group_size)
-    if group_size != size or int(options.group_rank) != _runtime.rank():
-        raise InvalidArgumentError(
-            f"init_process_group('unison') was given rank={options.group_rank}, world_size={group_size}, but "
-            f"the unison job has rank {_runtime.rank()} of {size}. Leave rank and world_size out: the unison "
-            "backend takes them from the job."
-        )
-    _warn_timeout(getattr(options, "timeout", None))
-    return UnisonProcessGroup(_runtime.rank(), size, _label(global_process_set))
+        group = _subset_group(ranks, options)
+    else:
+        if group_size != size or group_rank != _runtime.rank():
+            raise InvalidArgumentError(
+                f"init_process_group('unison') was given rank={group_rank}, world_size={group_size}, but this "
+                f"process is rank {_runtime.rank()} of {size} in its unison job ({_how_formed()}). Pass the job's "
+                "rank and size, or leave rank and world_size out under unisonrun or mpiexec: the unison backend "
+                "takes them from the job.")
+        _warn_timeout(timeout)
+        group = UnisonProcessGroup(_runtime.rank(), size, _label(global_process_set))
+    _add_device_backend(group, options)
+    return group
+
+
+def _how_formed() -> str:
+    launch = _runtime.job().launch
+    return {"mpi": "started by unisonrun, mpiexec or srun", "torch": "formed at a torch store earlier",
+            "single": "a job of this process alone"}.get(launch, "formed earlier")
+
+
+def _add_device_backend(group: UnisonProcessGroup, options: _DistributedBackendOptions) -> None:
+    """Give the group a gloo backend of its members for the CPU device, for torch's functional
+    collectives (see the module docstring); collective over the group's members, like the group."""
+    if not dist.is_gloo_available() or group.size() == 1:
+        return
+    timeout = getattr(options, "timeout", None) or timedelta(minutes=30)
+    gloo = dist.ProcessGroupGloo(options.store, group.rank(), group.size(), timeout)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    group._device_backend = gloo
 
 
 def _label(process_set: ProcessSet) -> str:
@@ -695,139 +506,36 @@ def _warn_timeout(timeout: object) -> None:
             seconds, settings.stall_check_seconds, limit, settings.deadlock_seconds)
 
 
-
-def job_store(timeout: timedelta) -> tuple[dist.Store, int, int]:
-    """A torch store shared by the ranks of the unison job, with this rank and the job's size.
-
-    Rank 0 hosts a TCPStore on a free port and the others learn its address through unison (a
-    broadcast): no MASTER_ADDR or MASTER_PORT is needed. One process gets an in-memory store. When every
-    rank is on rank 0's host, the store listens on the loopback interface only (torch's own server
-    listens on every interface): nothing off the host can reach it.
-    """
-    if not _runtime.is_initialized():
-        _runtime.init()
-    rank, size = _runtime.rank(), _runtime.size()
-    if size == 1:
-        return dist.HashStore(), rank, size
-    from ..._job.objects import broadcast_object
-
-    address = None
-    if rank == 0:
-        if _runtime.local_size() == size:
-            store, port = _loopback_store(size, timeout)
-            address = ("127.0.0.1", port)
-        else:
-            host = socket.getfqdn()
-            store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-            address = (host, store.port)
-    address = broadcast_object(address, root_rank=0, name="torch.store.address")
-    if rank != 0:
-        store = dist.TCPStore(address[0], address[1], size, is_master=False, timeout=timeout)
-    return store, rank, size
-
-
-def _loopback_store(size: int, timeout: timedelta) -> tuple[dist.TCPStore, int]:
-    """A master TCPStore that listens on 127.0.0.1 alone, on a free port: torch binds its own server to
-    every interface, so the listening socket is made here and a duplicate of it handed over (torch owns
-    and closes that one; a failure never closes a descriptor twice). Before torch 2.8, libuv's server
-    did not listen on a socket it was given (torch PR 150215): there the classic server takes it. A
-    torch without ``master_listen_fd`` gets its own server, on every interface."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(max(size, 128))
-        port = listener.getsockname()[1]
-        handed = os.dup(listener.fileno())
-        try:
-            if torch.__version__ < "2.8":  # a TorchVersion: compared as a version, not as text
-                store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout,
-                                      wait_for_workers=False, master_listen_fd=handed, use_libuv=False)
-            else:
-                store = dist.TCPStore("127.0.0.1", port, size, is_master=True, timeout=timeout,
-                                      wait_for_workers=False, master_listen_fd=handed)
-        except TypeError:  # no master_listen_fd or use_libuv in this torch: the descriptor was never taken
-            os.close(handed)
-            store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-            return store, store.port
-    return store, port
-
-
-def _rendezvous_with_fallback(original: Callable[..., Iterator[tuple[dist.Store, int, int]]],
-                              ) -> Callable[..., Iterator[tuple[dist.Store, int, int]]]:
-    """torch's env:// rendezvous, unless MASTER_ADDR is unset: then the unison job's own (`job_store`).
-
-    torch reads its launch variables from the environment itself; so does this check, for the same ones.
-    """
-    def handler(url: str, timeout: timedelta = timedelta(minutes=30),
-                **kwargs: object) -> Iterator[tuple[dist.Store, int, int]]:
-        if os.environ.get("MASTER_ADDR"):
-            yield from original(url, timeout, **kwargs)
-            return
-        store, rank, size = job_store(timeout)
-        asked = dict(part.split("=", 1) for part in url.partition("?")[2].split("&") if "=" in part)
-        if int(asked.get("rank", rank)) != rank or int(asked.get("world_size", size)) != size:
-            raise InvalidArgumentError(
-                f"init_process_group was given rank={asked.get('rank')}, world_size={asked.get('world_size')}, "
-                f"but the unison job has rank {rank} of {size}. Leave rank and world_size out under unisonrun "
-                "or mpiexec: they come from the job.")
-        yield (store, rank, size)
-        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
-    handler.unison_fallback = True  # type: ignore[attr-defined]
-    return handler
-
-
-def _registering_sets(original: Callable[..., _R]) -> Callable[..., _R]:
-    """torch's group creation (behind ``new_group``, ``new_subgroups`` and DeviceMesh), registering the
-    unison process set of a subset group's ranks on every rank first when the group is unison's.
-
-    torch runs it on every rank for ``new_group`` (its contract), and calls the backend on the members
-    only; unison registers a process set on every rank, in the same order. Calls made on the members
-    alone (a tag of functional collectives, ``use_local_synchronization``) register nothing: their
-    backend then says why it cannot run the group.
-    """
-    signature = inspect.signature(original)
-
-    def create(*args: object, **kwargs: object) -> _R:
-        call = signature.bind_partial(*args, **kwargs).arguments
-        ranks, backend = call.get("ranks"), call.get("backend")
-        if (ranks is not None and call.get("pg_tag") is None and _is_unison(backend)
-                and sorted(ranks) != list(range(dist.get_world_size()))):
-            if call.get("use_local_synchronization"):
-                raise UnisonNotImplementedError(
-                    f"dist.new_group(ranks={list(ranks)}, use_local_synchronization=True) on the unison backend: "
-                    "unison registers a group's process set on every rank. Leave use_local_synchronization out "
-                    "(every rank calls new_group), or use backend='gloo' for this group.")
-            if call.get("sort_ranks", True) or list(ranks) == sorted(ranks):
-                if not _runtime.is_initialized():
-                    _runtime.init()
-                process_set_of(sorted(int(r) for r in ranks))
-        return original(*args, **kwargs)
-    create.unison_sets = True  # type: ignore[attr-defined]
-    return create
-
-
-def _is_unison(backend: str | None) -> bool:
-    """Whether a group made with `backend` (None: the default group's) runs on the unison backend."""
-    if backend is None or backend == "":
-        if not dist.is_initialized():
-            return False
-        backend = dist.get_backend()
-    return BACKEND_NAME in str(backend).lower()
-
-
 def register() -> None:
     """Register the ``"unison"`` backend with torch.distributed, once per process.
 
     Also lets env:// (the default of ``init_process_group``) find the job's ranks through unison when
     MASTER_ADDR is unset, as under unisonrun or mpiexec, and subset groups register their unison process
-    sets on every rank (`_registering_sets`).
+    sets on every rank (`group_creation.registering_sets`).
     """
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     creator = getattr(c10d, "_new_group_with_tag", None)
     if callable(creator) and not getattr(creator, "unison_sets", False):
-        c10d._new_group_with_tag = _registering_sets(creator)  # type: ignore[union-attr]
+        c10d._new_group_with_tag = registering_sets(creator)  # type: ignore[union-attr]
     rendezvous = sys.modules.get("torch.distributed.rendezvous")
     handlers = getattr(rendezvous, "_rendezvous_handlers", None)
     if isinstance(handlers, dict) and "env" in handlers and not getattr(handlers["env"], "unison_fallback", False):
-        handlers["env"] = _rendezvous_with_fallback(handlers["env"])
+        handlers["env"] = rendezvous_with_fallback(handlers["env"])
+
+
+def _outside_dynamo(cls: type[UnisonProcessGroup]) -> None:
+    """Keep the group's collectives out of torch.compile's tracing (torch's own lazy wrapper: dynamo is
+    imported at the first call, where torch's optimizers have imported it already)."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    if disable is None:
+        return
+    for name in _COLLECTIVES:
+        setattr(cls, name, disable(getattr(cls, name)))
+    cls.reduce_scatter_single = cls._reduce_scatter_base
+    cls.all_gather_single = cls._allgather_base
+    cls.all_to_all_single = cls.alltoall_base
+
+
+_outside_dynamo(UnisonProcessGroup)

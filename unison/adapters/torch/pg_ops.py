@@ -1,0 +1,101 @@
+"""What the ``"unison"`` process group makes of torch's arguments: reduce ops, call signatures, tensor copies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ...errors import InvalidArgumentError, UnisonNotImplementedError
+from ...ops import ReduceOp
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    # a torch reduce op as c10d hands it: an options object's ReduceOp, or a member such as ReduceOp.SUM
+    _TorchOp: TypeAlias = dist.ReduceOp | dist.ReduceOp.RedOpType
+
+__all__ = ["BITWISE"]
+
+_RED: Any = dist.ReduceOp.RedOpType  # its members are missing from torch's stubs
+_OPS = {_RED.SUM: ReduceOp.SUM, _RED.AVG: ReduceOp.AVERAGE, _RED.PRODUCT: ReduceOp.PRODUCT,
+        _RED.MIN: ReduceOp.MIN, _RED.MAX: ReduceOp.MAX, _RED.PREMUL_SUM: ReduceOp.SUM}
+BITWISE: dict[dist.ReduceOp.RedOpType, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
+
+
+def _op(reduce_op: _TorchOp) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
+    """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
+    kind = getattr(reduce_op, "op", reduce_op)
+    if kind in BITWISE:
+        return None, BITWISE[kind], 1.0
+    if kind not in _OPS:
+        raise UnisonNotImplementedError(f"The unison backend has no reduce op {kind}.")
+    factor = _premul_factor(reduce_op) if kind == _RED.PREMUL_SUM else 1.0
+    return _OPS[kind], None, factor
+
+
+def _premul_factor(reduce_op: _TorchOp) -> float:
+    """PREMUL_SUM's factor: ``ReduceOp.factor`` from torch 2.12 on, the pickled state before (2.11 has no
+    ``factor``); never 1.0 by default, which would sum unscaled without a word."""
+    raw = getattr(reduce_op, "factor", None)
+    if raw is None:
+        state = getattr(reduce_op, "__getstate__", lambda: ())()
+        raw = state[1] if isinstance(state, tuple) and len(state) == 2 else None
+    if raw is None:
+        raise UnisonNotImplementedError(
+            f"The unison backend cannot read the factor of {reduce_op!r} (PREMUL_SUM) in torch {torch.__version__}; "
+            "scale the tensor and use ReduceOp.SUM instead.")
+    return float(raw.item() if isinstance(raw, torch.Tensor) else raw)
+
+
+def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
+    """What a call's tensors are, for `CallNames`: shape, dtype and device of each."""
+    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
+
+
+def _op_key(reduce_op: _TorchOp | None) -> tuple[str | float, ...]:
+    if reduce_op is None:
+        return ()
+    kind = getattr(reduce_op, "op", reduce_op)
+    return (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)
+
+
+def _point_to_point(call: str) -> UnisonNotImplementedError:
+    return UnisonNotImplementedError(
+        f"dist.{call} (and isend, irecv, batch_isend_irecv) is not available on the unison backend: unison runs "
+        "collectives only. Use dist.broadcast or dist.scatter from the sending rank, or a gloo group for "
+        "point-to-point traffic: dist.new_group(backend='gloo')."
+    )
+
+
+def _check_count(call: str, tensors: Sequence[torch.Tensor], size: int) -> None:
+    if len(tensors) != size:
+        raise InvalidArgumentError(f"{call} needs one tensor per rank of the group ({size}). Got {len(tensors)}.")
+
+
+def _contiguous(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Contiguous stand-ins for non-contiguous tensors, and the copies back to make at the end."""
+    out, copies = [], []
+    for tensor in tensors:
+        if tensor.is_contiguous():
+            out.append(tensor)
+        else:
+            stand_in = tensor.contiguous()
+            out.append(stand_in)
+            copies.append((tensor, stand_in))
+    return out, copies
+
+
+def _copy_back(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for tensor, stand_in in copies:
+        tensor.copy_(stand_in)
+
+
+def _keep_at_root(results: list[torch.Tensor], tensors: list[torch.Tensor], root: bool) -> list[torch.Tensor]:
+    if root:
+        for tensor, result in zip(tensors, results):
+            tensor.copy_(result)
+    return tensors
