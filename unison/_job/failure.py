@@ -44,17 +44,20 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, cast
 
 from .._contract import FINISHED_AFTER_PEER, LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
+from ..config import process_environment
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
 from .stop_report import Role, decide, role_of
 from .summary import describe, user_where, without_unison_frames
+from .torch_error_file import error_file_data, write_error_file
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -73,6 +76,7 @@ ALARM_SECONDS = 8  # after a break, SIGALRM ends a process that nothing else cou
 FINALIZE_SECONDS = 10  # at exit after every rank arrived, MPI_Finalize gets this long (SIGALRM)
 MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this long for its peers
 _POLL_SECONDS = 0.005
+TORCH_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"  # torchrun's path for a worker's error (JSON)
 
 
 _ThreadingHook = Callable[[threading.ExceptHookArgs], object]
@@ -90,6 +94,7 @@ class _State:
     launcher_relay = ""  # KEY@HOST:PORT: where markers go when launcher_dir is not on this host
     under_launcher = False  # unisonrun (or unison.run) started this rank and reports its failures
     after_peer = False  # the main thread ends with an uncaught ShutdownError: a peer's exit stopped it
+    error_file_written = False  # torchrun's error file holds this process's first uncaught error
     failure_recorded = False  # a failed-R marker was written: the first one names the cause
     previous_excepthook: Callable[[type[BaseException], BaseException, TracebackType | None], object] | None = None
     previous_threading_excepthook: _ThreadingHook | None = None
@@ -355,6 +360,23 @@ def _trailer(exc: BaseException, role: Role) -> None:
     if said.line:
         _state.trailer_printed = True
         _stderr(said.line)
+    _leave_error_file(exc, role, said.line)
+
+
+def _leave_error_file(exc: BaseException, role: Role, line: str) -> None:
+    """Under torchrun, write its error file for this process's first uncaught error (`torch_error_file`)."""
+    path = process_environment().get(TORCH_ERROR_FILE_VARIABLE, "")
+    if not path or _state.error_file_written or _state.forked:
+        return
+    _state.error_file_written = True
+    consequence = role is Role.CONSEQUENCE  # stopped because another rank failed: after the cause
+    if consequence:
+        callstack = line or f"{type(exc).__name__}: {exc}"
+    else:
+        callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if line:
+            callstack += line + "\n"
+    write_error_file(path, error_file_data(f"{type(exc).__name__}: {exc}", callstack, time.time(), consequence))
 
 
 def _traceback_shown(role: Role) -> bool:

@@ -69,13 +69,13 @@ def stop_words(reason: str) -> tuple[str, int | None]:
 
     Example:
         >>> stop_words("rank 3 (h, pid 9) failed: ValueError: bad at train.py:5 in main")
-        ('rank 3 failed (ValueError)', 3)
+        ('rank 3 (h, pid 9) failed (ValueError)', 3)
         >>> stop_words("Deadlock: every rank that ...\\n  rank 0 waits for allreduce.x")
         ('the job deadlocked', None)
     """
     parsed = parse_reason(reason.strip().splitlines()[0] if reason.strip() else "")
     if parsed is not None:
-        return f"rank {parsed.rank} failed ({parsed.error})", None if parsed.error in SHARED_ERRORS else parsed.rank
+        return f"{parsed.who} failed ({parsed.error})", None if parsed.error in SHARED_ERRORS else parsed.rank
     text = reason.strip()
     if text.startswith(DEADLOCK_TITLE):
         return "the job deadlocked", None
@@ -100,7 +100,7 @@ def decide(role: Role, *, rank: int, who: str, where: str, error: str, reason: s
     Example:
         >>> decide(Role.CONSEQUENCE, rank=0, who="rank 0 (h, pid 7)", where="train.py:8 in main",
         ...        error="AbortedError", reason="rank 1 (h, pid 9) failed: ValueError: x", under_launcher=True)
-        Said(traceback=False, line='unison: rank 0 (h, pid 7) stopped at train.py:8 in main: rank 1 failed (ValueError); unisonrun reports it.')
+        Said(traceback=False, line='unison: rank 0 (h, pid 7) stopped at train.py:8 in main: AbortedError: rank 1 (h, pid 9) failed (ValueError); unisonrun reports it.')
     """
     at = f" at {where}" if where else ""
     if role is Role.OWN:
@@ -116,8 +116,9 @@ def decide(role: Role, *, rank: int, who: str, where: str, error: str, reason: s
         return Said(False, f"unison: {who} stopped{at}: {words}; rank 0 reports it.")
     words, reporter = stop_words(reason)
     if under_launcher:
-        return Said(False, f"unison: {who} stopped{at}: {words}; unisonrun reports it.")
+        return Said(False, f"unison: {who} stopped{at}: {error}: {words}; unisonrun reports it.")
     if reporter is None and rank == 0 and not logged:
         full = " ".join(part.strip() for part in reason.strip().splitlines())
-        return Said(False, f"unison: {who} stopped{at}: {full}")
-    return Said(False, f"unison: {who} stopped{at}: {words}; rank {0 if reporter is None else reporter} reports it.")
+        return Said(False, f"unison: {who} stopped{at}: {error}: {full}")
+    return Said(False, f"unison: {who} stopped{at}: {error}: {words}; rank {0 if reporter is None else reporter} "
+                       "reports it.")
