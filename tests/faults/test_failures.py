@@ -22,10 +22,15 @@ def test_uncaught_exception_under_unisonrun_stops_every_rank(tmp_path: Path, fai
     assert done.returncode != 0, done.output
     reason = f"rank {failing} ("
     assert f"unisonrun: {reason}" in done.output and "ValueError: injected failure at step 3" in done.output
-    # Every rank reports the failed rank, and every finally: block ran. The ranks share one stream, so
-    # another rank's log lines may land between the error's type and its message.
-    aborted = re.findall(rf"AbortedError(?:[^\n]*\n){{0,3}}?: {re.escape(reason)}", done.output)
-    assert len(aborted) == 1, done.output
+    # One report: the failed rank's traceback, once, and unisonrun's line; the other rank says in one
+    # line where it stopped and who reports, and every finally: block ran.
+    other = 1 - failing
+    assert [line for line in done.output.splitlines() if line.startswith("ValueError: injected")] == [
+        "ValueError: injected failure at step 3"], done.output
+    stopped = re.findall(rf"unison: rank {other} \([^)]*\) stopped at _scenario\.py:\d+ in <module>: AbortedError: "
+                         rf"{re.escape(reason)}[^)]*\) failed \(ValueError\); unisonrun reports it\.", done.output)
+    assert len(stopped) == 1, done.output
+    assert "Traceback" not in done.output.replace("Traceback", "", 1), done.output  # the failed rank's only
     assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"]
     assert done.seconds < BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
@@ -35,6 +40,12 @@ def test_uncaught_exception_under_plain_mpiexec_stops_every_rank(tmp_path: Path)
     done = run_job([MPIEXEC, "-n", "2", PYTHON, SCENARIO, str(tmp_path), "raise", "1"])
     assert done.returncode != 0, done.output
     assert "AbortedError: rank 1 (" in done.output and "ValueError: injected failure" in done.output
+    # The failed rank reports (its traceback and its line), rank 0 points to it in one line.
+    assert re.search(r"unison: rank 0 \([^)]*\) stopped at _scenario\.py:\d+ in <module>: AbortedError: rank 1 "
+                     r"\([^)]*\) failed \(ValueError\); rank 1 reports it\.", done.output), done.output
+    assert re.search(r"unison: rank 1 \([^)]*\) failed: ValueError: injected failure at step 3 at "
+                     r"_scenario\.py:45 in <module>; stopping every rank\.", done.output), done.output
+    assert done.output.count("Traceback") == 1, done.output
     assert done.seconds < BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
 
@@ -56,7 +67,10 @@ def test_a_rank_printing_its_own_error_is_not_cut_off_by_the_abort(tmp_path: Pat
 def test_survivor_outside_a_collective_is_interrupted(tmp_path: Path) -> None:
     done = run_job(unisonrun("-np", "2", PYTHON, SCENARIO, str(tmp_path), "sleeping", "1"))
     assert done.returncode != 0, done.output
-    assert "unison: rank 0 stopped: rank 1 (" in done.output, done.output
+    # Interrupted outside unison (JobInterrupt): one line, where it stopped and why, no traceback.
+    assert re.search(r"unison: rank 0 \([^)]*\) stopped at _scenario\.py:\d+ in <module>: AbortedError: rank 1 "
+                     r"\([^)]*\) failed \(ValueError\); unisonrun reports it\.", done.output), done.output
+    assert "JobInterrupt" not in done.output, done.output
     assert (tmp_path / "finally-0").exists()  # interrupted with KeyboardInterrupt, so finally: ran
     assert done.seconds < BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
@@ -82,8 +96,10 @@ def test_a_rank_that_raises_while_the_others_sleep_ends_the_job_with_status_1_an
     done = run_job(unisonrun("-np", "4", *args) if launcher == "unisonrun" else [MPIEXEC, "-n", "4", *args])
     assert done.returncode == 1, done.output
     assert "EXIT STRING" not in done.output and "BAD TERMINATION" not in done.output, done.output
-    # (lines of several ranks may interleave: no count of whole lines)
-    assert "unison.errors.JobInterrupt: unison stopped the job: rank 1 (" in done.output, done.output
+    # (lines of several ranks may interleave: no count of whole lines; each rank's note is one write)
+    for rank in (0, 2, 3):
+        assert re.search(rf"unison: rank {rank} \([^)]*\) stopped at _scenario\.py:\d+ in <module>: AbortedError: "
+                         r"rank 1 \([^)]*\) failed \(ValueError\)", done.output), done.output
     assert "KeyboardInterrupt" not in done.output, done.output
     assert sorted(p.name for p in tmp_path.glob("finally-*")) == [f"finally-{r}" for r in range(4)], done.output
     assert done.seconds < BOUND_SECONDS, done.seconds

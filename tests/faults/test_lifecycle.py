@@ -8,6 +8,7 @@ period) after the stuck rank stopped submitting; a rank of a broken job waits at
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import time
@@ -77,8 +78,14 @@ def test_a_collective_called_on_one_rank_only_is_reported_as_a_deadlock_at_once(
     # for: the job stops after UNISON_DEADLOCK_SECONDS (2 s), not after the 600 s stall shutdown.
     done = run_job(launch(launcher, SCENARIO, str(tmp_path), "metric", "1"), env={})
     assert done.returncode != 0, done.output
-    assert "StallError: Deadlock: every rank that the pending collectives wait for is itself blocked" \
-        in done.output, done.output
+    # The report once: rank 0's log (and unisonrun's line); each rank one line saying where it waited.
+    assert done.output.count("Deadlock: every rank that the pending collectives wait for is itself blocked") == 1, \
+        done.output
+    reporter = "unisonrun" if launcher == "unisonrun" else "rank 0"
+    for rank, line in ((0, 66), (1, 60)):
+        assert re.search(rf"unison: rank {rank} \([^)]*\) stopped at _scenario\.py:{line} in <module>: StallError: "
+                         rf"the job deadlocked; {reporter} reports it\.", done.output), done.output
+    assert "Traceback" not in done.output, done.output
     assert "rank 0 waits for allreduce.grad.3; has not submitted allreduce.noname.1 (unnamed allreduce #1)" \
         in done.output, done.output
     assert "rank 1 waits for allreduce.noname.1 (unnamed allreduce #1); has not submitted allreduce.grad.3" \
@@ -179,10 +186,14 @@ def test_a_torch_collective_failure_is_summarized_at_the_users_line(tmp_path: Pa
     assert done.returncode != 0
     line = next(n for n, text in enumerate(Path(TORCH_SCENARIO).read_text().splitlines(), 1)
                 if "the line the summary must show" in text)
-    summary = [text for text in done.output.splitlines() if text.startswith("unisonrun: rank 0 (")]
-    assert summary, done.output
-    assert "failed: MismatchError: Mismatched ALLREDUCE tensor shapes for 'allreduce.grad'" in summary[0]
-    assert summary[0].endswith(f" at _torch_scenario.py:{line} in <module>"), summary[0]
+    # One report of the error both ranks raised, each rank's call site on a line of its own.
+    report = [text for text in done.output.splitlines() if text.startswith("unisonrun:")]
+    assert len(report) == 3, done.output
+    assert report[0].startswith("unisonrun: ranks ") and report[0].split(" raised one ")[1].startswith(
+        "MismatchError: Mismatched ALLREDUCE tensor shapes for 'allreduce.grad'"), done.output
+    for rank in (0, 1):
+        assert any(text.startswith(f"unisonrun:   rank {rank} (") and text.endswith(f" at _torch_scenario.py:{line} in "
+                                                                                 "<module>") for text in report), report
     assert_no_strays(tmp_path, 2)
 
 

@@ -209,6 +209,9 @@ def test_timeout_is_the_first_message_and_stopped_ranks_are_no_failures(tmp_path
     first = done.output.index("unisonrun:")
     assert "BAD TERMINATION" not in done.output[:first], done.output
     assert "ended without shutting" not in done.output
+    assert "Ctrl-C" not in done.output, done.output  # Hydra's notice of the SIGINT unisonrun sent is held back
+    # Interrupted as by Ctrl-C (SIGINT, not SIGTERM): every rank's finally: block ran.
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == ["finally-0", "finally-1"], done.output
     assert done.seconds < 5 + BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
 

@@ -157,13 +157,13 @@ def run(func: Callable[..., _Result], args: Sequence[object] = (), kwargs: Mappi
                             env=run_env, env_names=[*decided.env, *(env or {})])
         outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
         results: list[_Result] = []
+        if outcome.timed_out:  # the ranks' KeyboardInterrupts (the stop is a Ctrl-C) are its consequence
+            raise LaunchError(f"unison.run: the job ran past timeout={timeout:g} s; stopped every rank.")
         errors = _read_errors(job, np)
         if errors:
             _raise_first(errors, np)
         if outcome.interrupted:
             raise KeyboardInterrupt
-        if outcome.timed_out:
-            raise LaunchError(f"unison.run: the job ran past timeout={timeout:g} s; stopped every rank.")
         status = exit_status(outcome)
         for rank in range(np):
             result_file = job / f"result-{rank}.pkl"
@@ -192,16 +192,16 @@ def _run_elastic(options: ElasticOptions, program: list[str], job: Path, env: di
     epochs: list[Epoch] = []
     status = run_elastic(options, program, mpiexec=mpiexec, mpi_args=mpi_args, env_pairs=sorted(env.items()),
                          timeout=timeout, output_dir=output_dir, on_epoch=epochs.append)
-    if status == 130:
+    if status in (130, 143):  # Ctrl-C or SIGTERM
         raise KeyboardInterrupt
+    if status == 124:  # the ranks' KeyboardInterrupts (the stop is a Ctrl-C) are its consequence
+        raise LaunchError(f"unison.run: the elastic job ran past timeout={timeout:g} s; stopped every rank.")
     if status != 0 or not epochs:
         # The newest epoch whose function raised says why; else the driver's reason, printed above.
         for epoch in reversed(epochs):
             errors = _read_errors(job / f"epoch-{epoch.number}", epoch.np)
             if errors:
                 _raise_first(errors, epoch.np)
-        if status == 124:
-            raise LaunchError(f"unison.run: the elastic job ran past timeout={timeout:g} s; stopped every rank.")
         raise LaunchError(f"unison.run: the elastic job stopped with exit status {status}; the elastic "
                           "driver's reason is printed above (unisonrun: elastic: ...).")
     last = epochs[-1]

@@ -25,6 +25,10 @@ __all__ = ["MessageFilter", "OutputRelay"]
 _CLEANUP = re.compile(rb"^\[(mpiexec|proxy:[^\]@]*)@[^\]]*\] .*(wait_for_completion|waiting for completion|"
                       rb"wait_for_event|waiting for event|control_cmd_cb|assert \(!closed\) failed)"
                       rb"|^Ctrl-C caught\.\.\. cleaning up processes$")  # Hydra's forced stop (a second Ctrl-C)
+# What Hydra says when it gets SIGINT: true of a user's Ctrl-C, which unisonrun passes on, but not of the
+# SIGINT unisonrun sends at --timeout (`MessageFilter.hold_ctrl_c_notice`).
+_CTRL_C_NOTICE = re.compile(rb"^\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes as requested|"
+                            rb"Press Ctrl-C again to force abort)$")
 _RULE_MIN = 40  # the banner's rules are 83 '=' characters
 _TRAILER = (b"YOUR APPLICATION TERMINATED WITH THE EXIT STRING", b"This typically refers to a problem",
             b"Please see the FAQ page")
@@ -63,6 +67,7 @@ class MessageFilter:
         self._candidates: list[bytes] = []  # a blank line and a rule that may open the banner
         self._state = _Held.NORMAL
         self._mid_line = False  # part of the current line already passed: the rest passes too
+        self.hold_ctrl_c_notice = False  # the launcher sent mpiexec SIGINT itself: Hydra's notice is held
 
     def feed(self, data: bytes) -> bytes:
         """Take the next bytes read; returns the bytes to write now."""
@@ -122,7 +127,7 @@ class MessageFilter:
         if body == b"" or _is_rule(body):
             self._candidates.append(line)
             return []
-        if _CLEANUP.match(body):
+        if _CLEANUP.match(body) or (self.hold_ctrl_c_notice and _CTRL_C_NOTICE.match(body)):
             self.held.append(line)
             return []
         return [line]

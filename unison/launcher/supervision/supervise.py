@@ -214,6 +214,8 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
                 if announce:
                     print(timeout_line(timeout, stopped=False), file=sys.stderr, flush=True)
                     outcome.announced = True
+                for relay, _ in relays:  # Hydra's "Press Ctrl-C again" would be about a Ctrl-C nobody typed
+                    relay.filter.hold_ctrl_c_notice = True
                 _send(proc, signal.SIGINT)  # as Ctrl-C: every rank's finally: blocks run
                 stop_at = now + INTERRUPT_GRACE_SECONDS
             if rc is not None:
