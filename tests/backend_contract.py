@@ -26,6 +26,13 @@ def check_control_plane(backend: Backend) -> None:
     matrix = backend.allgather_status(row)
     assert matrix.shape == (size, 3)
     assert [list(map(int, r)) for r in matrix] == [[r, 7, r * 3] for r in range(size)]
+    # the summary: a bitwise AND over every rank's words, high bits included (uint64, not int64)
+    high = (1 << 63) | (1 << 40)
+    vector = np.array([~(1 << rank) & ((1 << 64) - 1), high | (1 << (rank % 2)), 5], dtype=np.uint64)
+    expected = [~sum(1 << r for r in range(size)) & ((1 << 64) - 1),
+                (high | 1) if size == 1 else high, 5]
+    assert list(map(int, backend.reduce_status(vector))) == expected
+    assert vector.dtype == np.uint64 and int(vector[2]) == 5  # the input is left as it was
     payload = f"rank {rank} says hello".encode() * (rank + 1)
     lengths = [len(f"rank {r} says hello".encode() * (r + 1)) for r in range(size)]
     gathered = backend.gather_bytes(payload, lengths)

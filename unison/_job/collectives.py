@@ -23,6 +23,7 @@ from .submit import (
     resolve_op,
     submit,
     synchronize,
+    waited,
 )
 
 __all__ = [
@@ -118,8 +119,8 @@ def allreduce(tensor: Any, average: Any = None, name: str | None = None, op: Any
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
         array([2., 4.])                               # on 2 ranks
     """
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                       process_set))
+    return waited(allreduce_async, tensor, average, name, op, prescale_factor, postscale_factor,
+                                       process_set)
 
 
 def allreduce_async_(tensor: np.ndarray, average: Any = None, name: str | None = None, op: Any = None,
@@ -134,8 +135,8 @@ def allreduce_(tensor: np.ndarray, average: Any = None, name: str | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce `tensor` in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set))
+    return waited(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: Any = None, name: str | None = None,
@@ -150,8 +151,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Any = None, name: str | N
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
     """Reduce a list of tensors as one group (fused together); return the list of results."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    return waited(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[np.ndarray], average: Any = None, name: str | None = None,
@@ -166,8 +167,8 @@ def grouped_allreduce_(tensors: Sequence[np.ndarray], average: Any = None, name:
                        op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
     """Reduce a list of tensors in place as one group; return them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return waited(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set)
 
 
 # -- allgather -------------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def allgather(tensor: Any, name: str | None = None,
     Example:
         >>> hvd.allgather(np.full((hvd.rank() + 1, 2), hvd.rank()))   # doctest: +SKIP
     """
-    return synchronize(allgather_async(tensor, name, process_set))
+    return waited(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
@@ -198,7 +199,7 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
     """Gather a list of tensors as one group; return the list of results."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return waited(grouped_allgather_async, tensors, name, process_set)
 
 
 # -- broadcast -------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return `root_rank`'s `tensor` on every rank (root_rank is a global rank)."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return waited(broadcast_async, tensor, root_rank, name, process_set)
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -226,7 +227,7 @@ def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Overwrite `tensor` in place with `root_rank`'s and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return waited(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 # -- alltoall --------------------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
 
     Returns the output, or ``(output, received_splits)`` when `splits` is given.
     """
-    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    output, received = waited(alltoall_async, tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -280,8 +281,8 @@ def reducescatter(tensor: Any, name: str | None = None, op: Any = ReduceOp.AVERA
 
     When dim 0 is not divisible by the set size, the first ``dim0 % size`` ranks get one extra row.
     """
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                           postscale_factor))
+    return waited(reducescatter_async, tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor)
 
 
 def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
@@ -297,8 +298,8 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op: A
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[np.ndarray]:
     """Reducescatter a list of tensors as one group; return the list of slices."""
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
-                                                   postscale_factor))
+    return waited(grouped_reducescatter_async, tensors, name, op, process_set, prescale_factor,
+                                                   postscale_factor)
 
 
 # -- join and barrier ------------------------------------------------------------------------------

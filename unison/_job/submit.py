@@ -8,6 +8,7 @@ id that `poll`/`synchronize` resolve through the job's handle table.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,8 +28,10 @@ from .runtime import Job, job
 
 __all__ = [
     "check_adasum", "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
-    "register_handle", "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize",
+    "register_handle", "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize", "waited",
 ]
+
+_calling = threading.local()  # .waits: the submission under way is a blocking call's (see `waited`)
 
 
 def _handles() -> dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]]:
@@ -230,16 +233,30 @@ def submit(
                 output = np.empty_like(buf)
         else:
             output = None
-        entries.append(Entry(request, buf, output, Handle(tensor_name)))
+        entries.append(Entry(request, buf, output, Handle(tensor_name, current.engine.drive)))
         originals.append(array)
         resolved.append(dtype)
-    current.engine.enqueue(entries)
+    waits = getattr(_calling, "waits", False)
+    if not (waits and len(entries) == 1 and current.engine.run_now(entries[0])):
+        current.engine.enqueue(entries, waits=waits)
     current.handles[handle_id] = ([e.handle for e in entries], _identity)
     return handle_id, originals, resolved
 
 
 def _identity(results: list[Any]) -> Any:
     return results
+
+
+def waited(start: Callable[..., int], *args: Any, **kwargs: Any) -> Any:
+    """Make a blocking call of an asynchronous one: ``synchronize(start(*args, **kwargs))``, with the
+    submission marked as waited for at once, so that the wait runs the job's cycle on this thread
+    instead of handing it to the engine thread and back (`unison.engine.loop.Engine.drive`)."""
+    _calling.waits = True
+    try:
+        handle = start(*args, **kwargs)
+    finally:
+        _calling.waits = False
+    return synchronize(handle)
 
 
 def finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
@@ -360,7 +377,7 @@ def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_pr
     handle_id = next_handle(current)
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
                       ranks=tuple(ranks))
-    entry = Entry(request, None, None, Handle(name))
-    current.engine.enqueue([entry])
+    entry = Entry(request, None, None, Handle(name, current.engine.drive))
+    current.engine.enqueue([entry], waits=True)
     register_handle([entry.handle], lambda results: results[0], handle_id)
     return synchronize(handle_id)

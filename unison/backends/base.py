@@ -28,9 +28,17 @@ class Backend(Protocol):
     name: str
     rank: int
     size: int
+    # Whether `reduce_status` costs less than `allgather_status` here: the engine then reduces a
+    # summary each cycle and gathers rows only when it needs them (`unison.protocol.cycle`); a
+    # backend whose every exchange costs one round trip to one server (the gRPC control plane)
+    # gathers rows every cycle and reads the summary from them.
+    reduces_status: bool
 
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
         """Exchange one uint64 status row per rank; return the (size, len(row)) matrix."""
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        """Return the bitwise AND of every rank's uint64 `vector` (the same length on every rank)."""
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         """Gather every rank's payload (lengths known to all) to rank 0; others get None."""

@@ -66,6 +66,7 @@ class GlooBackend:
     """The Backend contract over gloo groups made from one torch store."""
 
     name = "gloo"
+    reduces_status = True
 
     def __init__(self, world: GlooWorld, chunk_bytes: int = 4 * 1024 * 1024) -> None:
         import torch
@@ -166,6 +167,14 @@ class GlooBackend:
         row = np.ascontiguousarray(row, dtype=np.uint64)
         out = np.empty((self.size, row.size), dtype=np.uint64)
         self._wait(self._groups[0]._allgather_base(self._tensor(out.reshape(-1)), self._tensor(row)))
+        return out
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        self._stats["control_calls"] += 1
+        out = np.ascontiguousarray(vector, dtype=np.uint64).copy()
+        options = self._dist.AllreduceOptions()
+        options.reduceOp = self._dist.ReduceOp.BAND  # on int64: the same bits as on uint64
+        self._wait(self._groups[0].allreduce([self._tensor(out)], options))
         return out
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:

@@ -28,6 +28,8 @@ __all__ = ["GrpcBackend"]
 class GrpcBackend:
     """Control plane over the coordinator service, data plane delegated to another backend (MPI)."""
 
+    reduces_status = False  # every exchange is one round trip to rank 0's service: rows cost no more
+
     # data: an MpiBackend, or a GlooBackend in a job torchrun started; host aggregation (MPI only)
     # calls the MPI backend's host_* methods, which the Backend protocol does not have
     def __init__(self, control: ControlClient, data: Any, size: int, server: CoordinatorServer | None = None,
@@ -70,6 +72,11 @@ class GrpcBackend:
         rows = self.data.host_gather_bytes(mine, [len(mine)] * len(self.host_ranks))
         matrix = self.control.exchange(pb.STATUS, b"".join(rows)).data if self.leader else None
         return np.frombuffer(self.data.host_broadcast_bytes(matrix), dtype="<u8").reshape(self.size, -1)
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        # One exchange through rank 0's service either way: the engine gathers rows instead
+        # (reduces_status is False) and this serves what else asks.
+        return np.bitwise_and.reduce(self.allgather_status(vector), axis=0)
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         if self.host_ranks:

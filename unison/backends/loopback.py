@@ -20,6 +20,7 @@ class LoopbackBackend:
     """Backend for a job of size 1 (no MPI needed): reductions are identities, gathers are copies."""
 
     name = "loopback"
+    reduces_status = True
 
     def __init__(self) -> None:
         self.rank = 0
@@ -32,6 +33,10 @@ class LoopbackBackend:
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
         self._calls += 1
         return row.reshape(1, -1).copy()
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        self._calls += 1
+        return vector.copy()
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         return [payload]
@@ -151,6 +156,7 @@ class ThreadBackend:
     """One rank of a `ThreadGroup`; semantics match the MPI backend, data moves through memory."""
 
     name = "threads"
+    reduces_status = True
 
     def __init__(self, group: ThreadGroup, rank: int) -> None:
         self.group = group
@@ -170,6 +176,10 @@ class ThreadBackend:
     def allgather_status(self, row: np.ndarray) -> np.ndarray:
         self._calls += 1
         return np.stack(self.group._control.exchange(self.rank, row.copy()))
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        self._calls += 1
+        return np.bitwise_and.reduce(np.stack(self.group._control.exchange(self.rank, vector.copy())), axis=0)
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         values = self.group._control.exchange(self.rank, payload)

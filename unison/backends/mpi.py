@@ -119,6 +119,7 @@ class MpiBackend:
     """Control and data plane over an mpi4py communicator (duplicated, so user traffic never mixes in)."""
 
     name = "mpi"
+    reduces_status = True
 
     def __init__(self, comm: MPI.Intracomm, chunk_bytes: int, hierarchical: bool = False,
                  peer_timeout_seconds: float = 0.0) -> None:
@@ -237,6 +238,12 @@ class MpiBackend:
         self._stats["control_calls"] += 1
         out = np.empty((self.size, row.size), dtype=row.dtype)
         self._wait(self._control.Iallgather(row, out))
+        return out
+
+    def reduce_status(self, vector: np.ndarray) -> np.ndarray:
+        self._stats["control_calls"] += 1
+        out = np.empty_like(vector)
+        self._wait(self._control.Iallreduce(vector, out, op=self._mpi.BAND))
         return out
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:

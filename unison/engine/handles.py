@@ -11,7 +11,8 @@ import dataclasses
 import os
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -72,18 +73,21 @@ class Handle:
     """Completion of one submitted collective: poll `done()`, then read `result` or raise `error`.
 
     A plain lock, held from creation until completion, makes waiting cheap: completing releases it,
-    and each waiter acquires and re-releases it so any number of threads may wait.
+    and each waiter acquires and re-releases it so any number of threads may wait. A handle made with a
+    `driver` (the engine's `Engine.drive`) lets its waiter run the job's cycles itself while no other
+    thread runs one, before it blocks.
     """
 
-    __slots__ = ("_done", "_lock", "error", "name", "result")
+    __slots__ = ("_done", "_lock", "driver", "error", "name", "result")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, driver: Callable[[Handle, float | None], None] | None = None) -> None:
         self.name = name
         self._lock = threading.Lock()
         self._lock.acquire()
         self._done = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self.driver = driver
 
     def __repr__(self) -> str:
         state = "failed" if self.error else ("done" if self._done else "pending")
@@ -105,6 +109,13 @@ class Handle:
         elif in_graph:
             _graph_waiting[thread] = self
         try:
+            if self.driver is not None:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                self.driver(self, deadline)
+                if self._done:
+                    return True
+                if deadline is not None:
+                    timeout = max(0.0, deadline - time.monotonic())
             if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
                 return False
         finally:
@@ -114,6 +125,14 @@ class Handle:
                 _graph_waiting.pop(thread, None)
         self._lock.release()
         return True
+
+    def wait_released(self, timeout: float) -> bool:
+        """Block at most `timeout` seconds for completion, as one more pause of a waiter that is
+        already counted as waiting (`Engine.drive` between cycles); True once done."""
+        if self._lock.acquire(timeout=timeout):
+            self._lock.release()
+            return True
+        return self._done
 
     def complete(self, result: Any) -> None:
         """Record the result and wake waiters (engine thread only)."""

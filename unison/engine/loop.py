@@ -1,8 +1,17 @@
 """The engine: one background thread per process that negotiates and executes every collective.
 
-Framework threads call `Engine.enqueue` (returns at once); the engine thread wakes on enqueue, runs one
-cycle (status exchange, then the slow path only if some rank has uncached work), executes the agreed
-responses in the agreed order, and completes the handles. See `unison.engine` for the cycle.
+Framework threads call `Engine.enqueue` (returns at once); a cycle (status exchange, then the slow path
+only if some rank has uncached work) executes the agreed responses in the agreed order and completes
+the handles. See `unison.engine` for the cycle.
+
+Who runs a cycle: one at a time runs, under the engine's cycle lock, on whichever thread needs it. A
+thread that waits for a handle runs the cycles itself while no other thread is running one
+(`Engine.drive`): a blocking call then costs no hand-off to the engine thread and back, which was most
+of a small call's time (two thread wake-ups, each a trip through the scheduler, and on a machine with
+as many busy threads as cores, sometimes a whole time slice). The engine thread runs the cycles
+nobody waits in: work submitted asynchronously, a job's idle cycles (which let peers' cycles
+complete), shutdown and aborts. Device (GPU) work always runs on the engine thread: its streams are
+per thread.
 """
 
 from __future__ import annotations
@@ -15,8 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
-import numpy as np
-
 from ..backends.base import Abandoned, Backend
 from ..config import Settings
 from ..errors import (
@@ -28,8 +35,8 @@ from ..errors import (
 )
 from ..ops import Kind, TextEnum
 from ..protocol.autotune import AutotuneStatistics, Parameters, Proposal, split_tuning
-from ..protocol.cache import CacheStatistics, ResponseCache
-from ..protocol.cycle import bits, encode_status_row, needs_slow_path, read_votes, words_for
+from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
+from ..protocol.cycle import Summary, bits, needs_slow_path, read_votes, solo_runs, words_for
 from ..protocol.dispatch import ROUTES, Action
 from ..protocol.fusion import FusionPolicy, plan_fusion
 from ..protocol.messages import (
@@ -45,11 +52,12 @@ from ..protocol.negotiation import Coordinator, CoordinatorStatistics
 from ..protocol.stall import StallInspector, StallStatistics
 from .autotuning import Autotuning, open_tune_log
 from .executor import Executor, ExecutorStatistics
-from .handles import Entry
+from .handles import Entry, Handle
 from .observer import CycleObserver, observe_all
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
 from .stall_feed import StallFeed
+from .status import StatusExchange
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -59,6 +67,8 @@ __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_SECONDS = 1e-3
+_FIRST_BACKOFF_SECONDS = 50e-6
+_MAIN_THREAD = threading.main_thread().ident
 _CACHEABLE = Kind.ALLREDUCE
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCESCATTER)  # what autotune scores
 
@@ -77,6 +87,8 @@ class EngineStatistics:
     cycles: int
     fast_cycles: int
     slow_cycles: int
+    driven_cycles: int
+    rows_gathered: int
     cache_hits_executed: int
     responses: int
     errors: int
@@ -144,8 +156,13 @@ class Engine:
         self._work = PendingWork(self.rank, self.cache, self.process_sets)  # drained, not yet executed
         self._news: str = ""  # rank 0: a stall report to broadcast as a job stop
         self._progress = False
-        self._backoff = 50e-6
+        self._backoff = _FIRST_BACKOFF_SECONDS
         self._cycle_started = 0.0
+        self._status = StatusExchange(backend)
+        # One cycle at a time, on the engine thread or on a thread that waits (`drive`).
+        self._cycle_lock = threading.Lock()
+        self._detail = False  # rank 0: its stall feed asked for every rank's row in the next cycle
+        self._device_seen = False  # a device buffer was submitted: cycles stay on the engine thread
         self._stop_error: BaseException | None = None
         self._stopped = threading.Event()
         self._disowned = False  # a forked child's copy: never talks to peers
@@ -178,8 +195,8 @@ class Engine:
         }
         if timeline is not None:
             self.set_timeline(timeline)
-        self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "cache_hits_executed": 0,
-                       "responses": 0, "errors": 0}
+        self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "driven_cycles": 0,
+                       "cache_hits_executed": 0, "responses": 0, "errors": 0}
 
     def __repr__(self) -> str:
         return (f"<Engine rank={self.rank}/{self.size} state={self._state} pending={len(self._work.entries)} "
@@ -226,6 +243,7 @@ class Engine:
         queued, held = self._queue.counts()
         return EngineStatistics(
             **self._stats,
+            rows_gathered=self._status.rows_gathered,
             queued=queued,
             held=held,
             cache=self.cache.statistics(),
@@ -236,14 +254,92 @@ class Engine:
             autotune=self.autotuning.statistics(),
         )
 
-    def enqueue(self, entries: Sequence[Entry]) -> None:
+    def enqueue(self, entries: Sequence[Entry], *, waits: bool = False) -> None:
         """Submit entries as one atomic group (one entry for an ordinary op).
+
+        Args:
+            entries: the group.
+            waits: the submitting thread waits for them at once (a blocking call): its wait runs the
+                cycle (`drive`), so the engine thread is not woken for them.
 
         Raises:
             DuplicateNameError: a name is already in flight on this rank.
             ShutdownError: the job has stopped.
         """
-        self._queue.put(entries)
+        if not self._device_seen and any(entry.request.device != "cpu" for entry in entries):
+            self._device_seen = True
+        self._queue.put(entries, wake=not waits or self._device_seen)
+
+    def run_now(self, entry: Entry) -> bool:
+        """Run `entry`'s cycle on the calling thread at once, when this rank has nothing else to do.
+
+        For a blocking call of one allreduce on host buffers whose response is cached: the steady
+        state (`_solo_cycle`). Returns False, having sent nothing, when the rank is busy (another
+        thread runs a cycle, other work is queued or pending) or the call is not cached: the caller
+        then submits it as usual. After True the entry's handle is done, or its cycle became a whole
+        one and the handle waits for a later cycle like any other.
+        """
+        request = entry.request
+        if (self._device_seen or self.parameters.cycle_time_seconds or request.device != "cpu"
+                or request.kind is not _CACHEABLE):
+            return False
+        lock = self._cycle_lock
+        if not lock.acquire(False):
+            return False
+        try:
+            work = self._work
+            if (self._state is not EngineState.RUNNING or work.entries or work.joined or self._news
+                    or self._detail or self.autotuning.due or self.autotuning.measuring
+                    or not self._cache_on() or not self._status.reduces):
+                return False
+            state, slot = self.cache.lookup(request, count=False)
+            if state is not CacheState.HIT:
+                return False
+            unbatched = self._queue.claim_idle(entry)
+            if unbatched is None:
+                return False
+            # The main thread waits for this call from now on (as `SubmissionQueue.take` would see it).
+            blocked = unbatched and threading.get_ident() == _MAIN_THREAD
+            self.cache.lookup(request)  # counted as a cycle's admission counts it
+            self._stats["driven_cycles"] += 1
+            self._guarded_cycle(lambda: self._solo_cycle(entry, slot, blocked))
+            return True
+        finally:
+            lock.release()
+
+    def drive(self, handle: Handle, deadline: float | None) -> None:
+        """Run cycles on the calling thread until `handle` is done, while no other thread runs one.
+
+        Returns when the handle is done, when the deadline (`time.monotonic`) has passed, or when
+        another thread is running a cycle: the engine thread, woken here, then runs the next ones, and
+        the caller waits for the handle as usual. Between cycles that made no progress (a peer has not
+        submitted yet) it backs off as the engine thread does, from 50 us to 1 ms.
+        """
+        lock = self._cycle_lock
+        backoff = _FIRST_BACKOFF_SECONDS
+        while not handle._done:
+            if (self._state is not EngineState.RUNNING or self._device_seen
+                    or self.parameters.cycle_time_seconds):
+                self._queue.wake()
+                return
+            if not lock.acquire(False):
+                self._queue.wake()
+                return
+            try:
+                if handle._done or self._state is not EngineState.RUNNING:
+                    return
+                self._stats["driven_cycles"] += 1
+                progress = self._guarded_cycle(self._driven_cycle)
+            finally:
+                lock.release()
+            if handle._done or (deadline is not None and time.monotonic() >= deadline):
+                return
+            if progress:
+                backoff = _FIRST_BACKOFF_SECONDS
+            else:
+                if handle.wait_released(backoff):
+                    return
+                backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """Hold what this thread submits inside the block and queue it all at once when the block ends.
@@ -317,15 +413,15 @@ class Engine:
         try:
             while self._state is EngineState.RUNNING:
                 self._wait_for_work()
-                self._cycle()
-        except Abandoned:
-            self._stop(ShutdownError("unison was shut down while peers did not respond."))
-        except AbortedError as exc:  # the transport learned that the job is being aborted
-            log.error("%s", exc)
-            self._stop(exc)
-        except BaseException as exc:  # noqa: BLE001 - the thread must fail every waiter, not die silently
-            log.exception("engine failed")
-            self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
+                with self._cycle_lock:
+                    if self._state is not EngineState.RUNNING:
+                        break
+                    # An idle cycle lets peers' cycles complete; one that a waiting thread ran since
+                    # (`drive`) did that already, and took what woke this thread.
+                    if (not self._has_work() and
+                            time.monotonic() - self._cycle_started < self.settings.idle_cycle_seconds):
+                        continue
+                    self._guarded_cycle(self._cycle)
         finally:
             self._stop(ShutdownError("unison has been shut down; no more collectives can run."))
             try:
@@ -339,7 +435,34 @@ class Engine:
                 finally:
                     self.backend.close()
 
+    def _guarded_cycle(self, cycle: Callable[[], None]) -> bool:
+        """Run one cycle (the cycle lock held); return whether it made progress. A failure stops the
+        engine: every waiter gets the error, whichever thread ran the cycle."""
+        try:
+            cycle()
+        except Abandoned:
+            self._stop(ShutdownError("unison was shut down while peers did not respond."))
+        except AbortedError as exc:  # the transport learned that the job is being aborted
+            log.error("%s", exc)
+            self._stop(exc)
+        except Exception as exc:  # noqa: BLE001 - every waiter must fail, not hang on a dead cycle
+            log.exception("engine failed")
+            self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
+        except BaseException as exc:
+            # KeyboardInterrupt or SystemExit in a thread that was running a cycle (`drive`): the
+            # peers cannot finish that cycle with this rank, so the job stops; the thread gets its own.
+            self._stop(HorovodInternalError(
+                f"rank {self.rank} was interrupted ({type(exc).__name__}) while it ran a cycle of the job"))
+            raise
+        return self._progress
+
+    def _has_work(self) -> bool:
+        """Whether a cycle now has something to send or run (else it would be an idle cycle)."""
+        return bool(self._queue.has_work() or self._news or self._work.unsent or self._work.entries
+                    or self.autotuning.due)
+
     def _wait_for_work(self) -> None:
+        """Sleep until there is work, or until the idle interval passed without any."""
         if self.parameters.cycle_time_seconds:
             # UNISON_CYCLE_TIME / HOROVOD_CYCLE_TIME (or the autotuner): a minimum time between cycle
             # starts, which lets more tensors gather into each cycle at the cost of latency.
@@ -347,11 +470,11 @@ class Engine:
             if left > 0:
                 time.sleep(left)
         if self._queue.has_work() or self._news or self._work.unsent or self.autotuning.due:
-            self._backoff = 50e-6
+            self._backoff = _FIRST_BACKOFF_SECONDS
             return
         if self._work.entries:
             if self._progress:
-                self._backoff = 50e-6
+                self._backoff = _FIRST_BACKOFF_SECONDS
                 return
             # Pending work that made no progress: everyone may be waiting on someone's compute.
             self._queue.wait(self._backoff)
@@ -365,29 +488,85 @@ class Engine:
 
     # -- one cycle: exchange, decide, act -----------------------------------------------------------
 
-    def _cycle(self) -> None:
+    def _cycle(self, drained: Drained | None = None) -> None:
+        """One cycle of the job: exchange, decide, act (`drained`: what a waiting thread already took
+        from the queue, `_driven_cycle`)."""
         self._stats["cycles"] += 1
         now = self._cycle_started = time.monotonic()
-        observer = self._observer
-        observer.cycle_started(now)
-        drained = self._queue.take()
+        self._observer.cycle_started(now)
+        if drained is None:
+            drained = self._queue.take()
         self._work.admit(drained.groups, self._cache_on())
-        progress = bool(drained.groups)
 
-        # 1. Exchange status rows: flags, payload length, cache votes, invalidated slots.
-        payload, words, matrix = self._exchange_status(drained)
+        # 1. Exchange status: a summary of votes and flags, and every rank's row when it is needed.
+        payload, words, summary, matrix = self._exchange_status(drained)
+        self._decide_and_act(now, bool(drained.groups), payload, words, summary, matrix)
 
-        # 2. Decide, from the matrix alone: the fast path runs the slots every rank voted for without
+    def _driven_cycle(self) -> None:
+        """The cycle a waiting thread runs (`drive`): when its one cached allreduce is all this rank
+        has to do, the steady state's cycle (`_solo_cycle`); otherwise a whole one."""
+        drained = self._queue.take()
+        groups = drained.groups
+        if (len(groups) == 1 and len(groups[0]) == 1 and not drained.shutdown and not drained.abort_reason
+                and not self._work.entries and not self._work.joined and not self._news and not self._detail
+                and not self.autotuning.due and not self.autotuning.measuring and self._cache_on()):
+            entry = groups[0][0]
+            request = entry.request
+            if request.kind is _CACHEABLE and request.device == "cpu" and self._status.reduces:
+                state, slot = self.cache.lookup(request, count=False)
+                if state is CacheState.HIT:
+                    self.cache.lookup(request)  # counted as the whole cycle's admission would
+                    self._solo_cycle(entry, slot, drained.blocked)
+                    return
+        self._cycle(drained)
+
+    def _solo_cycle(self, entry: Entry, slot: int, blocked: bool) -> None:
+        """The steady state's cycle: this rank's only work is one allreduce whose response is cached.
+
+        The same cycle as `_cycle` (the same summary goes out, the same decision comes back), with the
+        general bookkeeping skipped when the summary says that this slot alone runs, which is what
+        every rank sees when every rank submitted the same call: then it runs here at once.
+        """
+        self._stats["cycles"] += 1
+        now = self._cycle_started = time.monotonic()
+        self._observer.cycle_started(now)
+        work = self._work
+        entry.slot = slot
+        work.entries[entry.request.name] = entry
+        work.invalid = 0
+        words = words_for(self.cache.num_slots)
+        foreign = work.foreign()
+        summary = self._status.reduce_solo(slot, foreign, blocked, words)
+        if solo_runs(summary, slot):
+            if self._stall_feed is not None and self._stall_feed.due(now):
+                self._detail = self._stall_feed.voted(now, summary, None, None)
+            self._stats["fast_cycles"] += 1
+            self._stats["cache_hits_executed"] += 1
+            if self._execute(self.cache.get(slot)):
+                self._progress = True
+            return
+        matrix = None
+        if summary.needs_rows:
+            matrix = self._status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
+                                       hits=(1 << slot) | foreign, invalid=0, words=words)
+        self._decide_and_act(now, True, b"", words, summary, matrix)
+
+    def _decide_and_act(self, now: float, progress: bool, payload: bytes, words: int, summary: Summary,
+                        matrix: list[list[int]] | None) -> None:
+        """Steps 2 to 5 of a cycle, once its status is exchanged (`unison.engine`)."""
+
+        # 2. Decide, from the exchange alone: the fast path runs the slots every rank voted for without
         # asking the coordinator; the slow path runs only when some rank has requests the cache
-        # could not answer.
-        votes = read_votes(matrix, words)
-        cached: list[Response] = [self.cache.get(slot) for slot in votes.runnable()]
+        # could not answer. The summary decides; rows, where gathered, also feed the stall inspector.
+        cached: list[Response] = [self.cache.get(slot) for slot in summary.runnable()]
         if cached:
             self._stats["cache_hits_executed"] += len(cached)
-        observer.voted(now, votes, matrix)
+        if self._stall_feed is not None:
+            votes = None if matrix is None else read_votes(matrix, words)
+            self._detail = self._stall_feed.voted(now, summary, votes, matrix)
         fresh: list[Response] = []
         tuning: Proposal | None = None
-        if needs_slow_path(matrix):
+        if matrix is not None and needs_slow_path(matrix):
             self._stats["slow_cycles"] += 1
             fresh, tuning = self._slow_path(payload, matrix, now)
         else:
@@ -402,13 +581,13 @@ class Engine:
 
         # 4. Update the cache identically everywhere. Only now: an erase or eviction must not send
         # back to negotiation a tensor that ran from the cache in this very cycle.
-        if votes.invalid:
-            self.cache.erase(bits(votes.invalid))
+        if summary.invalid:
+            self.cache.erase(bits(summary.invalid))
         cacheable = [r for r in fresh if r.kind is _CACHEABLE and len(r.names) == 1]
         if self._cache_on():
             for response in cacheable:
                 self.cache.put(response)
-        if votes.invalid or cacheable:
+        if summary.invalid or cacheable:
             self._work.revalidate()
 
         # 5. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
@@ -417,8 +596,8 @@ class Engine:
         if measuring:
             self.autotuning.measure(reduced_bytes, now, restart=tuning is not None)
 
-    def _exchange_status(self, drained: Drained) -> tuple[bytes, int, list[list[int]]]:
-        """Send this rank's status row and receive every rank's: return (payload, words, matrix)."""
+    def _exchange_status(self, drained: Drained) -> tuple[bytes, int, Summary, list[list[int]] | None]:
+        """Exchange this rank's status: return (payload, words, summary, every rank's rows or None)."""
         requests = self._work.take_unsent()
         if drained.abort_reason:
             requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank, reason=drained.abort_reason))
@@ -429,10 +608,12 @@ class Engine:
         work = self._work
         # A parameter change of the autotuner is news too: it travels with this cycle's responses.
         news = bool(self._news) or self.autotuning.due
-        row = encode_status_row(joined=work.joined, news=news, payload_bytes=len(payload),
-                                hits=work.hits(), invalid=work.invalid, words=words, blocked=drained.blocked)
-        matrix = self.backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
-        return payload, words, matrix
+        summary, matrix = self._status.exchange(
+            joined=work.joined, news=news, blocked=drained.blocked, detail=self._detail,
+            payload_bytes=len(payload), hits=work.hits(), own=work.own_hits(), invalid=work.invalid,
+            words=words)
+        self._detail = False
+        return payload, words, summary, matrix
 
     def _slow_path(self, payload: bytes, matrix: list[list[int]],
                    now: float) -> tuple[list[Response], Proposal | None]:
@@ -615,6 +796,7 @@ class Engine:
             self._stop_error = error
         self._state = EngineState.STOPPED
         queued = self._queue.close()
+        self._queue.wake()  # the engine thread, asleep while a waiting thread ran the cycles, ends too
         waiting = self._work.clear() + queued
         for entry in waiting:
             entry.handle.fail(type(error)(str(error)))

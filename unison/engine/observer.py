@@ -1,6 +1,6 @@
 """What watches the engine's cycles without steering them: the `CycleObserver` protocol and its fan-out.
 
-The loop reports each step of a cycle to one observer: the cycle started, the votes were read, rank 0
+The loop reports each step of a cycle to one observer: the cycle started, rank 0
 negotiated, a response is about to run, it ran. Rank 0's timeline writer
 (`unison.engine.timeline.Timeline`) and stall feed (`unison.engine.stall_feed.StallFeed`) implement
 it; `observe_all` combines those present into the one object the loop calls, `SILENT` when there is
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..protocol.cycle import Votes
 from ..protocol.messages import Request, Response
 
 __all__ = ["SILENT", "CycleObserver", "Observers", "Silent", "observe_all"]
@@ -24,9 +23,6 @@ class CycleObserver(Protocol):
 
     def cycle_started(self, now: float) -> None:
         """A cycle starts at `now` (`time.monotonic`), before the queue is drained."""
-
-    def voted(self, now: float, votes: Votes, matrix: Sequence[Sequence[int]]) -> None:
-        """Every rank's status row is in: `matrix`, and the cache votes read from it."""
 
     def negotiated(self, lists: Sequence[Sequence[Request]], responses: Sequence[Response]) -> None:
         """Rank 0's coordinator answered every rank's request list (index = rank) with `responses`."""
@@ -45,9 +41,6 @@ class Silent:
     """An observer that ignores every step: the base of observers that watch only some."""
 
     def cycle_started(self, now: float) -> None:
-        """Ignore it."""
-
-    def voted(self, now: float, votes: Votes, matrix: Sequence[Sequence[int]]) -> None:
         """Ignore it."""
 
     def negotiated(self, lists: Sequence[Sequence[Request]], responses: Sequence[Response]) -> None:
@@ -80,11 +73,6 @@ class Observers:
         """Tell each observer."""
         for observer in self.observers:
             observer.cycle_started(now)
-
-    def voted(self, now: float, votes: Votes, matrix: Sequence[Sequence[int]]) -> None:
-        """Tell each observer."""
-        for observer in self.observers:
-            observer.voted(now, votes, matrix)
 
     def negotiated(self, lists: Sequence[Sequence[Request]], responses: Sequence[Response]) -> None:
         """Tell each observer."""

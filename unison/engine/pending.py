@@ -98,9 +98,19 @@ class PendingWork:
         for entry in self.entries.values():
             if entry.slot >= 0:
                 hits |= 1 << entry.slot
-        return hits | self._foreign()
+        return hits | self.foreign()
 
-    def _foreign(self) -> int:
+    def own_hits(self) -> int:
+        """The cache slots this rank's pending entries wait in (none once it has joined)."""
+        if self.joined:
+            return 0
+        own = 0
+        for entry in self.entries.values():
+            if entry.slot >= 0:
+                own |= 1 << entry.slot
+        return own
+
+    def foreign(self) -> int:
         """Cache slots of process sets this rank is not in (it votes for them, never blocks them)."""
         cache = self.cache
         if self._foreign_version != cache.version:

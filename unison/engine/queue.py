@@ -96,8 +96,9 @@ class SubmissionQueue:
         """Start accepting submissions."""
         self._accepting = True
 
-    def put(self, entries: Sequence[Entry]) -> None:
-        """Submit entries as one atomic group and wake the engine thread (unless a `batch` holds them).
+    def put(self, entries: Sequence[Entry], *, wake: bool = True) -> None:
+        """Submit entries as one atomic group and wake the engine thread (unless a `batch` holds them,
+        or `wake` is False: the submitting thread runs the cycle itself, `Engine.drive`).
 
         Raises:
             DuplicateNameError: a name is already in flight on this rank.
@@ -132,7 +133,32 @@ class SubmissionQueue:
                 held.append(group)
                 return
             self._groups.append(group)
-        self._wake.set()
+        if wake:
+            self._wake.set()
+
+    def claim_idle(self, entry: Entry) -> bool | None:
+        """Take `entry` into flight without queueing it, when nothing is queued and no shutdown or
+        abort waits to be sent (its thread runs its cycle at once, `Engine.run_now`); return whether
+        no `batch` block is open on any thread, or None, having claimed nothing, when busy.
+
+        Raises:
+            DuplicateNameError: its name is already in flight on this rank.
+        """
+        name = entry.request.name
+        user = user_name(name)
+        with self._lock:
+            if (not self._accepting or self._groups or (self._shutdown_requested and not self._shutdown_sent)
+                    or (self._abort_reason and not self._abort_sent)):
+                return None
+            other = self._in_flight.get(user)
+            if other is not None:
+                raise DuplicateNameError(
+                    f"Requested to {entry.request.kind.value} a tensor named '{user}' while '{other}' is "
+                    "still being processed on this rank: one name is used by one collective at a time. "
+                    "Use a different name for each tensor in flight."
+                )
+            self._in_flight[user] = name
+            return not self._held
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -211,9 +237,10 @@ class SubmissionQueue:
         """Wake the engine thread from `wait`."""
         self._wake.set()
 
-    def wait(self, timeout: float) -> None:
-        """Sleep until woken or `timeout` seconds passed (the wake-up stays set until `clear_wake`)."""
-        self._wake.wait(timeout)
+    def wait(self, timeout: float) -> bool:
+        """Sleep until woken (True) or `timeout` seconds passed (False); the wake-up stays set until
+        `clear_wake`."""
+        return self._wake.wait(timeout)
 
     def clear_wake(self) -> None:
         """Forget past wake-ups: the next `wait` sleeps until a new one."""

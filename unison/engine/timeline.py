@@ -42,7 +42,6 @@ from ..errors import ConfigError
 from ..ops import Kind, TextEnum
 
 if TYPE_CHECKING:
-    from ..protocol.cycle import Votes
     from ..protocol.messages import Request, Response
 
 __all__ = ["FLUSH_SECONDS", "Timeline", "TimelineState", "TimelineStatistics"]
@@ -277,9 +276,6 @@ class Timeline:
     def cycle_started(self, now: float) -> None:
         """Mark the cycle (`mark_cycle`)."""
         self.mark_cycle()
-
-    def voted(self, now: float, votes: Votes, matrix: Sequence[Sequence[int]]) -> None:
-        """Nothing to record: the timeline shows tensors, not votes."""
 
     def negotiated(self, lists: Sequence[Sequence[Request]], responses: Sequence[Response]) -> None:
         """Open the negotiation span of each newly requested tensor, mark each rank's request, and

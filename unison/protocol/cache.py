@@ -95,16 +95,20 @@ class ResponseCache:
         """Counters: hits, misses, invalid lookups, puts, evictions, erased slots, entries."""
         return CacheStatistics(**self._stats, entries=len(self._slots))
 
-    def lookup(self, request: Request) -> tuple[CacheState, int]:
-        """Classify `request` as a hit (with its slot), a miss, or invalid (with the stale slot)."""
+    def lookup(self, request: Request, count: bool = True) -> tuple[CacheState, int]:
+        """Classify `request` as a hit (with its slot), a miss, or invalid (with the stale slot);
+        `count` False leaves the counters as they were (a look before the lookup that counts)."""
         slot = self._by_name.get(request.name)
         if slot is None:
-            self._stats["misses"] += 1
+            if count:
+                self._stats["misses"] += 1
             return CacheState.MISS, -1
         if self._slots[slot][1] != request_key(request):
-            self._stats["invalid"] += 1
+            if count:
+                self._stats["invalid"] += 1
             return CacheState.INVALID, slot
-        self._stats["hits"] += 1
+        if count:
+            self._stats["hits"] += 1
         return CacheState.HIT, slot
 
     def slot_of(self, name: str) -> int:

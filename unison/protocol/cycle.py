@@ -15,6 +15,19 @@ invalid words the slots it found stale, each a little-endian bit mask over W 64-
 From the matrix alone, identical on every rank, each rank decides the same things: which cached
 responses run now (`read_votes`), whether the slow path runs (`needs_slow_path`), and which cached
 tensors some ranks are waiting in (`cached_waits`, for the stall inspector).
+
+A steady-state cycle needs none of that per-rank detail, and a matrix grows with the job: N rows on
+every rank, N x N words across the job. So a cycle first reduces one *summary* vector of a fixed size
+with a bitwise AND (`encode_summary`, `read_summary`), Horovod's bit-vector exchange:
+
+    [~flags, hit word 0 .. W-1, ~invalid word 0 .. W-1, ~real word 0 .. W-1]
+
+An AND of the hit words is the slots every rank voted for; a word sent complemented comes back as
+the complement of an OR: the flags any rank raised, the slots any rank found stale, and the slots some
+rank that has not joined really waits in. When the summary says some rank has uncached requests
+(`FLAG_PAYLOAD`), rank 0 has news, or rank 0 asks for detail (`FLAG_DETAIL`, the stall feed's look
+once a second while something waits), the same cycle also gathers the rows; otherwise the summary
+decides alone, at a cost per rank that does not depend on the number of ranks.
 """
 
 from __future__ import annotations
@@ -24,21 +37,32 @@ from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
     "FLAG_BLOCKED",
+    "FLAG_DETAIL",
     "FLAG_JOINED",
     "FLAG_NEWS",
+    "FLAG_PAYLOAD",
+    "ROW_FLAGS",
+    "Summary",
     "Votes",
     "bits",
     "blocked_ranks",
     "cached_waits",
     "encode_status_row",
+    "encode_summary",
     "needs_slow_path",
+    "read_summary",
+    "summary_of",
     "read_votes",
+    "solo_runs",
     "words_for",
 ]
 
 FLAG_JOINED = 1
 FLAG_NEWS = 2  # rank 0 has something to announce (a stall shutdown, autotune parameters): force the slow path
 FLAG_BLOCKED = 4  # the rank's main thread waits in unison with nothing left to send
+FLAG_DETAIL = 8  # summary only: rank 0 asks every rank for its status row in this cycle
+FLAG_PAYLOAD = 16  # summary only: the rank has requests the cache could not answer
+ROW_FLAGS = FLAG_JOINED | FLAG_NEWS | FLAG_BLOCKED  # the flags a status row carries
 _HEADER = 2  # flags, payload length
 _WORD = (1 << 64) - 1
 
@@ -185,3 +209,113 @@ def cached_waits(
         if waiting and waiting != expected:
             out[slot] = (waiting, expected)
     return out
+
+
+def encode_summary(*, joined: bool, news: bool, blocked: bool, detail: bool, payload: bool, hits: int,
+                   own: int, invalid: int, words: int) -> list[int]:
+    """This rank's summary vector (see the module docstring), to be reduced with a bitwise AND.
+
+    Args:
+        hits: the slots this rank votes for: its own pending hits and the slots of process sets it is
+            not in (a joined rank votes for every slot).
+        own: the slots it waits in itself (its pending hits): a joined rank waits in none.
+
+    Example:
+        >>> v = encode_summary(joined=False, news=False, blocked=False, detail=False, payload=True,
+        ...                    hits=0b111, own=0b101, invalid=0, words=1)
+        >>> [hex(w) for w in v]
+        ['0xffffffffffffffef', '0x7', '0xffffffffffffffff', '0xfffffffffffffffa']
+    """
+    flags = ((FLAG_JOINED if joined else 0) | (FLAG_NEWS if news else 0) | (FLAG_BLOCKED if blocked else 0)
+             | (FLAG_DETAIL if detail else 0) | (FLAG_PAYLOAD if payload else 0))
+    vector = [~flags & _WORD]
+    if words:
+        vector += [_WORD] * words if joined else _split_words(hits, words)
+        vector += [~word & _WORD for word in _split_words(invalid, words)]
+        vector += [~word & _WORD for word in _split_words(0 if joined else own, words)]
+    return vector
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What the reduced summary vector says, the same on every rank.
+
+    Attributes:
+        flags: the flags some rank raised (OR).
+        common: slots every rank voted for and at least one rank that has not joined really waits in.
+        invalid: slots some rank found stale (erased after this cycle's execution).
+        waiting: slots some rank that has not joined waits in while another rank has not voted for
+            them: the cached tensors the stall inspector would look at.
+    """
+
+    flags: int
+    common: int
+    invalid: int
+    waiting: int
+
+    @property
+    def needs_rows(self) -> bool:
+        """Whether this cycle also gathers every rank's status row: the slow path, news or detail."""
+        return bool(self.flags & (FLAG_PAYLOAD | FLAG_NEWS | FLAG_DETAIL))
+
+    def runnable(self) -> list[int]:
+        """The cache slots whose responses run this cycle, ascending (as `Votes.runnable`)."""
+        return bits(self.common & ~self.invalid)
+
+
+def read_summary(vector: Sequence[int], words: int) -> Summary:
+    """Decode the AND-reduced summary vector (`encode_summary`'s layout).
+
+    Example:
+        >>> a = encode_summary(joined=False, news=False, blocked=True, detail=False, payload=False,
+        ...                    hits=0b011, own=0b011, invalid=0, words=1)
+        >>> b = encode_summary(joined=False, news=False, blocked=False, detail=False, payload=False,
+        ...                    hits=0b110, own=0b110, invalid=0b100, words=1)
+        >>> s = read_summary([x & y for x, y in zip(a, b)], words=1)
+        >>> s.flags == FLAG_BLOCKED, s.common, s.invalid, s.waiting, s.needs_rows
+        (True, 2, 4, 5, False)
+    """
+    flags = ~int(vector[0]) & _WORD
+    if not words:
+        return Summary(flags, 0, 0, 0)
+    every = _join_words(vector[1 : 1 + words])
+    invalid = ~_join_words(vector[1 + words : 1 + 2 * words]) & ((1 << (64 * words)) - 1)
+    real = ~_join_words(vector[1 + 2 * words : 1 + 3 * words]) & ((1 << (64 * words)) - 1)
+    return Summary(flags, every & real, invalid, real & ~every)
+
+
+def summary_of(matrix: Sequence[Sequence[int]], words: int) -> Summary:
+    """The `Summary` that reducing each rank's `encode_summary` would give, read from the rows instead
+    (where the rows were gathered anyway). Rows carry no `FLAG_DETAIL`; a payload is `FLAG_PAYLOAD`.
+
+    Example:
+        >>> m = [encode_status_row(joined=False, news=False, payload_bytes=0, hits=0b011, invalid=0, words=1),
+        ...      encode_status_row(joined=False, news=False, payload_bytes=9, hits=0b110, invalid=0, words=1)]
+        >>> s = summary_of(m, words=1)
+        >>> s.flags == FLAG_PAYLOAD, s.common, s.waiting
+        (True, 2, 5)
+    """
+    votes = read_votes(matrix, words)
+    flags = 0
+    real = 0
+    for rank, row in enumerate(matrix):
+        flags |= int(row[0]) & ROW_FLAGS
+        if int(row[1]):
+            flags |= FLAG_PAYLOAD
+        if rank not in votes.joined and votes.votes:
+            real |= votes.votes[rank]
+    every = votes.votes[0] if votes.votes else 0
+    for vote in votes.votes[1:]:
+        every &= vote
+    return Summary(flags, votes.common, votes.invalid, real & ~every)
+
+
+def solo_runs(summary: Summary, slot: int) -> bool:
+    """Whether a cycle with this summary runs the cached response in `slot` and nothing else, gathers no
+    rows and erases nothing: then a rank whose only pending work is that slot may run it at once.
+
+    Example:
+        >>> solo_runs(Summary(FLAG_BLOCKED, 0b100, 0, 0), 2), solo_runs(Summary(0, 0b110, 0, 0), 2)
+        (True, False)
+    """
+    return not summary.needs_rows and not summary.invalid and summary.common == 1 << slot

@@ -12,7 +12,7 @@ from unison.engine.stall_feed import PERIOD_SECONDS, StallFeed
 from unison.engine.timeline import Timeline
 from unison.ops import Kind
 from unison.protocol.cache import ResponseCache
-from unison.protocol.cycle import encode_status_row, read_votes, words_for
+from unison.protocol.cycle import FLAG_BLOCKED, Summary, encode_status_row, read_votes, summary_of, words_for
 from unison.protocol.messages import Request, Response
 from unison.protocol.negotiation import Coordinator
 from unison.protocol.stall import StallInspector
@@ -50,7 +50,7 @@ def test_observe_all_keeps_the_present_ones_in_order() -> None:
 def test_the_implementations_satisfy_the_protocol(tmp_path) -> None:
     timeline = Timeline(str(tmp_path / "t.json"))
     observers: list[CycleObserver] = [SILENT, timeline, Observers([SILENT])]
-    assert all(callable(o.voted) for o in observers)
+    assert all(callable(o.executed) and callable(o.negotiated) for o in observers)
     timeline.close()
 
 
@@ -70,10 +70,11 @@ def test_the_stall_feed_checks_once_a_period_and_stops_the_job_through_its_callb
     feed = StallFeed(StallInspector(check_seconds=1.0, shutdown_seconds=2.0), coordinator, cache,
                      {0: (0, 1)}, stop=stops.append)
     votes, matrix = _votes(2, cache)
-    feed.voted(PERIOD_SECONDS, votes, matrix)  # seen; not late yet
-    feed.voted(PERIOD_SECONDS + 0.5, votes, matrix)  # within the period: not checked
+    summary = summary_of(matrix, words_for(cache.num_slots))
+    feed.voted(PERIOD_SECONDS, summary, votes, matrix)  # seen; not late yet
+    feed.voted(PERIOD_SECONDS + 0.5, summary, votes, matrix)  # within the period: not checked
     assert stops == []
-    feed.voted(10.0, votes, matrix)
+    feed.voted(10.0, summary, votes, matrix)
     assert len(stops) == 1 and "allreduce.late" in stops[0] and "1" in stops[0]
 
 
@@ -114,5 +115,25 @@ def test_a_rank_that_sent_as_a_request_what_others_wait_for_in_the_cache_counts_
     feed = StallFeed(StallInspector(check_seconds=1.0, shutdown_seconds=100.0, deadlock_seconds=1.0), coordinator,
                      cache, {0: (0, 1)}, stop=stops.append)
     for now in (1.0, 3.0, 5.0, 7.0):
-        feed.voted(now, votes, matrix)
+        feed.voted(now, summary_of(matrix, words), votes, matrix)
     assert stops == []
+
+
+def test_without_rows_the_feed_checks_the_coordinator_alone_or_asks_for_rows() -> None:
+    # A summary with no rank waiting in the cache and none blocked: the coordinator's table is all
+    # there is, so the feed checks without rows. A summary that shows a cached wait or a blocked rank:
+    # the feed asks for every rank's row in the next cycle and checks nothing yet.
+    coordinator = Coordinator(2, {0: (0, 1)})
+    request = Request("allreduce.late", Kind.ALLREDUCE, 0, DType.FLOAT32, (1,))
+    assert coordinator.handle([[request], []], 0.0) == []
+    stops: list[str] = []
+    feed = StallFeed(StallInspector(check_seconds=1.0, shutdown_seconds=2.0), coordinator, ResponseCache(4),
+                     {0: (0, 1)}, stop=stops.append)
+    quiet = Summary(0, 0, 0, 0)
+    assert feed.voted(PERIOD_SECONDS, quiet, None, None) is False
+    assert not feed.due(PERIOD_SECONDS + 0.5) and feed.due(2 * PERIOD_SECONDS)
+    assert feed.voted(10.0, Summary(FLAG_BLOCKED, 0, 0, 0), None, None) is True  # rows wanted, no check
+    assert feed.voted(10.0, Summary(0, 0, 0, 0b1), None, None) is True
+    assert stops == []
+    assert feed.voted(10.0, quiet, None, None) is False
+    assert len(stops) == 1 and "allreduce.late" in stops[0]
