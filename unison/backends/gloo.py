@@ -83,6 +83,7 @@ class GlooBackend:
         # torch's stubs leave the type of ReduceOp.SUM and its kin (ReduceOp.RedOpType) undefined
         self._ops: dict[ReduceOp, Any] = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.MIN: dist.ReduceOp.MIN,
                      ReduceOp.MAX: dist.ReduceOp.MAX, ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT}
+        self._band: Any = dist.ReduceOp.BAND
         self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
         self._beats = 0
         self._closed = threading.Event()
@@ -173,7 +174,7 @@ class GlooBackend:
         self._stats["control_calls"] += 1
         out = np.ascontiguousarray(vector, dtype=np.uint64).copy()
         options = self._dist.AllreduceOptions()
-        options.reduceOp = self._dist.ReduceOp.BAND  # on int64: the same bits as on uint64
+        options.reduceOp = self._band  # on int64: the same bits as on uint64
         self._wait(self._groups[0].allreduce([self._tensor(out)], options))
         return out
 

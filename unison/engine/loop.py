@@ -17,7 +17,6 @@ per thread.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -29,35 +28,25 @@ from ..config import Settings
 from ..errors import (
     AbortedError,
     HorovodInternalError,
-    MismatchError,
     ShutdownError,
-    StallError,
 )
-from ..ops import Kind, TextEnum
-from ..protocol.autotune import AutotuneStatistics, Parameters, Proposal, split_tuning
-from ..protocol.cache import CacheState, CacheStatistics, ResponseCache
-from ..protocol.cycle import Summary, bits, needs_slow_path, read_votes, solo_runs, words_for
-from ..protocol.dispatch import ROUTES, Action
-from ..protocol.fusion import FusionPolicy, plan_fusion
+from ..ops import Kind
+from ..protocol.autotune import Parameters
+from ..protocol.cache import CacheState, ResponseCache
+from ..protocol.fusion import FusionPolicy
 from ..protocol.messages import (
-    Request,
     Response,
-    WireError,
-    decode_request_lists,
-    decode_responses,
-    encode_requests,
-    encode_responses,
 )
-from ..protocol.negotiation import Coordinator, CoordinatorStatistics
-from ..protocol.stall import StallInspector, StallStatistics
+from ..protocol.negotiation import Coordinator
+from ..protocol.stall import StallInspector
 from .autotuning import Autotuning, open_tune_log
-from .executor import Executor, ExecutorStatistics
+from .cycles import Cycles
+from .executor import Executor
 from .handles import Entry, Handle
-from .observer import CycleObserver, observe_all
-from .pending import PendingWork
-from .queue import Drained, SubmissionQueue
+from .observer import observe_all
+from .queue import SubmissionQueue
 from .stall_feed import StallFeed
-from .status import StatusExchange
+from .state import EngineState, EngineStatistics
 
 if TYPE_CHECKING:
     from .timeline import Timeline
@@ -71,46 +60,6 @@ _FIRST_BACKOFF_SECONDS = 50e-6
 _MAIN_THREAD = threading.main_thread().ident
 _CACHEABLE = Kind.ALLREDUCE
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCESCATTER)  # what autotune scores
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineStatistics:
-    """A snapshot of an `Engine`'s counters and those of the parts it drives.
-
-    `dataclasses.asdict` turns it into plain, JSON-ready data. `queued` counts submissions waiting
-    for the engine thread, `held` those inside `batch()` blocks still open. `backend` holds the
-    selected backend's own counters (they differ by backend: bytes moved, liveness probes, service
-    calls); `coordinator` and `stall` are present on rank 0 only; `autotune` on every rank when
-    ``UNISON_AUTOTUNE`` is on (the same on every rank: changes are applied at the same cycle).
-    """
-
-    cycles: int
-    fast_cycles: int
-    slow_cycles: int
-    driven_cycles: int
-    rows_gathered: int
-    cache_hits_executed: int
-    responses: int
-    errors: int
-    queued: int
-    held: int
-    cache: CacheStatistics
-    executor: ExecutorStatistics
-    backend: dict[str, float]
-    coordinator: CoordinatorStatistics | None = None
-    stall: StallStatistics | None = None
-    autotune: AutotuneStatistics | None = None
-
-
-class EngineState(TextEnum):
-    """An engine's lifecycle: created, then running once started, then stopped for good.
-
-    A `str` mixin, so a state compares equal to its value (``EngineState.RUNNING == "running"``).
-    """
-
-    CREATED = "created"
-    RUNNING = "running"
-    STOPPED = "stopped"
 
 
 class Engine:
@@ -144,24 +93,20 @@ class Engine:
                                         deadlock_seconds=settings.deadlock_seconds)
             self._stall_feed = StallFeed(self.stall, self.coordinator, self.cache, self.process_sets,
                                          stop=self._announce_stop)
-        self.policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
-                                   group_only=settings.disable_group_fusion)
         # The knobs the autotuner may change while the job runs; every rank applies a change at the
-        # end of the cycle whose responses carry it (`_apply_tuning`), so plans and caches stay equal.
+        # end of the cycle whose responses carry it, so plans and caches stay equal.
         self.autotuning = Autotuning(settings, self.rank, tune_log)
         self.timeline: Timeline | None = None
-        # What the loop reports each step of a cycle to: rank 0's stall feed and timeline, if any.
-        self._observer: CycleObserver = observe_all(self._stall_feed)
         self._queue = SubmissionQueue(self._stopped_error)
-        self._work = PendingWork(self.rank, self.cache, self.process_sets)  # drained, not yet executed
-        self._news: str = ""  # rank 0: a stall report to broadcast as a job stop
-        self._progress = False
-        self._backoff = _FIRST_BACKOFF_SECONDS
-        self._cycle_started = 0.0
-        self._status = StatusExchange(backend)
-        # One cycle at a time, on the engine thread or on a thread that waits (`drive`).
+        self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "driven_cycles": 0,
+                       "cache_hits_executed": 0, "responses": 0, "errors": 0}
+        policy = FusionPolicy(settings.fusion_threshold_bytes, settings.fusion_max_tensor_bytes,
+                              group_only=settings.disable_group_fusion)
+        # What a cycle does; the engine decides which thread runs one, one at a time under this lock.
+        self._cycles = Cycles(backend, self.rank, self.process_sets, self.cache, self.executor, self._queue,
+                              self.coordinator, self._stall_feed, self.autotuning, policy, self._stop, self._stats)
         self._cycle_lock = threading.Lock()
-        self._detail = False  # rank 0: its stall feed asked for every rank's row in the next cycle
+        self._backoff = _FIRST_BACKOFF_SECONDS
         self._device_seen = False  # a device buffer was submitted: cycles stay on the engine thread
         self._stop_error: BaseException | None = None
         self._stopped = threading.Event()
@@ -169,38 +114,30 @@ class Engine:
         # Called once, from the thread that stopped the engine, with the error that stopped it and
         # whether a pending handle was failed with it (a framework thread was waiting on the job).
         self.on_stop: Callable[[BaseException, bool], None] | None = None
-        # Called on the engine thread with each response just before it runs, in the job-wide order
-        # (fused responses as fused); for tools and tests that follow what the job executes.
-        self.on_response: Callable[[Response], None] | None = None
         self._state = EngineState.CREATED
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
                                         daemon=True)
-        # What each `Action` of `unison.protocol.dispatch` calls (True: the job goes on), and from it
-        # what each kind of response calls, with whether only members of its process set act on it.
-        actions: dict[Action, Callable[[Response], bool]] = {
-            Action.STOP_SHUTDOWN: self._stop_shutdown,
-            Action.STOP_STALL: self._stop_stall,
-            Action.STOP_ABORT: self._stop_abort,
-            Action.FAIL: self._fail,
-            Action.JOIN: self._end_join,
-            Action.ADD_PROCESS_SET: self._add_process_set,
-            Action.REMOVE_PROCESS_SET: self._remove_process_set,
-            Action.BARRIER: self._barrier,
-            Action.RUN: self._run_collective,
-            Action.TUNE: self._ignore,
-        }
-        # Keyed by the kind's string: a str hashes in C, an enum member through Python (per response).
-        self._dispatch: dict[str, tuple[Callable[[Response], bool], bool]] = {
-            kind.value: (actions[route.action], route.members_only) for kind, route in ROUTES.items()
-        }
         if timeline is not None:
             self.set_timeline(timeline)
-        self._stats = {"cycles": 0, "fast_cycles": 0, "slow_cycles": 0, "driven_cycles": 0,
-                       "cache_hits_executed": 0, "responses": 0, "errors": 0}
 
     def __repr__(self) -> str:
-        return (f"<Engine rank={self.rank}/{self.size} state={self._state} pending={len(self._work.entries)} "
-                f"cache={len(self.cache)}>")
+        return (f"<Engine rank={self.rank}/{self.size} state={self._state} "
+                f"pending={len(self._cycles.work.entries)} cache={len(self.cache)}>")
+
+    @property
+    def on_response(self) -> Callable[[Response], None] | None:
+        """Called with each response just before it runs, in the job-wide order (fused responses as
+        fused), on the thread that runs the cycle; for tools and tests that follow what the job executes."""
+        return self._cycles.on_response
+
+    @on_response.setter
+    def on_response(self, hook: Callable[[Response], None] | None) -> None:
+        self._cycles.on_response = hook
+
+    @property
+    def policy(self) -> FusionPolicy:
+        """The fusion policy in effect (the autotuner changes its threshold)."""
+        return self._cycles.policy
 
     # -- public, called from framework threads ------------------------------------------------------
 
@@ -225,7 +162,7 @@ class Engine:
 
     def pending_names(self) -> list[str]:
         """Names this rank has submitted and the job has not run yet (a snapshot; any thread)."""
-        return list(self._work.entries)
+        return list(self._cycles.work.entries)
 
     @property
     def parameters(self) -> Parameters:
@@ -243,7 +180,7 @@ class Engine:
         queued, held = self._queue.counts()
         return EngineStatistics(
             **self._stats,
-            rows_gathered=self._status.rows_gathered,
+            rows_gathered=self._cycles.status.rows_gathered,
             queued=queued,
             held=held,
             cache=self.cache.statistics(),
@@ -287,10 +224,7 @@ class Engine:
         if not lock.acquire(False):
             return False
         try:
-            work = self._work
-            if (self._state is not EngineState.RUNNING or work.entries or work.joined or self._news
-                    or self._detail or self.autotuning.due or self.autotuning.measuring
-                    or not self._cache_on() or not self._status.reduces):
+            if self._state is not EngineState.RUNNING or not self._cycles.solo_ready():
                 return False
             state, slot = self.cache.lookup(request, count=False)
             if state is not CacheState.HIT:
@@ -302,7 +236,7 @@ class Engine:
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
             self.cache.lookup(request)  # counted as a cycle's admission counts it
             self._stats["driven_cycles"] += 1
-            self._guarded_cycle(lambda: self._solo_cycle(entry, slot, blocked))
+            self._guarded_cycle(lambda: self._cycles.solo(entry, slot, blocked))
             return True
         finally:
             lock.release()
@@ -329,7 +263,7 @@ class Engine:
                 if handle._done or self._state is not EngineState.RUNNING:
                     return
                 self._stats["driven_cycles"] += 1
-                progress = self._guarded_cycle(self._driven_cycle)
+                progress = self._guarded_cycle(self._cycles.driven)
             finally:
                 lock.release()
             if handle._done or (deadline is not None and time.monotonic() >= deadline):
@@ -398,7 +332,7 @@ class Engine:
         self._state = EngineState.STOPPED
         self._stop_error = error
         self._queue.close(keep_batches=False)
-        self._work.clear()
+        self._cycles.work.clear()
         self.on_stop = None
         self._disowned = True
 
@@ -418,15 +352,15 @@ class Engine:
                         break
                     # An idle cycle lets peers' cycles complete; one that a waiting thread ran since
                     # (`drive`) did that already, and took what woke this thread.
-                    if (not self._has_work() and
-                            time.monotonic() - self._cycle_started < self.settings.idle_cycle_seconds):
+                    cycles = self._cycles
+                    if not cycles.has_work() and time.monotonic() - cycles.started < self.settings.idle_cycle_seconds:
                         continue
-                    self._guarded_cycle(self._cycle)
+                    self._guarded_cycle(cycles.run)
         finally:
             self._stop(ShutdownError("unison has been shut down; no more collectives can run."))
             try:
                 try:
-                    self._observer.close()  # the timeline's file
+                    self._cycles.observer.close()  # the timeline's file
                 finally:
                     self.autotuning.close()
             finally:
@@ -454,26 +388,22 @@ class Engine:
             self._stop(HorovodInternalError(
                 f"rank {self.rank} was interrupted ({type(exc).__name__}) while it ran a cycle of the job"))
             raise
-        return self._progress
-
-    def _has_work(self) -> bool:
-        """Whether a cycle now has something to send or run (else it would be an idle cycle)."""
-        return bool(self._queue.has_work() or self._news or self._work.unsent or self._work.entries
-                    or self.autotuning.due)
+        return self._cycles.progress
 
     def _wait_for_work(self) -> None:
         """Sleep until there is work, or until the idle interval passed without any."""
+        cycles = self._cycles
         if self.parameters.cycle_time_seconds:
             # UNISON_CYCLE_TIME / HOROVOD_CYCLE_TIME (or the autotuner): a minimum time between cycle
             # starts, which lets more tensors gather into each cycle at the cost of latency.
-            left = self._cycle_started + self.parameters.cycle_time_seconds - time.monotonic()
+            left = cycles.started + self.parameters.cycle_time_seconds - time.monotonic()
             if left > 0:
                 time.sleep(left)
-        if self._queue.has_work() or self._news or self._work.unsent or self.autotuning.due:
+        if self._queue.has_work() or cycles.slow.news or cycles.work.unsent or self.autotuning.due:
             self._backoff = _FIRST_BACKOFF_SECONDS
             return
-        if self._work.entries:
-            if self._progress:
+        if cycles.work.entries:
+            if cycles.progress:
                 self._backoff = _FIRST_BACKOFF_SECONDS
                 return
             # Pending work that made no progress: everyone may be waiting on someone's compute.
@@ -482,310 +412,6 @@ class Engine:
         else:
             self._queue.wait(self.settings.idle_cycle_seconds)
         self._queue.clear_wake()
-
-    def _cache_on(self) -> bool:
-        return self.settings.cache_capacity > 0 and self.parameters.cache_enabled
-
-    # -- one cycle: exchange, decide, act -----------------------------------------------------------
-
-    def _cycle(self, drained: Drained | None = None) -> None:
-        """One cycle of the job: exchange, decide, act (`drained`: what a waiting thread already took
-        from the queue, `_driven_cycle`)."""
-        self._stats["cycles"] += 1
-        now = self._cycle_started = time.monotonic()
-        self._observer.cycle_started(now)
-        if drained is None:
-            drained = self._queue.take()
-        self._work.admit(drained.groups, self._cache_on())
-
-        # 1. Exchange status: a summary of votes and flags, and every rank's row when it is needed.
-        payload, words, summary, matrix = self._exchange_status(drained)
-        self._decide_and_act(now, bool(drained.groups), payload, words, summary, matrix)
-
-    def _driven_cycle(self) -> None:
-        """The cycle a waiting thread runs (`drive`): when its one cached allreduce is all this rank
-        has to do, the steady state's cycle (`_solo_cycle`); otherwise a whole one."""
-        drained = self._queue.take()
-        groups = drained.groups
-        if (len(groups) == 1 and len(groups[0]) == 1 and not drained.shutdown and not drained.abort_reason
-                and not self._work.entries and not self._work.joined and not self._news and not self._detail
-                and not self.autotuning.due and not self.autotuning.measuring and self._cache_on()):
-            entry = groups[0][0]
-            request = entry.request
-            if request.kind is _CACHEABLE and request.device == "cpu" and self._status.reduces:
-                state, slot = self.cache.lookup(request, count=False)
-                if state is CacheState.HIT:
-                    self.cache.lookup(request)  # counted as the whole cycle's admission would
-                    self._solo_cycle(entry, slot, drained.blocked)
-                    return
-        self._cycle(drained)
-
-    def _solo_cycle(self, entry: Entry, slot: int, blocked: bool) -> None:
-        """The steady state's cycle: this rank's only work is one allreduce whose response is cached.
-
-        The same cycle as `_cycle` (the same summary goes out, the same decision comes back), with the
-        general bookkeeping skipped when the summary says that this slot alone runs, which is what
-        every rank sees when every rank submitted the same call: then it runs here at once.
-        """
-        self._stats["cycles"] += 1
-        now = self._cycle_started = time.monotonic()
-        self._observer.cycle_started(now)
-        work = self._work
-        entry.slot = slot
-        work.entries[entry.request.name] = entry
-        work.invalid = 0
-        words = words_for(self.cache.num_slots)
-        foreign = work.foreign()
-        summary = self._status.reduce_solo(slot, foreign, blocked, words)
-        if solo_runs(summary, slot):
-            if self._stall_feed is not None and self._stall_feed.due(now):
-                self._detail = self._stall_feed.voted(now, summary, None, None)
-            self._stats["fast_cycles"] += 1
-            self._stats["cache_hits_executed"] += 1
-            if self._execute(self.cache.get(slot)):
-                self._progress = True
-            return
-        matrix = None
-        if summary.needs_rows:
-            matrix = self._status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
-                                       hits=(1 << slot) | foreign, invalid=0, words=words)
-        self._decide_and_act(now, True, b"", words, summary, matrix)
-
-    def _decide_and_act(self, now: float, progress: bool, payload: bytes, words: int, summary: Summary,
-                        matrix: list[list[int]] | None) -> None:
-        """Steps 2 to 5 of a cycle, once its status is exchanged (`unison.engine`)."""
-
-        # 2. Decide, from the exchange alone: the fast path runs the slots every rank voted for without
-        # asking the coordinator; the slow path runs only when some rank has requests the cache
-        # could not answer. The summary decides; rows, where gathered, also feed the stall inspector.
-        cached: list[Response] = [self.cache.get(slot) for slot in summary.runnable()]
-        if cached:
-            self._stats["cache_hits_executed"] += len(cached)
-        if self._stall_feed is not None:
-            votes = None if matrix is None else read_votes(matrix, words)
-            self._detail = self._stall_feed.voted(now, summary, votes, matrix)
-        fresh: list[Response] = []
-        tuning: Proposal | None = None
-        if matrix is not None and needs_slow_path(matrix):
-            self._stats["slow_cycles"] += 1
-            fresh, tuning = self._slow_path(payload, matrix, now)
-        else:
-            self._stats["fast_cycles"] += 1
-
-        # 3. Act: execute, in the same order on every rank.
-        measuring = self.autotuning.measuring
-        executed, reduced_bytes = self._execute_all(cached + fresh, measuring)
-        if executed < 0:
-            return
-        self._progress = progress or executed > 0
-
-        # 4. Update the cache identically everywhere. Only now: an erase or eviction must not send
-        # back to negotiation a tensor that ran from the cache in this very cycle.
-        if summary.invalid:
-            self.cache.erase(bits(summary.invalid))
-        cacheable = [r for r in fresh if r.kind is _CACHEABLE and len(r.names) == 1]
-        if self._cache_on():
-            for response in cacheable:
-                self.cache.put(response)
-        if summary.invalid or cacheable:
-            self._work.revalidate()
-
-        # 5. Autotune: apply a new parameter set at this same point on every rank; rank 0 measures.
-        if tuning is not None:
-            self._apply_tuning(tuning)
-        if measuring:
-            self.autotuning.measure(reduced_bytes, now, restart=tuning is not None)
-
-    def _exchange_status(self, drained: Drained) -> tuple[bytes, int, Summary, list[list[int]] | None]:
-        """Exchange this rank's status: return (payload, words, summary, every rank's rows or None)."""
-        requests = self._work.take_unsent()
-        if drained.abort_reason:
-            requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank, reason=drained.abort_reason))
-        elif drained.shutdown:
-            requests.append(Request("shutdown", Kind.SHUTDOWN, self.rank))
-        payload = encode_requests(requests) if requests else b""
-        words = words_for(self.cache.num_slots)
-        work = self._work
-        # A parameter change of the autotuner is news too: it travels with this cycle's responses.
-        news = bool(self._news) or self.autotuning.due
-        summary, matrix = self._status.exchange(
-            joined=work.joined, news=news, blocked=drained.blocked, detail=self._detail,
-            payload_bytes=len(payload), hits=work.hits(), own=work.own_hits(), invalid=work.invalid,
-            words=words)
-        self._detail = False
-        return payload, words, summary, matrix
-
-    def _slow_path(self, payload: bytes, matrix: list[list[int]],
-                   now: float) -> tuple[list[Response], Proposal | None]:
-        """Gather the request lists to rank 0, which negotiates; broadcast its answer to every rank."""
-        gathered = self.backend.gather_bytes(payload, [row[1] for row in matrix])
-        data: bytes | None = None
-        if self.coordinator is not None:
-            assert gathered is not None
-            data = encode_responses(self._negotiate(gathered, now))
-        return split_tuning(decode_responses(self.backend.broadcast_bytes(data)))
-
-    def _negotiate(self, gathered: list[bytes], now: float) -> list[Response]:
-        """Rank 0: decide this cycle's responses from every rank's payload.
-
-        Whatever goes wrong here (a payload rank 0 cannot read, a fault in the coordinator) becomes an
-        abort response carrying the cause, so every rank stops with the reason instead of waiting
-        for a rank 0 whose engine has died.
-        """
-        assert self.coordinator is not None
-        try:
-            lists = decode_request_lists(gathered)
-            if self._news:
-                responses = [Response(Kind.STALL, (), message=self._news)]
-                self._news = ""
-            else:
-                responses = self.coordinator.handle(lists, now)
-                tune = self.autotuning.take_due()
-                if tune is not None:
-                    responses = [*responses, tune]
-            self._observer.negotiated(lists, responses)
-        except WireError as exc:
-            log.error("%s", exc)
-            return self.coordinator.abort(f"unison stopped the job: {exc}")
-        except Exception as exc:  # noqa: BLE001 - reaches every rank as the abort's reason
-            log.exception("the coordinator failed")
-            return self.coordinator.abort(
-                f"unison stopped the job: its coordinator on rank 0 failed: {type(exc).__name__}: {exc}"
-            )
-        return responses
-
-    def _announce_stop(self, text: str) -> None:
-        """Rank 0: broadcast `text` as a job stop (a STALL response) in the next slow-path cycle."""
-        self._news = text
-
-    def _apply_tuning(self, proposal: Proposal) -> None:
-        """Switch to the autotuner's parameters; every rank calls this at the end of the same cycle.
-
-        Fusion plans are made from the same responses with the same threshold on every rank, so they
-        stay equal. Turning the cache off erases every slot on every rank (the caches stay equal,
-        empty) and sends pending hits back through negotiation; the chunk size only changes how the
-        data plane splits a buffer.
-        """
-        old = self.autotuning.apply(proposal)
-        new = proposal.parameters
-        self.policy = dataclasses.replace(self.policy, threshold_bytes=new.fusion_threshold_bytes)
-        if new.chunk_bytes != old.chunk_bytes:
-            self.executor.set_chunk_bytes(new.chunk_bytes)
-        if old.cache_enabled and not new.cache_enabled:
-            self.cache.erase(self.cache.slots())
-            self._work.revalidate()
-
-    # -- execution ----------------------------------------------------------------------------------
-
-    def _execute_all(self, responses: list[Response], measuring: bool) -> tuple[int, int]:
-        """Run the cycle's responses, fused; return (responses run, bytes reduced here), or (-1, 0)
-        when the job stops."""
-        executed = 0
-        reduced_bytes = 0
-        for response in plan_fusion(responses, self.policy) if len(responses) > 1 else responses:
-            executed += 1
-            if self.on_response is not None:
-                self.on_response(response)
-            if measuring and response.kind in _REDUCING and \
-                    self.rank in self.process_sets.get(response.process_set_id, ()):
-                reduced_bytes += response.num_bytes()
-            if not self._execute(response):
-                return -1, 0
-        return executed, reduced_bytes
-
-    def _take(self, name: str) -> Entry | None:
-        entry = self._work.take(name)
-        if entry is not None:
-            self._queue.release(name)
-        return entry
-
-    def _execute(self, response: Response) -> bool:
-        """Run one response as `unison.protocol.dispatch` routes it; return False when the job stops."""
-        self._stats["responses"] += 1
-        action, members_only = self._dispatch[response.kind._value_]
-        if members_only and self.rank not in self.process_sets.get(response.process_set_id, ()):
-            return True
-        return action(response)
-
-    def _stop_shutdown(self, response: Response) -> bool:
-        ranks = list(response.ranks)
-        self._stop(ShutdownError(
-            f"unison has been shut down: rank(s) {ranks} called shutdown() (or exited) while this "
-            "rank still had collectives pending. A rank that finishes early, or fails, stops the job "
-            "for everyone: check that every rank runs the same collectives, and look in the log of "
-            f"rank(s) {ranks} for an exception."
-        ))
-        return False
-
-    def _stop_stall(self, response: Response) -> bool:
-        self._stop(StallError(response.message))  # rank 0 logged the report; the error carries it
-        return False
-
-    def _stop_abort(self, response: Response) -> bool:
-        log.error("%s", response.message)
-        self._stop(AbortedError(response.message))
-        return False
-
-    def _fail(self, response: Response) -> bool:
-        self._stats["errors"] += 1
-        for name in response.names:
-            entry = self._take(name)
-            if entry is not None:
-                entry.handle.fail(MismatchError(response.message))
-        return True
-
-    def _end_join(self, response: Response) -> bool:
-        entry = self._take("join.noname")
-        self._work.joined = False
-        if entry is not None:
-            entry.handle.complete(response.last_joined)
-        return True
-
-    def _add_process_set(self, response: Response) -> bool:
-        self.backend.add_process_set(response.process_set_id, response.ranks)
-        self.process_sets[response.process_set_id] = tuple(response.ranks)
-        self.cache.version += 1
-        entry = self._take(response.names[0])
-        if entry is not None:
-            entry.handle.complete(response.process_set_id)
-        return True
-
-    def _remove_process_set(self, response: Response) -> bool:
-        self.backend.remove_process_set(response.process_set_id)
-        self.process_sets.pop(response.process_set_id, None)
-        entry = self._take(response.names[0])
-        if entry is not None:
-            entry.handle.complete(True)
-        return True
-
-    def _barrier(self, response: Response) -> bool:
-        for entry in [self._take(name) for name in response.names]:
-            if entry is not None:
-                entry.handle.complete(None)
-        return True
-
-    def _run_collective(self, response: Response) -> bool:
-        entries = [self._take(name) for name in response.names]
-        observer = self._observer
-        observer.executing(response)
-        try:
-            results = self.executor.run(response, entries)
-        except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
-            log.exception("%s failed", response.kind)
-            for entry in entries:
-                if entry is not None:
-                    entry.handle.fail(HorovodInternalError(
-                        f"{response.kind} of {list(response.names)} failed: {exc}"))
-            return True
-        finally:
-            observer.executed(response)
-        for entry, result in zip(entries, results):
-            if entry is not None:
-                entry.handle.complete(result)
-        return True
-
-    def _ignore(self, response: Response) -> bool:
-        return True  # TUNE: applied at the end of the cycle (`split_tuning` takes it out first)
 
     def _stop(self, error: BaseException) -> None:
         """Fail everything pending or queued with `error` and mark the engine stopped."""
@@ -797,7 +423,7 @@ class Engine:
         self._state = EngineState.STOPPED
         queued = self._queue.close()
         self._queue.wake()  # the engine thread, asleep while a waiting thread ran the cycles, ends too
-        waiting = self._work.clear() + queued
+        waiting = self._cycles.work.clear() + queued
         for entry in waiting:
             entry.handle.fail(type(error)(str(error)))
         if first:
@@ -808,12 +434,16 @@ class Engine:
                 except Exception:  # noqa: BLE001 - a failing hook must not keep the engine alive
                     log.exception("stop hook failed")
 
+    def _announce_stop(self, text: str) -> None:
+        """Rank 0: broadcast `text` as a job stop (a STALL response) in the next slow-path cycle."""
+        self._cycles.slow.news = text
+
     # -- rank 0 only: the timeline ------------------------------------------------------------------
 
     def set_timeline(self, timeline: Timeline | None) -> None:
         """Start (or with None, stop) writing the timeline; rank 0 only."""
         old, self.timeline = self.timeline, timeline
-        self._observer = observe_all(self._stall_feed, timeline)
+        self._cycles.observer = observe_all(self._stall_feed, timeline)
         if timeline is None:
             self.executor.activity = None
         else:
