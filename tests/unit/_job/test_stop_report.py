@@ -1,0 +1,108 @@
+"""What a rank prints when an error ends it (`unison._job.stop_report`) and the summary line read back."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+
+from unison._job import stop_report
+from unison._job.stop_report import Role, decide, role_of, stop_words
+from unison._job.summary import describe, parse_reason, without_unison_frames
+from unison.errors import AbortedError, JobInterrupt, MismatchError, ShutdownError, StallError
+
+WHO = "rank 2 (h, pid 7)"
+
+
+def said(role: Role, rank: int = 2, *, launcher: bool = False, reason: str = "", aborted: str = "",
+         logged: bool = False, error: str = "AbortedError") -> stop_report.Said:
+    return decide(role, rank=rank, who=f"rank {rank} (h, pid 7)", where="t.py:8 in main", error=error, reason=reason,
+                  under_launcher=launcher, aborted_reason=aborted, logged=logged)
+
+
+def test_each_error_has_its_role() -> None:
+    assert role_of(ValueError("x")) is Role.OWN and role_of(ShutdownError("x")) is Role.OWN
+    assert role_of(MismatchError("x")) is Role.SHARED
+    wrapped = RuntimeError("Got the following error when running the callback: MismatchError: x")
+    wrapped.__cause__ = MismatchError("x")
+    assert role_of(wrapped) is Role.SHARED
+    for error in (AbortedError("x"), StallError("x"), JobInterrupt("x")):
+        assert role_of(error) is Role.CONSEQUENCE
+
+
+def test_a_ranks_own_error_prints_its_traceback_and_its_line_only_without_the_launcher() -> None:
+    assert said(Role.OWN, launcher=True, aborted="rank 2 (h, pid 7) failed: ValueError: x") == stop_report.Said(True, "")
+    assert said(Role.OWN, aborted="rank 2 (h, pid 7) failed: ValueError: x").line == (
+        "unison: rank 2 (h, pid 7) failed: ValueError: x; stopping every rank.")
+
+
+def test_a_shared_error_is_reported_by_the_launcher_or_rank_0_and_pointed_to_by_the_others() -> None:
+    assert said(Role.SHARED, launcher=True, error="MismatchError") == stop_report.Said(
+        False, f"unison: {WHO} stopped at t.py:8 in main: MismatchError, raised on every rank of the collective; "
+               "unisonrun reports it.")
+    zero = said(Role.SHARED, rank=0, error="MismatchError")
+    assert zero.traceback and zero.line.endswith("; stopping every rank.")
+    assert said(Role.SHARED, error="MismatchError").line.endswith("; rank 0 reports it.")
+
+
+@pytest.mark.parametrize(("reason", "words", "reporter"), [
+    ("rank 1 (h, pid 9) failed: ValueError: bad at t.py:3 in f", "rank 1 (h, pid 9) failed (ValueError)", 1),
+    ("rank 1 (h, pid 9) failed: MismatchError: m at t.py:3 in f", "rank 1 (h, pid 9) failed (MismatchError)", None),
+    ("Deadlock: every rank ...\n  rank 0 waits for x", "the job deadlocked", None),
+    ("rank 1 stopped answering: rank 0 waited 10 s", "rank 1 stopped answering: rank 0 waited 10 s", None),
+])
+def test_a_stop_in_few_words_and_who_reports_it(reason: str, words: str, reporter: int | None) -> None:
+    assert stop_words(reason) == (words, reporter)
+
+
+def test_a_stopped_rank_prints_one_line_and_rank_0_the_full_reason_when_it_reports() -> None:
+    lost = "rank 1 stopped answering: rank 0 waited 10 s\nfor rank 1"
+    assert said(Role.CONSEQUENCE, reason=lost, launcher=True).line == (
+        f"unison: {WHO} stopped at t.py:8 in main: AbortedError: rank 1 stopped answering: rank 0 waited 10 s; "
+        "unisonrun reports it.")
+    assert said(Role.CONSEQUENCE, rank=0, reason=lost).line == (
+        "unison: rank 0 (h, pid 7) stopped at t.py:8 in main: AbortedError: rank 1 stopped answering: rank 0 waited "
+        "10 s for rank 1")
+    assert said(Role.CONSEQUENCE, reason=lost).line.endswith(": rank 1 stopped answering: rank 0 waited 10 s; rank 0 "
+                                                              "reports it.")
+    own = "rank 1 (h, pid 9) failed: ValueError: bad at t.py:3 in f"
+    assert said(Role.CONSEQUENCE, rank=0, reason=own).line.endswith("failed (ValueError); rank 1 reports it.")
+    # A stall's report is rank 0's log already: rank 0 says so in one line too.
+    stall = said(Role.CONSEQUENCE, rank=0, reason="Deadlock: x\n  rank 0 waits", logged=True, error="StallError")
+    assert stall == stop_report.Said(False, "unison: rank 0 (h, pid 7) stopped at t.py:8 in main: StallError: the job "
+                                            "deadlocked; rank 0 reports it.")
+
+
+def _raised() -> BaseException:
+    try:  # a frame of this file, then unison's
+        describe(None, 0, "h", 1)  # type: ignore[arg-type]
+    except AttributeError as exc:
+        return exc
+    raise AssertionError("describe(None) did not raise")
+
+
+def test_the_summary_line_reads_back() -> None:
+    error = _raised()
+    line = describe(error, 3, "node 7", 42)
+    parsed = parse_reason(line)
+    assert parsed is not None and (parsed.rank, parsed.host, parsed.pid, parsed.error) == (3, "node 7", 42,
+                                                                                           "AttributeError")
+    assert parsed.where.startswith("test_stop_report.py:") and parsed.message.startswith("AttributeError: ")
+    assert parsed.who == "rank 3 (node 7, pid 42)"
+    framed = parse_reason("rank 1 (h, pid 2) failed: ValueError: x at 3 places")  # no frames: the 'at' is the message's
+    assert framed is not None and framed.where == "" and framed.message == "ValueError: x at 3 places"
+    assert parse_reason("the job deadlocked (found by rank 0, h, pid 1): ...") is None
+    assert parse_reason("rank 1 (h, pid 2) failed: ValueError: " + "x" * 600 + "...") is None  # cut short
+
+
+def test_tracebacks_leave_out_unisons_frames() -> None:
+    error = _raised()
+    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+    assert any("/unison/" in f for f in files) and any(f.endswith("test_stop_report.py") for f in files)
+    kept = [frame.filename for frame in traceback.extract_tb(without_unison_frames(error.__traceback__))]
+    assert kept == [f for f in files if "/unison/" not in f]
+    assert without_unison_frames(None) is None
+    inner = error.__traceback__
+    while inner is not None and inner.tb_next is not None:
+        inner = inner.tb_next
+    assert without_unison_frames(inner) is inner  # unison's frames only: kept, rather than none
