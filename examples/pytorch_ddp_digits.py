@@ -7,8 +7,11 @@ The script is torch.distributed code as written for gloo or NCCL; the only uniso
 import and the backend's name. Each rank trains on its shard (rows rank::world_size) through
 ``DistributedDataParallel``; every collective runs through unison's engine, so a rank that issues a
 different collective at the same point (try ``--desync``: rank 1 all_reduces one extra metric in
-epoch 2) fails on every rank at once with a MismatchError that names both calls, instead of waiting
-for a watchdog. Rank 0 prints the loss and the accuracy over the whole test set each epoch. With
+epoch 3) fails on every rank at once, instead of waiting for a watchdog, with a MismatchError that
+gives each call's shape and the ranks that made it (``[2] on rank [0]; [3] on rank [1]``). unisonrun
+reports it once and names each rank's line of this script, rank 1's extra call first; under plain
+mpiexec rank 0 reports it and every other rank prints its own line. Rank 0 prints the loss and the
+accuracy over the whole test set each epoch. With
 ``--device cuda`` each rank trains on the GPU numbered by its local rank, and DDP's gradients go
 through unison's GPU data plane (NCCL).
 """
@@ -44,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--desync", action="store_true", help="rank 1 issues one extra all_reduce in epoch 2")
+    parser.add_argument("--desync", action="store_true", help="rank 1 issues one extra all_reduce in epoch 3")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="train on the CPU, or on the GPU numbered by each rank's local rank")
     args = parser.parse_args()
