@@ -55,7 +55,7 @@ from ..config import process_environment
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
-from .stop_report import Role, decide, role_of
+from .stop_report import Role, decide, role_of, shared_error
 from .summary import describe, user_where, without_unison_frames
 from .torch_error_file import error_file_data, write_error_file
 
@@ -344,7 +344,7 @@ def _trailer(exc: BaseException, role: Role) -> None:
         return
     engine = _state.engine or _state.last_engine
     stop = engine.stop_error if engine is not None else None
-    reason, error = str(exc), type(exc).__name__
+    reason, error = str(exc), shared_error(exc) or type(exc).__name__
     if isinstance(exc, JobInterrupt) or (role is Role.OWN and not _state.aborted_reason
                                          and isinstance(stop, HorovodInternalError)
                                          and not isinstance(exc, HorovodInternalError)):
@@ -409,7 +409,7 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     _state.reporting = True
     _state.after_peer = isinstance(exc, ShutdownError) and not isinstance(exc, StallError)
     role = role_of(exc)
-    if role is Role.SHARED and _state.engine is not None and not _state.failure_recorded:
+    if role is Role.SHARED and _state.under_launcher and _state.engine is not None and not _state.failure_recorded:
         # Every rank's own call site reaches the launcher, also where another rank's abort came first.
         _write_marker(marker_name("failed", _state.rank), describe(exc, _state.rank, _state.host, os.getpid()) + "\n")
     if _traceback_shown(role):

@@ -21,9 +21,9 @@ import enum
 
 from ..errors import AbortedError, JobInterrupt, MismatchError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
-from .summary import parse_reason
+from .summary import CALLBACK_PREFIX, parse_reason
 
-__all__ = ["SHARED_ERRORS", "Role", "Said", "decide", "role_of", "stop_words"]
+__all__ = ["SHARED_ERRORS", "Role", "Said", "decide", "role_of", "shared_error", "stop_words"]
 
 SHARED_ERRORS = frozenset({"MismatchError"})  # raised on every rank of the collective, with one message
 
@@ -51,14 +51,34 @@ def role_of(exc: BaseException) -> Role:
         >>> role_of(ValueError("x")), role_of(MismatchError("x")), role_of(AbortedError("x"))
         (<Role.OWN: 'own'>, <Role.SHARED: 'shared'>, <Role.CONSEQUENCE: 'consequence'>)
     """
-    seen: BaseException | None = exc
-    while seen is not None:  # torch re-raises a callback's error as RuntimeError from it
-        if isinstance(seen, MismatchError):
-            return Role.SHARED
-        seen = seen.__cause__
+    if shared_error(exc):
+        return Role.SHARED
     if isinstance(exc, (AbortedError, StallError, JobInterrupt)):
         return Role.CONSEQUENCE
     return Role.OWN
+
+
+def shared_error(exc: BaseException) -> str:
+    """The name of the error every rank of a collective raised that `exc` is or carries, else ''.
+
+    torch's autograd re-raises an error of a DDP communication hook as a ``RuntimeError`` that carries
+    it as text (``Got the following error when running the callback: MismatchError: ...``).
+
+    Example:
+        >>> shared_error(RuntimeError("Got the following error when running the callback: MismatchError: m"))
+        'MismatchError'
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MismatchError):
+            return type(seen).__name__
+        text = str(seen)
+        if type(seen) is RuntimeError and text.startswith(CALLBACK_PREFIX):
+            name = text[len(CALLBACK_PREFIX):].split(":", 1)[0]
+            if name in SHARED_ERRORS:
+                return name
+        seen = seen.__cause__
+    return ""
 
 
 def stop_words(reason: str) -> tuple[str, int | None]:

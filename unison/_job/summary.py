@@ -15,7 +15,7 @@ import re
 import traceback
 from types import TracebackType
 
-__all__ = ["Reason", "describe", "parse_reason", "user_where", "without_unison_frames"]
+__all__ = ["CALLBACK_PREFIX", "Reason", "describe", "parse_reason", "user_where", "without_unison_frames"]
 
 _FRAMES = 3
 _MAX_REASON_CHARS = 600
@@ -84,6 +84,8 @@ class Reason:
         return f"rank {self.rank} ({self.host}, pid {self.pid})"
 
 
+# torch's autograd re-raises an error of a DDP communication hook as a RuntimeError with this prefix
+CALLBACK_PREFIX = "Got the following error when running the callback: "
 _REASON = re.compile(r"^rank (?P<rank>\d+) \((?P<host>.*), pid (?P<pid>\d+)\) failed: "
                      r"(?P<message>(?P<error>[A-Za-z_][\w.]*)(?::.*)?)$", re.DOTALL)
 _WHERE = re.compile(r"^[^\n]+?:\d+ in [^\s]+(?: <- [^\n]+?:\d+ in [^\s]+)*$")
@@ -92,6 +94,9 @@ _WHERE = re.compile(r"^[^\n]+?:\d+ in [^\s]+(?: <- [^\n]+?:\d+ in [^\s]+)*$")
 def parse_reason(text: str) -> Reason | None:
     """Read back a line of `describe` (None for any other text, or one cut short at its length limit).
 
+    An error torch's autograd re-raised from a DDP communication hook (``RuntimeError: Got the following
+    error when running the callback: MismatchError: ...``) reads back as the hook's own error.
+
     Example:
         >>> parse_reason("rank 1 (gpu07, pid 42) failed: ValueError: bad at train.py:3 in step <- train.py:9 in main")
         Reason(rank=1, host='gpu07', pid=42, error='ValueError', message='ValueError: bad', where='train.py:3 in step <- train.py:9 in main')
@@ -99,11 +104,14 @@ def parse_reason(text: str) -> Reason | None:
     match = _REASON.match(text.strip())
     if match is None or text.endswith("..."):
         return None
-    message, where = match["message"], ""
+    message, where, error = match["message"], "", match["error"]
     head, separator, tail = message.rpartition(" at ")
     if separator and _WHERE.match(tail):
         message, where = head, tail
-    return Reason(int(match["rank"]), match["host"], int(match["pid"]), match["error"], message, where)
+    inner = message.removeprefix(f"RuntimeError: {CALLBACK_PREFIX}")
+    if inner != message and re.match(r"^[A-Za-z_]\w*: ", inner):  # the hook's own error, as every rank raised it
+        message, error = inner, inner.split(":", 1)[0]
+    return Reason(int(match["rank"]), match["host"], int(match["pid"]), error, message, where)
 
 
 def without_unison_frames(tb: TracebackType | None) -> TracebackType | None:

@@ -7,7 +7,7 @@ import traceback
 import pytest
 
 from unison._job import stop_report
-from unison._job.stop_report import Role, decide, role_of, stop_words
+from unison._job.stop_report import Role, decide, role_of, shared_error, stop_words
 from unison._job.summary import describe, parse_reason, without_unison_frames
 from unison.errors import AbortedError, JobInterrupt, MismatchError, ShutdownError, StallError
 
@@ -23,9 +23,14 @@ def said(role: Role, rank: int = 2, *, launcher: bool = False, reason: str = "",
 def test_each_error_has_its_role() -> None:
     assert role_of(ValueError("x")) is Role.OWN and role_of(ShutdownError("x")) is Role.OWN
     assert role_of(MismatchError("x")) is Role.SHARED
-    wrapped = RuntimeError("Got the following error when running the callback: MismatchError: x")
-    wrapped.__cause__ = MismatchError("x")
-    assert role_of(wrapped) is Role.SHARED
+    chained = RuntimeError("callback failed")
+    chained.__cause__ = MismatchError("x")
+    assert role_of(chained) is Role.SHARED
+    # DDP: torch's autograd re-raises the hook's error as text only, with no cause attached.
+    assert role_of(RuntimeError("Got the following error when running the callback: MismatchError: x")) is Role.SHARED
+    assert role_of(RuntimeError("Got the following error when running the callback: ValueError: x")) is Role.OWN
+    assert shared_error(RuntimeError("Got the following error when running the callback: MismatchError: x")) == (
+        "MismatchError")
     for error in (AbortedError("x"), StallError("x"), JobInterrupt("x")):
         assert role_of(error) is Role.CONSEQUENCE
 
@@ -92,6 +97,10 @@ def test_the_summary_line_reads_back() -> None:
     framed = parse_reason("rank 1 (h, pid 2) failed: ValueError: x at 3 places")  # no frames: the 'at' is the message's
     assert framed is not None and framed.where == "" and framed.message == "ValueError: x at 3 places"
     assert parse_reason("the job deadlocked (found by rank 0, h, pid 1): ...") is None
+    wrapped = parse_reason("rank 0 (h, pid 2) failed: RuntimeError: Got the following error when running the "
+                           "callback: MismatchError: shapes differ. at t.py:37 in <module>")
+    assert wrapped is not None and (wrapped.error, wrapped.message, wrapped.where) == (
+        "MismatchError", "MismatchError: shapes differ.", "t.py:37 in <module>")
     assert parse_reason("rank 1 (h, pid 2) failed: ValueError: " + "x" * 600 + "...") is None  # cut short
 
 
