@@ -45,13 +45,15 @@ _POLL_SECONDS = 0.005
 _MAX_POLL_SECONDS = 0.05
 
 
-def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float) -> str:
+def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float,
+            bound_by: str = "UNISON_START_TIMEOUT_SECONDS sets the wait") -> str:
     """The start-up error text for every rank ('' when all arrived and reported ready). Pure.
 
     Args:
         reports: rank -> its local set-up error ('' for ready), for the ranks that arrived.
         missing: ranks that did not arrive in time.
         timeout_seconds: the bound they missed.
+        bound_by: what sets the bound, for the message.
 
     Example:
         >>> verdict({0: "", 1: ""}, [2], 60.0)[:63]
@@ -62,8 +64,7 @@ def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float)
         who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
         problems.append(
             f"{who} did not reach init() within {timeout_seconds:g} s (it raised or exited before "
-            "init(), is stuck before it, or already left the job); check its output. "
-            "UNISON_START_TIMEOUT_SECONDS sets the wait"
+            f"init(), is stuck before it, or already left the job); check its output. {bound_by}"
         )
     for rank in sorted(reports):
         if reports[rank]:
@@ -191,6 +192,9 @@ class Arrival(NamedTuple):
     problem: str
 
 
+_STORE_BOUND = "the timeout of init_process_group, or UNISON_START_TIMEOUT_SECONDS where shorter, sets the wait"
+
+
 def store_verdict(arrivals: Mapping[int, Arrival], size: int, timeout_seconds: float) -> str:
     """Rank 0's start-up error text at a store ('' when every rank of `size` arrived ready). Pure.
 
@@ -209,7 +213,7 @@ def store_verdict(arrivals: Mapping[int, Arrival], size: int, timeout_seconds: f
         return (f"init() failed: the world size differs between ranks: {listing}. Pass the same world_size to "
                 "init_process_group on every rank (WORLD_SIZE in the environment of each).")
     missing = [r for r in range(size) if r not in arrivals]
-    return verdict({r: a.problem for r, a in arrivals.items()}, missing, timeout_seconds)
+    return verdict({r: a.problem for r, a in arrivals.items()}, missing, timeout_seconds, _STORE_BOUND)
 
 
 def _arrival(raw: bytes) -> Arrival:
@@ -251,11 +255,31 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
             ())
     store.set(f"report/{rank}", json.dumps(me._asdict()))
     if rank != 0:
-        if not _poll(time.monotonic() + 2 * bound + 5.0, lambda: bool(store.check(["verdict"]))):
-            seen = [r for r in range(size) if store.check([f"report/{r}"])]
-            missing = [r for r in range(size) if r not in seen]
-            raise StartupError(verdict({}, missing, timeout_seconds), tuple(missing))
-        told = json.loads(store.get("verdict"))
+        zero: list[bool] = []  # whether rank 0 reported: it did not when torch's rendezvous held it
+
+        def told_or_seen() -> bool:
+            if not zero and store.check(["report/0"]):
+                zero.append(True)
+            return bool(store.check(["verdict"]))
+
+        try:
+            if not _poll(time.monotonic() + 2 * bound + 5.0, told_or_seen):
+                seen = [r for r in range(size) if store.check([f"report/{r}"])]
+                missing = [r for r in range(size) if r not in seen]
+                raise StartupError(verdict({}, missing, timeout_seconds, _STORE_BOUND), tuple(missing))
+            told = json.loads(store.get("verdict"))
+            store.add("verdict/read", 1)
+        except StartupError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch's store errors: its host (rank 0, or an agent) is gone
+            why = (" Rank 0 never reached unison's start: with tcp:// and env:// it waits in torch's rendezvous "
+                   "until every process of the world size connected to its store, so a process of the job did not "
+                   "arrive (rank 0's output says how many did)." if not zero else "")
+            raise StartupError(
+                f"init() failed: the store the ranks meet at stopped answering before rank 0 said whether every "
+                f"rank arrived ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). The process "
+                f"that hosts it (rank 0, for tcp:// and env://) failed or left: check its output.{why}",
+                (0,)) from None
         given = {int(r): Arrival(*row) for r, row in told["arrivals"].items()}
         if told["text"]:
             raise StartupError(told["text"], tuple(told["missing"]))
@@ -278,6 +302,8 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
     store.set("verdict", json.dumps({"text": text, "missing": missing,
                                      "arrivals": {r: list(a) for r, a in arrivals.items()}}))
     if text:
+        # rank 0 often hosts the store (tcp://, env://): its end would cut the others off from the verdict
+        _poll(time.monotonic() + 5.0, lambda: store.add("verdict/read", 0) >= len(arrivals) - 1)
         raise StartupError(text, tuple(missing))
     return arrivals
 
