@@ -36,8 +36,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("parameter servers", ("unison.ps",)),
     ("adapters", ("unison.adapters",)),
     ("launcher", ("unison.launcher", "unison.status")),
-    ("public", ("unison", "unison.common", "unison.keras", "unison.ps.keras", "unison.ps.torch", "unison.runner",
-                "unison.tensorflow", "unison.testing", "unison.torch")),
+    ("public", ("unison", "unison.common", "unison.keras", "unison.ps.keras", "unison.ps.torch", "unison.ray",
+                "unison.runner", "unison.tensorflow", "unison.testing", "unison.torch")),
 )
 
 _PLACED = frozenset(unit for _, units in FLOORS for unit in units)
