@@ -45,10 +45,13 @@ ROWS = [
     ("a rank raised (an uncaught exception; every rank stops)", JobOutcome(11, {1: "failed"}, ended={1: 1, 0: -9}), "1"),
     ("a stall or a deadlock (`StallError` on every rank)", JobOutcome(1, {0: "stalled"}, ended={0: 1}), "1"),
     ("a rank exited with status n > 0 while the job ran (`os._exit(n)`)", JobOutcome(9, {1: "x"}, ended={1: 3}), "n"),
+    ("a rank exited with status n > 0 after shutting unison down (`sys.exit(n)` while the others still run "
+     "collectives)", JobOutcome(5, {1: "x"}, ended={1: 3, 0: 1}), "n"),
     ("a rank ended with `os._exit(0)` while the job ran", JobOutcome(9, {1: "x"}, ended={1: 0}), "1"),
     ("a rank killed by signal N (the OOM killer's SIGKILL)", JobOutcome(9, {1: "x"}, ended={1: -9}), "128 + N (137)"),
     ("`--timeout` passed", JobOutcome(9, {}, timed_out=True), "124"),
     ("Ctrl-C", JobOutcome(2, {}, interrupted=True), "130"),
+    ("SIGTERM to the launcher (a batch system's stop)", JobOutcome(15, {}, interrupted=True, signal=15), "143"),
 ]
 
 
@@ -64,9 +67,10 @@ def test_the_exit_status_table_is_what_unisonrun_returns(row: str, outcome: JobO
 def test_troubleshooting_says_the_same_statuses() -> None:
     text = _flat(TROUBLESHOOTING)
     assert ("`unisonrun` exits 0 when every rank succeeded, 1 when a rank raised, the job stalled or deadlocked, "
-            "or a rank froze; n when a rank exited with status n while the job ran; 128 + N when a rank was "
-            "killed by signal N (137: SIGKILL, often the OOM killer); 124 after `--timeout`; 130 after Ctrl-C; "
-            "2 when the job could not start.") in text
+            "or a rank froze; n when a rank exited with status n while the job ran, also after shutting unison "
+            "down (`sys.exit(4)`: `unisonrun: rank 1 (...) exited with status 4 after shutting unison down.`); "
+            "128 + N when a rank was killed by signal N (137: SIGKILL, often the OOM killer); 124 after "
+            "`--timeout`; 130 after Ctrl-C; 143 after SIGTERM to unisonrun; 2 when the job could not start.") in text
 
 
 def test_the_parameter_server_and_elastic_bounds_are_the_code_s() -> None:
