@@ -1,7 +1,9 @@
 """Failure propagation: turn one rank's failure into a job-wide stop that names it, and bound every exit.
 
 `install` (called by `init()`) chains `sys.excepthook` and `threading.excepthook`. On an uncaught
-exception the hook prints the traceback as before, then asks the engine to abort the job: the reason
+exception the hook prints what `stop_report` decides (the full report once per failure: the failing
+rank's traceback without unison's frames, one line from every other rank; under torchrun also its
+error file, `torch_error_file`), then asks the engine to abort the job: the reason
 ("rank 1 (host, pid 1234) failed: ValueError: boom at train.py:88") travels to the coordinator as a
 shutdown request that carries it, and the coordinator's abort response fails every pending handle on
 every rank with `AbortedError(reason)`, so ``finally:`` blocks run. If the engine cannot get the abort
@@ -373,7 +375,7 @@ def _leave_error_file(exc: BaseException, role: Role, line: str) -> None:
     if consequence:
         callstack = line or f"{type(exc).__name__}: {exc}"
     else:
-        callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        callstack = "".join(traceback.format_exception(type(exc), exc, without_unison_frames(exc.__traceback__)))
         if line:
             callstack += line + "\n"
     write_error_file(path, error_file_data(f"{type(exc).__name__}: {exc}", callstack, time.time(), consequence))
