@@ -71,6 +71,12 @@ def rank_times(num_epochs: int) -> int:
     return hvd.rank() * num_epochs
 
 
+def log_rank(chief_only: bool = True) -> None:
+    from unison.ray import ray_logger
+
+    ray_logger.log({"rank": int(os.environ["RANK"])}, chief_only=chief_only)
+
+
 def local_rank_after_training() -> int:
     import unison.torch as hvd
 
@@ -108,7 +114,7 @@ def test_the_worker_class_keeps_its_environment(cluster: dict[str, float]) -> No
 @pytest.fixture(scope="class")
 def executor(cluster: dict[str, float], layout: dict[str, int]) -> Iterator[RayExecutor]:
     job = RayExecutor(settings(), **layout)
-    job.start()
+    job.start(extra_env_vars={"TRAINING_DATA": "/data/shard", "UNISON_START_TIMEOUT_SECONDS": 45})
     try:
         yield job
     finally:
@@ -124,6 +130,18 @@ class TestAStartedExecutor:
     def test_the_workers_run_on_this_machine(self, executor: RayExecutor) -> None:
         assert set(executor.execute(lambda _: socket.gethostname())) == {socket.gethostname()}
         assert executor.execute_single(lambda _: os.environ["RANK"]) == "0"
+
+    def test_the_extra_variables_are_set_and_win(self, executor: RayExecutor) -> None:
+        seen = executor.execute(lambda _: (os.environ["TRAINING_DATA"], os.environ["UNISON_START_TIMEOUT_SECONDS"]))
+        assert seen == [("/data/shard", "45")] * 4
+
+    def test_what_rank_0_logs_reaches_the_callbacks(self, executor: RayExecutor) -> None:
+        got: list[dict[str, Any]] = []
+        executor.run(log_rank, callbacks=[got.append])
+        assert got == [{"rank": 0}]
+        got.clear()
+        executor.run(log_rank, kwargs={"chief_only": False}, callbacks=[got.append, lambda entry: None])
+        assert sorted(entry["rank"] for entry in got) == [0, 1, 2, 3]
 
     def test_every_worker_joins_the_job_with_its_own_rank(self, executor: RayExecutor) -> None:
         assert executor.execute(init_rank) == [0, 1, 2, 3]
