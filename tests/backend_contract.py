@@ -33,6 +33,11 @@ def check_control_plane(backend: Backend) -> None:
                 (high | 1) if size == 1 else high, 5]
     assert list(map(int, backend.reduce_status(vector))) == expected
     assert vector.dtype == np.uint64 and int(vector[2]) == 5  # the input is left as it was
+    gathered = backend.gather_status(np.array([rank, 1 << 63], dtype=np.uint64))
+    if rank == 0:
+        assert gathered is not None and [list(map(int, r)) for r in gathered] == [[r, 1 << 63] for r in range(size)]
+    elif gathered is not None:  # a transport that gathers everywhere gives every rank the same rows
+        assert [list(map(int, r)) for r in gathered] == [[r, 1 << 63] for r in range(size)]
     payload = f"rank {rank} says hello".encode() * (rank + 1)
     lengths = [len(f"rank {r} says hello".encode() * (r + 1)) for r in range(size)]
     gathered = backend.gather_bytes(payload, lengths)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 import unison as hvd
-from unison.engine import loop as engine_module
+from unison.engine import cycles as engine_module
 
 pid_dir, mode = Path(sys.argv[1]), sys.argv[2]
 hvd.init()

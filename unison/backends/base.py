@@ -40,8 +40,13 @@ class Backend(Protocol):
     def reduce_status(self, vector: np.ndarray) -> np.ndarray:
         """Return the bitwise AND of every rank's uint64 `vector` (the same length on every rank)."""
 
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        """Gather one uint64 status row per rank to rank 0: the (size, len(row)) matrix there; other
+        ranks get None, or the matrix where the transport gathers to every rank anyway."""
+
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
-        """Gather every rank's payload (lengths known to all) to rank 0; others get None."""
+        """Gather every rank's payload to rank 0; others get None. `lengths` (every rank's payload length)
+        are those `gather_status` gave: at rank 0 always, elsewhere only where it gathers to every rank."""
 
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
         """Broadcast rank 0's payload to every rank.

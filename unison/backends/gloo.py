@@ -170,6 +170,9 @@ class GlooBackend:
         self._wait(self._groups[0]._allgather_base(self._tensor(out.reshape(-1)), self._tensor(row)))
         return out
 
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        return self.allgather_status(row)  # the slow path's gather needs every rank's length everywhere
+
     def reduce_status(self, vector: np.ndarray) -> np.ndarray:
         self._stats["control_calls"] += 1
         out = np.ascontiguousarray(vector, dtype=np.uint64).copy()

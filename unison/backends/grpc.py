@@ -73,6 +73,9 @@ class GrpcBackend:
         matrix = self.control.exchange(pb.STATUS, b"".join(rows)).data if self.leader else None
         return np.frombuffer(self.data.host_broadcast_bytes(matrix), dtype="<u8").reshape(self.size, -1)
 
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        return self.allgather_status(row)
+
     def reduce_status(self, vector: np.ndarray) -> np.ndarray:
         # One exchange through rank 0's service either way: the engine gathers rows instead
         # (reduces_status is False) and this serves what else asks.

@@ -38,6 +38,9 @@ class LoopbackBackend:
         self._calls += 1
         return vector.copy()
 
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        return self.allgather_status(row)
+
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         return [payload]
 
@@ -180,6 +183,10 @@ class ThreadBackend:
     def reduce_status(self, vector: np.ndarray) -> np.ndarray:
         self._calls += 1
         return np.bitwise_and.reduce(np.stack(self.group._control.exchange(self.rank, vector.copy())), axis=0)
+
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        matrix = self.allgather_status(row)
+        return matrix if self.rank == 0 else None  # as MPI's gather: the rows at rank 0 only
 
     def gather_bytes(self, payload: bytes, lengths: Sequence[int]) -> list[bytes] | None:
         values = self.group._control.exchange(self.rank, payload)

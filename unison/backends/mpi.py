@@ -240,6 +240,12 @@ class MpiBackend:
         self._wait(self._control.Iallgather(row, out))
         return out
 
+    def gather_status(self, row: np.ndarray) -> np.ndarray | None:
+        self._stats["control_calls"] += 1
+        out = np.empty((self.size, row.size), dtype=row.dtype) if self.rank == 0 else None
+        self._wait(self._control.Igather(row, out, root=0))
+        return out
+
     def reduce_status(self, vector: np.ndarray) -> np.ndarray:
         self._stats["control_calls"] += 1
         out = np.empty_like(vector)
@@ -314,9 +320,26 @@ class MpiBackend:
             return max(buf.size, 1)
         return max(self.chunk_bytes // max(buf.itemsize, 1), 1)
 
-    @_data_plane
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
+        if buf.nbytes > self.chunk_bytes or self._local is not None:
+            self._allreduce_chunks_(buf, op, process_set_id, after_chunk)
+            return
+        # One call, the steady state's small tensors: `_data_plane` written out (a call less).
+        self._data_since = time.monotonic()
+        try:
+            self._comms[process_set_id].Allreduce(self._mpi.IN_PLACE, buf, op=self._ops[op])
+        finally:
+            self._data_since = 0.0
+        if after_chunk is not None:
+            after_chunk(buf)
+        stats = self._stats
+        stats["data_calls"] += 1
+        stats["data_bytes"] += buf.nbytes
+
+    @_data_plane
+    def _allreduce_chunks_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
+                           after_chunk: Callable[[np.ndarray], None] | None) -> None:
         comm = self._comms[process_set_id]
         mpi_op = self._ops[op]
         step = self._chunk_elements(buf)

@@ -80,6 +80,11 @@ class Actions:
             return True
         return action(response)
 
+    def run_one(self, response: Response) -> None:
+        """Run a one-tensor collective this rank submitted (`execute` without the routing)."""
+        self._stats["responses"] += 1
+        self._run_collective(response)
+
     def take(self, name: str) -> Entry | None:
         """This rank's entry for `name`, out of the pending work and out of flight (None if it has none)."""
         entry = self.work.take(name)
@@ -145,7 +150,8 @@ class Actions:
         return True
 
     def _run_collective(self, response: Response) -> bool:
-        entries = [self.take(name) for name in response.names]
+        names = response.names
+        entries = [self.take(names[0])] if len(names) == 1 else [self.take(name) for name in names]
         observer = self._observer()
         observer.executing(response)
         try:

@@ -20,7 +20,7 @@ from ..backends.base import Backend
 from ..ops import Kind
 from ..protocol.autotune import Proposal
 from ..protocol.cache import CacheState, ResponseCache
-from ..protocol.cycle import Summary, bits, needs_slow_path, read_votes, solo_runs, words_for
+from ..protocol.cycle import FLAG_NEWS, FLAG_PAYLOAD, Summary, bits, read_votes, solo_runs, words_for
 from ..protocol.fusion import FusionPolicy, plan_fusion
 from ..protocol.messages import Request, Response, encode_requests
 from ..protocol.negotiation import Coordinator
@@ -38,6 +38,7 @@ from .status import StatusExchange
 __all__ = ["Cycles"]
 
 _CACHEABLE = Kind.ALLREDUCE
+_SLOW = FLAG_PAYLOAD | FLAG_NEWS
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCESCATTER)  # what autotune scores
 
 
@@ -131,7 +132,7 @@ class Cycles:
             if request.kind is _CACHEABLE and request.device == "cpu":
                 state, slot = self.cache.lookup(request, count=False)
                 if state is CacheState.HIT:
-                    self.cache.lookup(request)  # counted as the whole cycle's admission would
+                    self.cache.count_hit()  # as the whole cycle's admission would
                     self.solo(entry, slot, drained.blocked)
                     return
         self.run(drained)
@@ -158,13 +159,16 @@ class Cycles:
                 self.detail = self.stall_feed.voted(now, summary, None, None)
             self._stats["fast_cycles"] += 1
             self._stats["cache_hits_executed"] += 1
-            if self.actions.execute(self.cache.get(slot)):
-                self.progress = True
+            response = self.cache.get(slot)
+            if self.on_response is not None:
+                self.on_response(response)
+            self.actions.run_one(response)  # an allreduce of a set this rank is in: it submitted it
+            self.progress = True
             return
         matrix = None
-        if summary.needs_rows:
+        if summary.needs_rows:  # rows for rank 0: the slow path's lengths, the stall feed's detail
             matrix = self.status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
-                                       hits=(1 << slot) | foreign, invalid=0, words=words)
+                                      hits=(1 << slot) | foreign, invalid=0, words=words)
         self._decide_and_act(now, True, b"", words, summary, matrix)
 
     def _decide_and_act(self, now: float, progress: bool, payload: bytes, words: int, summary: Summary,
@@ -182,9 +186,9 @@ class Cycles:
             self.detail = self.stall_feed.voted(now, summary, votes, matrix)
         fresh: list[Response] = []
         tuning: Proposal | None = None
-        if matrix is not None and needs_slow_path(matrix):
+        if summary.flags & _SLOW:  # some rank has uncached requests, or rank 0 has news
             self._stats["slow_cycles"] += 1
-            fresh, tuning = self.slow.run(payload, [row[1] for row in matrix], now)
+            fresh, tuning = self.slow.run(payload, [] if matrix is None else [row[1] for row in matrix], now)
         else:
             self._stats["fast_cycles"] += 1
 

@@ -136,8 +136,12 @@ class Engine:
 
     @property
     def policy(self) -> FusionPolicy:
-        """The fusion policy in effect (the autotuner changes its threshold)."""
+        """The fusion policy in effect (the autotuner changes its threshold; a benchmark may set it)."""
         return self._cycles.policy
+
+    @policy.setter
+    def policy(self, policy: FusionPolicy) -> None:
+        self._cycles.policy = policy
 
     # -- public, called from framework threads ------------------------------------------------------
 
@@ -234,7 +238,7 @@ class Engine:
                 return False
             # The main thread waits for this call from now on (as `SubmissionQueue.take` would see it).
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
-            self.cache.lookup(request)  # counted as a cycle's admission counts it
+            self.cache.count_hit()  # as a cycle's admission counts it
             self._stats["driven_cycles"] += 1
             self._guarded_cycle(lambda: self._cycles.solo(entry, slot, blocked))
             return True

@@ -3,11 +3,13 @@
 Every cycle every rank reduces one summary vector with a bitwise AND (`unison.protocol.cycle`): the
 cache slots every rank voted for, the flags and stale slots any rank raised, the slots some rank waits
 in. In steady-state training that is the whole exchange, and its size does not depend on the number of
-ranks. The per-rank rows (payload lengths, each rank's votes and flags) are gathered in the same cycle
-only when the summary asks for them: some rank has requests the cache could not answer (the slow
-path needs their lengths), rank 0 has news, or rank 0's stall feed asked for detail. A backend whose
-every exchange is one round trip to one server (``reduces_status`` False: the gRPC control plane)
-gathers the rows every cycle instead, and the summary is read from them.
+ranks. The per-rank rows (payload lengths, each rank's votes and flags) are gathered to rank 0 in the
+same cycle only when the summary asks for them: some rank has requests the cache could not answer
+(rank 0's gather of the requests needs their lengths), rank 0 has news, or rank 0's stall feed asked
+for detail; only rank 0 reads them, so only rank 0's cost grows with the job (a transport that gathers
+to every rank anyway hands every rank the rows). A backend whose every exchange is one round trip to
+one server (``reduces_status`` False: the gRPC control plane) gathers the rows to every rank every
+cycle instead, and the summary is read from them.
 
 The steady state's own cycle (`reduce_solo`): a rank whose only work is one cached allreduce sends the
 vector of that slot alone, made once per slot and kept; when the reduced vector comes back as every
@@ -60,7 +62,8 @@ class StatusExchange:
 
     def exchange(self, *, joined: bool, news: bool, blocked: bool, detail: bool, payload_bytes: int,
                  hits: int, own: int, invalid: int, words: int) -> tuple[Summary, list[list[int]] | None]:
-        """Exchange this rank's status; return the summary and, when they were gathered, every rank's rows.
+        """Exchange this rank's status; return the summary and, when they were gathered and reached this
+        rank, every rank's rows (rank 0 gets them whenever the summary asked for them).
 
         Args:
             joined: this rank has joined (it votes for every slot).
@@ -83,16 +86,21 @@ class StatusExchange:
                 return summary, None
         matrix = self.rows(joined=joined, news=news, blocked=blocked, payload_bytes=payload_bytes, hits=hits,
                            invalid=invalid, words=words)
-        return (summary if self.reduces else summary_of(matrix, words)), matrix
+        if self.reduces:
+            return summary, matrix
+        assert matrix is not None  # gathered to every rank
+        return summary_of(matrix, words), matrix
 
     def rows(self, *, joined: bool, news: bool, blocked: bool, payload_bytes: int, hits: int, invalid: int,
-             words: int) -> list[list[int]]:
-        """Gather every rank's status row (`encode_status_row`), in the cycle whose summary asked for them."""
+             words: int) -> list[list[int]] | None:
+        """Gather every rank's status row (`encode_status_row`) to rank 0, in the cycle whose summary asked
+        for them (to every rank where ``reduces`` is False); None on a rank they did not reach."""
         self.rows_gathered += 1
-        row = encode_status_row(joined=joined, news=news, payload_bytes=payload_bytes, hits=hits,
-                                invalid=invalid, words=words, blocked=blocked)
-        matrix: list[list[int]] = self._backend.allgather_status(np.array(row, dtype=np.uint64)).tolist()
-        return matrix
+        row = np.array(encode_status_row(joined=joined, news=news, payload_bytes=payload_bytes, hits=hits,
+                                         invalid=invalid, words=words, blocked=blocked), dtype=np.uint64)
+        backend = self._backend
+        matrix = backend.gather_status(row) if self.reduces else backend.allgather_status(row)
+        return None if matrix is None else matrix.tolist()
 
     def reduce_solo(self, slot: int, foreign: int, blocked: bool, words: int) -> Summary:
         """Reduce the summary of a rank whose only work is the cached allreduce in `slot` (``reduces``

@@ -111,6 +111,10 @@ class ResponseCache:
             self._stats["hits"] += 1
         return CacheState.HIT, slot
 
+    def count_hit(self) -> None:
+        """Count a hit found by a `lookup` that did not count (``count=False``)."""
+        self._stats["hits"] += 1
+
     def slot_of(self, name: str) -> int:
         """The slot holding `name`, or -1."""
         return self._by_name.get(name, -1)
