@@ -96,8 +96,10 @@ class RayExecutor:
     def start(self, executable_cls: type | None = None, executable_args: Sequence[Any] | None = None,
               executable_kwargs: dict[str, Any] | None = None, extra_env_vars: dict[str, Any] | None = None) -> None:
         """Start the workers and build on each ``executable_cls(*executable_args, **executable_kwargs)``,
-        the object `execute`'s functions receive; `extra_env_vars` are set in every worker first."""
+        the object `execute`'s functions receive; `extra_env_vars` are set in every worker first.
+        Starting again ends the workers of the previous start."""
         ray = _ray()
+        self.shutdown()
         if self.settings.elastic:
             from ._elastic import ElasticAdapter as adapter_cls
         else:
