@@ -13,6 +13,19 @@ compete with the master for the CPU, so latencies are upper bounds; the master C
 that predicts a real cluster.
 
 Run: python benchmarks/coordinator_scale.py [--sizes 8 64 256] [--cycles 20] [--quick] [--output PATH]
+
+``--mpi-controller`` measures the MPI controller's status exchange instead, for 8 to 4096 simulated
+ranks in one process: what one rank sends, receives and spends on the CPU per cycle, for the two designs
+side by side. *rows*: every rank allgathers every rank's status row and decodes the whole matrix (the
+exchange before the summary); *summary*: every rank reduces one fixed-size vector with a bitwise AND
+(`unison.protocol.cycle`), and in the steady state's cycle (*solo*) the vector is kept per slot and the
+result is looked up, not decoded. The exchange itself runs in MPI's C code: bytes are counted for the
+algorithms MPICH uses for short messages (an allgather delivers every other rank's row to every rank; a
+recursive-doubling allreduce sends and receives the vector once per doubling step, ceil(log2 N) times),
+and the CPU time is the rank's own Python work around that one call. An uncached (slow) cycle also
+gathers every row to rank 0: rank 0 receives N - 1 rows and decodes them, the other ranks send one.
+Default: 512 cache slots, every rank voting for the same 161 (ResNet-50's tensors); results in
+``benchmarks/results/coordinator_scale_mpi.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +44,13 @@ import numpy as np
 
 from unison.dtypes import DType
 from unison.ops import CollectiveKind
+from unison.protocol.cycle import (
+    encode_status_row,
+    encode_summary,
+    read_summary,
+    read_votes,
+    words_for,
+)
 from unison.protocol.messages import Request, decode_request_lists, encode_requests, encode_responses
 from unison.protocol.negotiation import Coordinator
 from unison.service import coordinator_pb2 as pb
@@ -39,6 +59,7 @@ from unison.service.rendezvous import pack_parts
 from unison.service.server import CoordinatorServer
 
 SECRET = "b" * 64
+DEFAULT_OUTPUT = str(Path(__file__).parent / "results" / "coordinator_scale.json")
 TENSORS = 100
 WORDS = (TENSORS + 63) // 64
 
@@ -133,15 +154,101 @@ def measure(size: int, cycles: int, cached: bool, per_host: int) -> dict[str, fl
             "master_cpu_us_per_worker": 1e6 * cpu / size}
 
 
+def _cpu_seconds(work: Any, repeats: int) -> float:
+    """Median process CPU seconds of one call of `work`, over 5 batches of `repeats` calls."""
+    batches = []
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(repeats):
+            work()
+        batches.append((time.process_time() - start) / repeats)
+    return statistics.median(batches)
+
+
+def mpi_controller(size: int, slots: int, voted: int) -> dict[str, float]:
+    """One rank's bytes and CPU per status exchange at `size` simulated ranks, each design."""
+    words = words_for(slots)
+    hits = (1 << voted) - 1
+    row = encode_status_row(joined=False, news=False, payload_bytes=0, hits=hits, invalid=0, words=words)
+    matrix = np.array([row] * size, dtype=np.uint64)  # what the allgather hands every rank
+    vector = encode_summary(joined=False, news=False, blocked=False, detail=False, payload=False, hits=hits,
+                            own=hits, invalid=0, words=words)
+    reduced = np.array(vector, dtype=np.uint64)  # what the AND hands every rank: every rank sent the same
+    steps = max(1, (size - 1).bit_length())  # recursive doubling: ceil(log2 N) exchanges
+
+    def rows_cycle() -> None:
+        np.array(encode_status_row(joined=False, news=False, payload_bytes=0, hits=hits, invalid=0,
+                                   words=words), dtype=np.uint64)
+        gathered = matrix.tolist()
+        votes = read_votes(gathered, words)
+        votes.runnable()  # the decision: the runnable slots
+        any(int(r[1]) for r in gathered)  # the slow-path test of the rows
+
+    def summary_cycle() -> None:
+        np.array(encode_summary(joined=False, news=False, blocked=False, detail=False, payload=False, hits=hits,
+                                own=hits, invalid=0, words=words), dtype=np.uint64)
+        read_summary(reduced.tolist(), words).runnable()
+
+    known = {reduced.tobytes(): read_summary(reduced.tolist(), words)}
+
+    def solo_cycle() -> None:
+        known.get(reduced.tobytes())
+
+    def slow_rank0() -> None:
+        read_votes(matrix.tolist(), words).runnable()
+
+    repeats = max(3, 20000 // size)
+    row_bytes, vector_bytes = 8 * len(row), 8 * len(vector)
+    return {
+        "size": size, "slots": slots, "row_bytes": row_bytes, "vector_bytes": vector_bytes,
+        "rows_sent_bytes": row_bytes * (size - 1) if size > 1 else 0,  # a ring allgather forwards N - 1 rows
+        "rows_received_bytes": row_bytes * (size - 1),
+        "summary_sent_bytes": vector_bytes * steps if size > 1 else 0,
+        "summary_received_bytes": vector_bytes * steps if size > 1 else 0,
+        "rows_cpu_us": 1e6 * _cpu_seconds(rows_cycle, repeats),
+        "summary_cpu_us": 1e6 * _cpu_seconds(summary_cycle, 2000),
+        "solo_cpu_us": 1e6 * _cpu_seconds(solo_cycle, 20000),
+        "slow_cycle_rank0_received_bytes": row_bytes * (size - 1),
+        "slow_cycle_rank0_cpu_us": 1e6 * _cpu_seconds(slow_rank0, repeats),
+    }
+
+
+def run_mpi_controller(sizes: list[int], slots: int, voted: int, output: Path) -> None:
+    results: dict[str, Any] = {"load_before": os.getloadavg(), "slots": slots, "voted": voted, "cases": []}
+    print(f"{'N':>6} | {'rows: B sent':>12} {'B recv':>10} {'CPU us':>8} | {'summary: B sent':>15} {'B recv':>7} "
+          f"{'CPU us':>7} {'solo us':>8} | {'slow, rank 0: B recv':>20} {'CPU us':>8}")
+    for size in sizes:
+        case = mpi_controller(size, slots, voted)
+        results["cases"].append(case)
+        print(f"{size:>6} | {case['rows_sent_bytes']:>12} {case['rows_received_bytes']:>10} "
+              f"{case['rows_cpu_us']:>8.1f} | {case['summary_sent_bytes']:>15} {case['summary_received_bytes']:>7} "
+              f"{case['summary_cpu_us']:>7.1f} {case['solo_cpu_us']:>8.2f} | "
+              f"{case['slow_cycle_rank0_received_bytes']:>20} {case['slow_cycle_rank0_cpu_us']:>8.1f}", flush=True)
+    results["load_after"] = os.getloadavg()
+    print(f"load average before {results['load_before']}, after {results['load_after']}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mpi-controller", action="store_true",
+                        help="the MPI controller's status exchange at 8 to 4096 simulated ranks (see above)")
+    parser.add_argument("--slots", type=int, default=512, help="cache slots (--mpi-controller)")
+    parser.add_argument("--voted", type=int, default=161, help="slots every rank votes for (--mpi-controller)")
     parser.add_argument("--sizes", type=int, nargs="+", help="simulated ranks N (default 8 64 256; 8 64 with --quick)")
     parser.add_argument("--cycles", type=int, help="uncached cycles per N, 3x as many cached (default 20; 5 with --quick)")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and cycles (smoke run)")
     parser.add_argument("--ranks-per-host", type=int, default=8,
                         help="ranks each negotiation stream speaks for (1: one stream per rank)")
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "coordinator_scale.json"))
+    parser.add_argument("--output", default=DEFAULT_OUTPUT)
     args = parser.parse_args()
+    if args.mpi_controller:
+        run_mpi_controller(args.sizes or ([8, 256] if args.quick else [8, 64, 256, 1024, 4096]),
+                           args.slots, args.voted,
+                           Path(args.output).with_name("coordinator_scale_mpi.json") if args.output == DEFAULT_OUTPUT
+                           else Path(args.output))
+        return
     sizes = args.sizes or ([8, 64] if args.quick else [8, 64, 256])
     cycles = args.cycles or (5 if args.quick else 20)
     results = {"load_before": os.getloadavg(), "tensors_per_cycle": TENSORS, "cycles": cycles,

@@ -32,12 +32,12 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, prescale: float,
                 postscale: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return c.synchronize(c.allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
+        return c.waited(c.allreduce_async, tensor, None, name, op, prescale, postscale, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, pre, post, ps = ctx.args
-        reduced = c.synchronize(c.allreduce_async(grad, None, None, op, pre, post, ps))
+        reduced = c.waited(c.allreduce_async, grad, None, None, op, pre, post, ps)
         return reduced, None, None, None, None, None
 
 
@@ -46,13 +46,13 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: ReduceOp, prescale: float, postscale: float,
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(c.synchronize(c.grouped_allreduce_async(list(tensors), None, name, op, prescale,
-                                                             postscale, process_set)))
+        return tuple(c.waited(c.grouped_allreduce_async, list(tensors), None, name, op, prescale,
+                                                             postscale, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, pre, post, ps = ctx.args
-        reduced = c.synchronize(c.grouped_allreduce_async(list(grads), None, None, op, pre, post, ps))
+        reduced = c.waited(c.grouped_allreduce_async, list(grads), None, None, op, pre, post, ps)
         return (None, None, None, None, None, *reduced)
 
 
@@ -87,7 +87,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
 
 
 def _own_rows(grad: torch.Tensor, dim0: int, process_set: ProcessSet) -> torch.Tensor:
-    sizes = c.synchronize(c.allgather_async(torch.tensor([dim0], dtype=torch.int64), None, process_set))
+    sizes = c.waited(c.allgather_async, torch.tensor([dim0], dtype=torch.int64), None, process_set)
     offset = int(sizes[: set_rank(process_set)].sum())
     return grad.narrow(0, offset, dim0)
 
@@ -96,12 +96,12 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
         ctx.dim0, ctx.process_set = tensor.shape[0], process_set
-        return c.synchronize(c.allgather_async(tensor, name, process_set))
+        return c.waited(c.allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        reduced = c.synchronize(c.allreduce_async(grad, None, None, ReduceOp.AVERAGE,
-                                                  process_set=ctx.process_set))
+        reduced = c.waited(c.allreduce_async, grad, None, None, ReduceOp.AVERAGE,
+                                                  process_set=ctx.process_set)
         return _own_rows(reduced, ctx.dim0, ctx.process_set), None, None
 
 
@@ -110,14 +110,14 @@ class _GroupedAllgather(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, process_set: ProcessSet,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.dim0s, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(c.synchronize(c.grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(c.waited(c.grouped_allgather_async, list(tensors), name, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         ps = ctx.process_set
-        reduced = c.synchronize(c.grouped_allreduce_async(list(grads), None, None, ReduceOp.AVERAGE,
-                                                          process_set=ps))
-        sizes = c.synchronize(c.allgather_async(torch.tensor([ctx.dim0s], dtype=torch.int64), None, ps))
+        reduced = c.waited(c.grouped_allreduce_async, list(grads), None, None, ReduceOp.AVERAGE,
+                                                          process_set=ps)
+        sizes = c.waited(c.allgather_async, torch.tensor([ctx.dim0s], dtype=torch.int64), None, ps)
         offsets = sizes[: set_rank(ps)].sum(0)
         return (None, None, *[g.narrow(0, int(o), d) for g, o, d in zip(reduced, offsets, ctx.dim0s)])
 
@@ -141,12 +141,12 @@ class _Broadcast(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return c.synchronize(c.broadcast_async(tensor, root_rank, name, process_set))
+        return c.waited(c.broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        reduced = c.synchronize(c.allreduce_async(grad, None, None, ReduceOp.AVERAGE,
-                                                  process_set=ctx.process_set))
+        reduced = c.waited(c.allreduce_async, grad, None, None, ReduceOp.AVERAGE,
+                                                  process_set=ctx.process_set)
         if job().rank != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
@@ -162,7 +162,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None, name: str | None,
                 process_set: ProcessSet) -> tuple[torch.Tensor, torch.Tensor]:
-        output, received = c.synchronize(c.alltoall_async(tensor, splits, name, process_set))
+        output, received = c.waited(c.alltoall_async, tensor, splits, name, process_set)
         ctx.received, ctx.process_set, ctx.dim0 = received, process_set, tensor.shape[0]
         ctx.mark_non_differentiable(received)
         return output, received
@@ -170,7 +170,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor,
                  _received: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        back, _ = c.synchronize(c.alltoall_async(grad.contiguous(), ctx.received, None, ctx.process_set))
+        back, _ = c.waited(c.alltoall_async, grad.contiguous(), ctx.received, None, ctx.process_set)
         if back.shape[0] < ctx.dim0:  # rows beyond sum(splits) were not sent: zero gradient
             pad = back.new_zeros((ctx.dim0 - back.shape[0], *back.shape[1:]))
             back = torch.cat([back, pad])
@@ -203,12 +203,12 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, process_set: ProcessSet,
                 prescale: float, postscale: float) -> torch.Tensor:
         ctx.args = (op, process_set, prescale, postscale)
-        return c.synchronize(c.reducescatter_async(tensor, name, op, process_set, prescale, postscale))
+        return c.waited(c.reducescatter_async, tensor, name, op, process_set, prescale, postscale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, ps, pre, post = ctx.args
-        gathered = c.synchronize(c.allgather_async(grad.contiguous(), None, ps))
+        gathered = c.waited(c.allgather_async, grad.contiguous(), None, ps)
         return _scale_back(gathered, op, ps, pre, post), None, None, None, None, None
 
 
@@ -223,13 +223,13 @@ class _GroupedReducescatter(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: ReduceOp, process_set: ProcessSet, prescale: float,
                 postscale: float, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, process_set, prescale, postscale)
-        return tuple(c.synchronize(c.grouped_reducescatter_async(list(tensors), name, op, process_set,
-                                                                 prescale, postscale)))
+        return tuple(c.waited(c.grouped_reducescatter_async, list(tensors), name, op, process_set,
+                                                                 prescale, postscale))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, ps, pre, post = ctx.args
-        gathered = c.synchronize(c.grouped_allgather_async([g.contiguous() for g in grads], None, ps))
+        gathered = c.waited(c.grouped_allgather_async, [g.contiguous() for g in grads], None, ps)
         return (None, None, None, None, None, *[_scale_back(g, op, ps, pre, post) for g in gathered])
 
 

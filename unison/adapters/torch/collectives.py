@@ -41,12 +41,13 @@ __all__ = [
     "allgather_async", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall_async",
     "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather_async",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "grouped_reducescatter_async", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "grouped_reducescatter_async", "reducescatter_async", "sparse_allreduce_async", "synchronize", "waited",
 ]
 
 _ALLREDUCE = CollectiveKind.ALLREDUCE
 _BROADCAST = CollectiveKind.BROADCAST
 synchronize = core.synchronize
+waited = core.waited
 
 
 def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: str | None,
@@ -121,8 +122,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     Example:
         >>> t = torch.ones(3); hvd.allreduce_(t, op=hvd.Sum)   # doctest: +SKIP
     """
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                        process_set))
+    return core.waited(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor,
+                                        process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -154,8 +155,8 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduce a list of tensors in place as one group; return them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return core.waited(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp | None,
@@ -221,7 +222,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite `tensor` in place with global rank `root_rank`'s and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return core.waited(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 def _splits_array(splits: torch.Tensor | Sequence[int] | None) -> np.ndarray | None:
