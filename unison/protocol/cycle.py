@@ -33,7 +33,10 @@ decides alone, at a cost per rank that does not depend on the number of ranks.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
 
 __all__ = [
     "FLAG_BLOCKED",
@@ -74,6 +77,9 @@ def bits(mask: int) -> list[int]:
         >>> bits(0b10110)
         [1, 2, 4]
     """
+    if mask.bit_count() > 16:  # many slots (a model's gradients): unpack the bytes at C speed
+        packed = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+        return np.flatnonzero(np.unpackbits(packed, bitorder="little")).tolist()  # type: ignore[no-any-return]
     out = []
     while mask:
         low = mask & -mask
@@ -88,16 +94,14 @@ def words_for(num_slots: int) -> int:
 
 
 def _split_words(mask: int, words: int) -> list[int]:
-    return [(mask >> (64 * i)) & _WORD for i in range(words)]
+    """The 64-bit words of a non-negative mask, lowest first (through bytes: C speed for long masks)."""
+    return list(struct.unpack(f"<{words}Q", mask.to_bytes(8 * words, "little")))
 
 
 def _join_words(words: Sequence[int]) -> int:
     if len(words) == 1:
         return int(words[0])
-    mask = 0
-    for i, word in enumerate(words):
-        mask |= int(word) << (64 * i)
-    return mask
+    return int.from_bytes(struct.pack(f"<{len(words)}Q", *words), "little")
 
 
 def encode_status_row(*, joined: bool, news: bool, payload_bytes: int, hits: int, invalid: int,
@@ -228,12 +232,13 @@ def encode_summary(*, joined: bool, news: bool, blocked: bool, detail: bool, pay
     """
     flags = ((FLAG_JOINED if joined else 0) | (FLAG_NEWS if news else 0) | (FLAG_BLOCKED if blocked else 0)
              | (FLAG_DETAIL if detail else 0) | (FLAG_PAYLOAD if payload else 0))
-    vector = [~flags & _WORD]
-    if words:
-        vector += [_WORD] * words if joined else _split_words(hits, words)
-        vector += [~word & _WORD for word in _split_words(invalid, words)]
-        vector += [~word & _WORD for word in _split_words(0 if joined else own, words)]
-    return vector
+    if not words:
+        return [~flags & _WORD]
+    width = 64 * words
+    full = (1 << width) - 1
+    # hits, then the complements of invalid and of own, as one integer split into words once
+    packed = (((full & ~(0 if joined else own)) << width | (full & ~invalid)) << width) | (full if joined else hits)
+    return [~flags & _WORD, *_split_words(packed, 3 * words)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,9 +283,12 @@ def read_summary(vector: Sequence[int], words: int) -> Summary:
     flags = ~int(vector[0]) & _WORD
     if not words:
         return Summary(flags, 0, 0, 0)
-    every = _join_words(vector[1 : 1 + words])
-    invalid = ~_join_words(vector[1 + words : 1 + 2 * words]) & ((1 << (64 * words)) - 1)
-    real = ~_join_words(vector[1 + 2 * words : 1 + 3 * words]) & ((1 << (64 * words)) - 1)
+    width = 64 * words
+    full = (1 << width) - 1
+    packed = _join_words(vector[1 : 1 + 3 * words])
+    every = packed & full
+    invalid = ~(packed >> width) & full
+    real = ~(packed >> (2 * width)) & full
     return Summary(flags, every & real, invalid, real & ~every)
 
 
