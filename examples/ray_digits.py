@@ -14,6 +14,7 @@ accuracy over the whole test set after each epoch, then the driver prints the fi
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 
@@ -73,7 +74,7 @@ def train_with_horovod_api(epochs: int) -> float:
     return epochs_of(net, optimizer, data(hvd.rank(), hvd.size()), epochs, hvd.rank())
 
 
-def train_with_ddp(config: dict[str, int]) -> float:
+def train_with_ddp(config: dict[str, Any]) -> Any:
     """What each Ray Train worker runs: torch.distributed code; Ray Train started the process group."""
     import torch
     import torch.distributed as dist
@@ -98,7 +99,7 @@ def main() -> None:
     if args.address:
         ray.init(address=args.address)
     else:
-        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="warning")
+        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING)
     if args.launcher == "executor":
         from unison.ray import RayExecutor
 
@@ -119,7 +120,8 @@ def main() -> None:
         trainer = TorchTrainer(train_with_ddp, train_loop_config={"epochs": args.epochs},
                                torch_config=TorchConfig(), scaling_config=ScalingConfig(num_workers=args.workers),
                                run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-digits-")))
-        accuracy = trainer.fit().return_value  # rank 0's
+        result: Any = trainer.fit()
+        accuracy = result.return_value  # rank 0's
     print(f"final test accuracy: {accuracy:.3f}")
 
 
