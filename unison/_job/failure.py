@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, cast
 
 from .._contract import FINISHED_AFTER_PEER, LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
 from ..config import process_environment
+from ..engine.handles import defer_interrupt
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
@@ -466,7 +467,11 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     """Python's default SIGINT handler, except for unison's own interrupt of a stopped job, which raises
     `JobInterrupt`: uncaught, a plain KeyboardInterrupt ends the process by SIGINT, and MPICH's
     mpiexec then combines that signal with the others' statuses into a crash that never happened
-    (SIGINT's 2 with a SIGKILL's 9 reads as signal 11, a segmentation fault)."""
+    (SIGINT's 2 with a SIGKILL's 9 reads as signal 11, a segmentation fault). While the main thread runs
+    a cycle of the job (a blocking call's own) the interrupt waits for the cycle's end: the peers could
+    not finish a cycle that this rank left half way (`unison.engine.handles.defer_interrupt`)."""
+    if defer_interrupt():
+        return
     if _state.reporting:
         return  # the main thread is printing its own error's report; it ends right after
     if _state.interrupting:

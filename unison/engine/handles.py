@@ -19,7 +19,8 @@ import numpy as np
 
 from ..protocol.messages import Request
 
-__all__ = ["Entry", "Handle", "for_a_graph", "main_thread_waits"]
+__all__ = ["Entry", "Handle", "defer_interrupt", "enter_main_cycle", "for_a_graph", "leave_main_cycle",
+           "main_thread_waits"]
 
 _MAIN_THREAD = threading.main_thread().ident
 _main_waiting: list[Handle | None] = [None]  # the handle the main thread waits for: written by it alone
@@ -28,6 +29,31 @@ _in_graph_op = threading.local()  # .active: this thread runs a unison op of a T
 # The main thread's innermost Python frame while it runs a TensorFlow graph (a tf.function, Keras's
 # train step, a v1 session) in C: (function, file), in a file under tensorflow/.
 _GRAPH_CALLS = frozenset({("quick_execute", "execute.py"), ("_call_tf_sessionrun", "session.py")})
+# The main thread runs a cycle of the job (a blocking call's own, `Engine.drive`): a SIGINT then waits
+# for the cycle's end (`defer_interrupt`), since peers cannot finish a cycle this rank left half way.
+# Both are written by the main thread alone.
+_main_cycle = [False, False]  # [in a cycle, an interrupt arrived meanwhile]
+
+
+def enter_main_cycle() -> None:
+    """The main thread starts running a cycle of the job (`Engine.drive`); see `defer_interrupt`."""
+    _main_cycle[0] = True
+
+
+def leave_main_cycle() -> bool:
+    """The main thread's cycle ended; return whether a SIGINT was held meanwhile (raise it now)."""
+    _main_cycle[0] = False
+    held, _main_cycle[1] = _main_cycle[1], False
+    return held
+
+
+def defer_interrupt() -> bool:
+    """For a SIGINT handler on the main thread: True (the interrupt is held) while the main thread runs a
+    cycle of the job; the engine raises `KeyboardInterrupt` as soon as that cycle ends."""
+    if _main_cycle[0]:
+        _main_cycle[1] = True
+        return True
+    return False
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from ..protocol.stall import StallInspector
 from .autotuning import Autotuning, open_tune_log
 from .cycles import Cycles
 from .executor import Executor
-from .handles import Entry, Handle
+from .handles import Entry, Handle, enter_main_cycle, leave_main_cycle
 from .observer import observe_all
 from .queue import SubmissionQueue
 from .stall_feed import StallFeed
@@ -375,7 +375,11 @@ class Engine:
 
     def _guarded_cycle(self, cycle: Callable[[], None]) -> bool:
         """Run one cycle (the cycle lock held); return whether it made progress. A failure stops the
-        engine: every waiter gets the error, whichever thread ran the cycle."""
+        engine: every waiter gets the error, whichever thread ran the cycle. On the main thread a SIGINT
+        waits for the cycle's end (`handles.main_thread_cycle`): peers cannot finish a cycle left half way."""
+        main = threading.get_ident() == _MAIN_THREAD
+        if main:
+            enter_main_cycle()
         try:
             cycle()
         except Abandoned:
@@ -392,6 +396,9 @@ class Engine:
             self._stop(HorovodInternalError(
                 f"rank {self.rank} was interrupted ({type(exc).__name__}) while it ran a cycle of the job"))
             raise
+        finally:
+            if main and leave_main_cycle():
+                raise KeyboardInterrupt  # held while the cycle ran (`handles.defer_interrupt`)
         return self._cycles.progress
 
     def _wait_for_work(self) -> None:
