@@ -312,6 +312,44 @@ def test_a_worker_that_raises_is_named_with_its_line_and_the_workers_end(cluster
     assert resources_back(cluster)
 
 
+def die_on_rank_1() -> None:
+    import torch
+
+    import unison.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        os._exit(3)  # the worker process ends without a word
+    hvd.allreduce(torch.ones(2), name="never_complete")
+
+
+def test_a_worker_process_that_dies_is_named(cluster: dict[str, float]) -> None:
+    job = RayExecutor(settings(), num_workers=3)
+    job.start()
+    with pytest.raises(LaunchError) as caught:
+        job.run(die_on_rank_1)
+    job.shutdown()
+    lines = str(caught.value).splitlines()
+    assert lines[1].startswith(f"  rank 1 ({socket.gethostname()}): its worker process ended ("), lines
+    assert sorted(line.split(" (")[0].strip() for line in lines[2:4]) == ["rank 0", "rank 2"]
+
+
+def test_run_remote_refs_raise_each_ranks_own_error(cluster: dict[str, float]) -> None:
+    from unison.errors import AbortedError
+
+    job = RayExecutor(settings(), num_workers=3)
+    job.start()
+    refs = job.run_remote(raise_on_rank_1)
+    try:
+        with pytest.raises(ValueError, match=r"rank 1 cannot go on"):
+            ray.get(refs[1])
+        for rank in (0, 2):  # stopped at once by rank 1's failure, naming it
+            with pytest.raises(AbortedError, match=r"rank 1 \(.*\) failed: ValueError: rank 1 cannot go on"):
+                ray.get(refs[rank], timeout=60)
+    finally:
+        job.shutdown()
+
+
 def raise_before_joining() -> int:
     if os.environ["RANK"] == "2":
         raise KeyError("no data for rank 2")
