@@ -29,6 +29,7 @@ from .._job.runtime import (
     stop_timeline,
 )
 from ..adapters.array_compression import Compression
+from ..adapters.keras.flavour import tf_keras_is_keras2 as _tf_keras_is_keras2
 from ..adapters.keras.orders import TensorFlowDistributedOptimizer as DistributedOptimizer
 from ..adapters.tensorflow.collectives import (
     allgather,
@@ -54,10 +55,15 @@ from ..adapters.tensorflow.functions import (
     size_op,
 )
 from ..adapters.tensorflow.legacy import broadcast_global_variables
-from ..adapters.tensorflow.sync_batch_norm import SyncBatchNormalization
 from ..adapters.tensorflow.tape import DistributedGradientTape, PartialDistributedGradientTape
 from ..ops import Adasum, Average, Max, Min, Product, Sum
 from ..process_sets import ProcessSet, global_process_set
+
+# The Keras `tf.keras` is when this module is imported: Keras 2's layer under TF_USE_LEGACY_KERAS=1.
+if _tf_keras_is_keras2():
+    from ..adapters.tf_keras.sync_batch_norm import SyncBatchNormalization
+else:
+    from ..adapters.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Adasum",
@@ -120,6 +126,13 @@ __all__ = [
     "statistics",
     "stop_timeline",
 ]
+
+# `hvd.mpi_ops` and `hvd.util` are attributes without an import of their own, as in Horovod (its
+# scripts and tests read `hvd.mpi_ops._basics` and `hvd.util._executing_eagerly`); `_executing_eagerly`
+# is Horovod's module attribute too.
+from . import mpi_ops as mpi_ops  # noqa: E402  (it re-exports names defined above)
+from . import util as util  # noqa: E402
+from .util import _executing_eagerly as _executing_eagerly  # noqa: E402
 
 # `hvd.elastic` imports the elastic submodule on first use, as Horovod's module attribute does (the
 # submodule imports the framework, which this module may not need).

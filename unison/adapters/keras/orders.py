@@ -8,6 +8,7 @@ order). A script that passes them by position must reach the same parameters und
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -64,11 +65,19 @@ def TensorFlowDistributedOptimizer(optimizer: _OptimizerT, name: str | None = No
     """`DistributedOptimizer` in horovod.tensorflow's order; ``unison.tensorflow.DistributedOptimizer`` is this.
 
     It wraps Keras optimizers: Keras 3's, or Keras 2's (tf_keras, ``tf.keras`` under
-    ``TF_USE_LEGACY_KERAS=1``); `use_locking` belonged to TF1's optimizers and is accepted without effect.
+    ``TF_USE_LEGACY_KERAS=1``), and TF1's ``tf.compat.v1.train.Optimizer`` for graphs run by a
+    session (`unison.adapters.tensorflow.v1_optimizer`, where `use_locking` is the wrapper's own).
 
     Example:
         >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(0.001 * hvd.size()))   # doctest: +SKIP
     """
+    tf = sys.modules.get("tensorflow")  # a TF1 optimizer means TensorFlow is loaded; never import it here
+    if tf is not None and isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from ..tensorflow.v1_optimizer import distributed_v1_optimizer
+
+        return distributed_v1_optimizer(  # type: ignore[return-value]
+            optimizer, name, use_locking, compression, sparse_as_dense, op, gradient_predivide_factor,
+            backward_passes_per_step, average_aggregated_gradients, process_set, scale_local_gradients)
     return DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
                                 compression=compression, sparse_as_dense=sparse_as_dense,
                                 gradient_predivide_factor=gradient_predivide_factor, op=op,

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from ..._job import collectives as C
 from ..._job import submit as S
-from ..._job.runtime import job
+from ..._job.runtime import is_initialized, job
 from ..._job.submit import set_rank, set_size
-from ...errors import UnisonNotImplementedError
+from ...errors import InvalidArgumentError, UnisonNotImplementedError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..array_compression import Compression
@@ -55,6 +55,22 @@ def _gradient_name(name: str | None, suffix: str = "grad") -> str | None:
     if name is None or tf.executing_eagerly():
         return None
     return graph_name("HorovodGradient", f"{name}_{suffix}")
+
+
+def _check_registered(process_set: ProcessSet) -> None:
+    """Refuse, when the op is made, a set the job has not registered, as Horovod's ops do.
+
+    Horovod's Python layer reads the set's size from its table while it builds the op, so an unknown
+    set raises `ValueError` there, eagerly and in a graph alike; without this check a graph would
+    only fail when run. Before `init()` the collective itself reports that.
+    """
+    set_id = process_set.process_set_id
+    if is_initialized() and (set_id is None or job().set_members(set_id) is None):
+        registered = sorted(job().registered_sets())
+        raise InvalidArgumentError(
+            f"Process set does not exist or has not been registered: {process_set} (registered ids: "
+            f"{registered}). Register it with init(process_sets=[...]) or add_process_set()."
+        )
 
 
 def _with_shape(outputs: list[tf.Tensor], shapes: Sequence[tf.TensorShape]) -> list[tf.Tensor]:
@@ -168,6 +184,7 @@ def allreduce(tensor: TensorLike | tf.IndexedSlices, average: bool | None = None
     Example:
         >>> hvd.allreduce(tf.constant([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
     """
+    _check_registered(process_set)
     resolved = S.resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, resolved, prescale_factor, postscale_factor,
@@ -194,6 +211,7 @@ def grouped_allreduce(tensors: Sequence[TensorLike | tf.IndexedSlices], average:
     """
     if not tensors:
         return list(tensors)
+    _check_registered(process_set)
     resolved = S.resolve_op(op, average)
     out: list[tf.Tensor | tf.IndexedSlices | None] = [None] * len(tensors)
     dense_at = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
@@ -263,6 +281,7 @@ def allgather(tensor: TensorLike, name: str | None = None, ignore_name_scope: bo
     Example:
         >>> hvd.allgather(tf.fill([hvd.rank() + 1, 2], hvd.rank()))   # doctest: +SKIP
     """
+    _check_registered(process_set)
     tensor = tf.convert_to_tensor(tensor)
     fixed = graph_name("HorovodAllgather", name, tensor, ignore_name_scope)
     return _allgather_group([tensor], fixed, process_set, grouped=False)[0]
@@ -274,6 +293,7 @@ def grouped_allgather(tensors: Sequence[TensorLike], name: str | None = None, ig
     """Gather a list of tensors as one group in one op."""
     if not tensors:
         return []
+    _check_registered(process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     fixed = graph_name("HorovodGroupedAllgather", name, tensors[0], ignore_name_scope)
     return _allgather_group(tensors, fixed, process_set, grouped=True)
@@ -304,6 +324,7 @@ def broadcast(tensor: TensorLike, root_rank: int, name: str | None = None, ignor
 
     The gradient is the Average allreduce of the incoming gradient on the root and zero elsewhere.
     """
+    _check_registered(process_set)
     fixed = graph_name("HorovodBroadcast", name, tensor, ignore_name_scope)
 
     @tf.custom_gradient
@@ -328,6 +349,7 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | Non
     variables = list(variables)
     if not variables:
         return []
+    _check_registered(process_set)
     # tf.convert_to_tensor reads tf.Variables and Keras 3 variables alike (Keras's .value is a property).
     current = [tf.convert_to_tensor(v) for v in variables]
     names = [graph_name("HorovodBroadcastInplace", None if name is None else f"{name}_{i}", t)
@@ -376,6 +398,7 @@ def alltoall(tensor: TensorLike, splits: TensorLike | None = None, name: str | N
 
     Returns the output, or ``(output, received_splits)`` when `splits` is given.
     """
+    _check_registered(process_set)
     tensor = tf.convert_to_tensor(tensor)
     fixed = graph_name("HorovodAlltoall", name, tensor, ignore_name_scope)
     output, received = _alltoall(tensor, splits, fixed, process_set)
@@ -425,6 +448,7 @@ def reducescatter(tensor: TensorLike, device_dense: str = "",
                   process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce `tensor` across ranks and return this rank's dim-0 slice; differentiable."""
+    _check_registered(process_set)
     resolved = S.reducescatter_op(op)
     tensor = tf.convert_to_tensor(tensor)
     fixed = graph_name("HorovodReducescatter", name, tensor, ignore_name_scope)
@@ -444,6 +468,7 @@ def grouped_reducescatter(tensors: Sequence[TensorLike], device_dense: str = "",
     """Reducescatter a list of tensors as one group in one op."""
     if not tensors:
         return []
+    _check_registered(process_set)
     resolved = S.reducescatter_op(op)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     fixed = graph_name("HorovodGroupedReducescatter", name, tensors[0], ignore_name_scope)

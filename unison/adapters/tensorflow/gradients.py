@@ -15,7 +15,9 @@ from ..._job.gradients import (
     self_reduced_scale,
     split_local,
 )
+from ..._job.runtime import job
 from ...compression._exchange import self_reduced, self_reduced_allreduce
+from ...process_sets import ProcessSet
 from ._bridge import graph_name, run
 from ._bridge import no_autograph as _no_autograph
 from .collectives import grouped_allreduce, set_size
@@ -35,7 +37,9 @@ def reduce_gradients(policy: GradientPolicy, grads: Sequence[Any], names: Sequen
 
     `names` (one per gradient, usually the variable names) fix the group's name, so every rank agrees
     on it and the engine's response cache recognises the same step. Gradients flagged in `local`
-    are not reduced; the policy says whether they are divided by the set size, as Horovod does.
+    are not reduced; the policy says whether they are divided by the set size, as Horovod does. On
+    a rank outside the policy's process set the other gradients come back as they are (Horovod's
+    tape and optimizers skip the reduction there), so every rank can run the same training code.
     """
     grads = list(grads)
     size = set_size(policy.process_set)
@@ -45,7 +49,7 @@ def reduce_gradients(policy: GradientPolicy, grads: Sequence[Any], names: Sequen
     for i in kept:
         if divisor is not None:
             out[i] = grads[i] / tf.cast(divisor, grads[i].dtype)
-    if not chosen:
+    if not chosen or not _member_of(policy.process_set):
         return out
     if policy.sparse_as_dense:
         for i in chosen:
@@ -64,6 +68,13 @@ def reduce_gradients(policy: GradientPolicy, grads: Sequence[Any], names: Sequen
     for i, r in zip(chosen, reduced):
         out[i] = r
     return out
+
+
+def _member_of(process_set: ProcessSet) -> bool:
+    """Whether this rank belongs to `process_set` (an unregistered set counts: its collective refuses it)."""
+    current = job()
+    members = current.set_members(process_set.process_set_id) if process_set.process_set_id is not None else None
+    return members is None or current.rank in members
 
 
 def run_on_arrays(fn: Callable[..., Sequence[npt.ArrayLike]], tensors: Sequence[tf.Tensor],

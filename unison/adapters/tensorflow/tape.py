@@ -45,7 +45,13 @@ class _DistributedGradientTape(tf.GradientTape):
     # Returns Any: gradients nested like `sources` (tf.nest has no type for a nest).
     @_no_autograph
     def gradient(self, target: object, sources: object, output_gradients: object = None,
-                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
+                 unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE,
+                 use_generic_names: bool = False) -> Any:
+        """The gradients of `target`, reduced across ranks (local sources' kept, see the class).
+
+        `use_generic_names` is accepted for Horovod compatibility: the group is always named after
+        the sources, the same on every rank.
+        """
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
@@ -56,6 +62,22 @@ class _DistributedGradientTape(tf.GradientTape):
         self._statistics["tensors_reduced"] += sum(g is not None for g in flat_grads)
         reduced = reduce_gradients(self._unison, flat_grads, names, local)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def get_local_and_global_gradients(self, target: object, sources: Sequence[tf.Variable],
+                                       output_gradients: object = None, use_generic_names: bool = False
+                                       ) -> tuple[list[tuple[tf.Variable, Any]], list[tuple[tf.Variable, Any]]]:
+        """`gradient()`, split into ``(source, gradient)`` pairs of local sources and of the others.
+
+        Example:
+            >>> local, shared = tape.get_local_and_global_gradients(loss, model.trainable_weights)  # doctest: +SKIP
+        """
+        sources = list(sources)
+        grads = self.gradient(target, sources, output_gradients, use_generic_names=use_generic_names)
+        local: list[tuple[tf.Variable, Any]] = []
+        shared: list[tuple[tf.Variable, Any]] = []
+        for source, grad in zip(sources, grads):
+            (local if id(source) in self._local_refs else shared).append((source, grad))
+        return local, shared
 
 
 @_no_autograph
