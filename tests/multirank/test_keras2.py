@@ -329,6 +329,59 @@ def test_partial_distributed_optimizer_keeps_local_layer_gradients_local() -> No
     assert not np.array_equal(last[0], last[1])  # local: each rank's own
 
 
+@pytest.mark.parametrize("legacy", [True, False])
+def test_compute_gradients_returns_them_reduced_and_apply_gradients_does_not_reduce_them_again(legacy: bool) -> None:
+    # Horovod's wrapper reduces in _compute_gradients (which a legacy optimizer's minimize and fit call)
+    # and compute_gradients; with op=Sum a second reduction in apply_gradients would multiply by the size.
+    x = tf.Variable([0.0])
+    opt = hvd.DistributedOptimizer(K.optimizers.legacy.SGD(1.0) if legacy else K.optimizers.SGD(1.0), op=hvd.Sum)
+
+    def loss() -> tf.Tensor:
+        return tf.reduce_sum(x * float(hvd.rank() + 1))
+
+    pairs = opt._compute_gradients(loss, [x]) if legacy else opt.compute_gradients(loss, [x])
+    total = float(sum(r + 1 for r in range(hvd.size())))
+    np.testing.assert_allclose(pairs[0][0].numpy(), [total])
+    opt.apply_gradients(pairs)
+    np.testing.assert_allclose(x.numpy(), [-total])
+
+
+def test_aggregation_state_reads_as_horovods_agg_helper_and_local_variables_go_by_identity() -> None:
+    assert hvd.DistributedOptimizer(K.optimizers.legacy.SGD(1.0))._agg_helper is None  # one pass per step
+    local, shared = tf.Variable([0.0]), tf.Variable([0.0])  # both named "Variable:0"
+    opt = hvd.DistributedOptimizer(K.optimizers.legacy.SGD(1.0), backward_passes_per_step=2)
+    opt.register_local_var(local)
+    counters = []
+    for _ in range(3):
+        pairs = opt._compute_gradients(lambda: tf.reduce_sum((local + shared) * float(hvd.rank() + 1)),
+                                       [local, shared])
+        opt.apply_gradients(pairs)
+        counters.append(int(opt._agg_helper.counter.numpy()))
+    assert counters == [1, 0, 1]  # the passes summed since the last update, as Horovod's helper counts
+    # one update, of the two passes' sum: the local variable's own (divided by the size), the other averaged
+    np.testing.assert_allclose(local.numpy(), [-2.0 * (hvd.rank() + 1) / hvd.size()], rtol=1e-6)
+    np.testing.assert_allclose(shared.numpy(), [-2.0 * np.mean(np.arange(1, hvd.size() + 1))], rtol=1e-6)
+
+
+def test_sync_batch_normalization_is_a_keras2_layer_with_the_global_batchs_statistics() -> None:
+    import unison.tensorflow as htf
+
+    assert issubclass(htf.SyncBatchNormalization, K.layers.BatchNormalization)
+    size, rank = hvd.size(), hvd.rank()
+    everything = np.random.RandomState(3).randn(4 * size, 3).astype(np.float32)
+    mine = everything[4 * rank:4 * (rank + 1)]
+    sync, plain = htf.SyncBatchNormalization(), K.layers.BatchNormalization()
+    out, reference = sync(mine, training=True), plain(everything, training=True)
+    np.testing.assert_allclose(out.numpy(), reference.numpy()[4 * rank:4 * (rank + 1)], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), plain.moving_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(sync.moving_variance.numpy(), plain.moving_variance.numpy(), rtol=1e-5)
+    model = K.Sequential([K.Input((3,)), htf.SyncBatchNormalization(), K.layers.Dense(1)])  # a tf_keras model
+    model.compile(optimizer=hvd.DistributedOptimizer(K.optimizers.SGD(0.1)), loss="mse")
+    model.fit(mine, mine[:, :1], batch_size=4, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert_same_everywhere(model.get_weights())
+
+
 # -- elastic -----------------------------------------------------------------------------------------
 
 

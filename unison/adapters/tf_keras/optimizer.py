@@ -4,8 +4,12 @@ The same design as the Keras 3 wrapper (`unison.adapters.keras.optimizer`): the 
 becomes a same-named subclass of its own class, so `isinstance`, schedules, slots, ``opt.lr`` and
 saving keep working, and a saved model reloads with plain tf_keras. It wraps tf_keras's optimizers
 (``tf.keras.optimizers.Adam``) and its legacy ones (``tf.keras.optimizers.legacy.Adam``, which take
-``lr=``). Gradients are reduced at one point, ``apply_gradients`` (which ``minimize`` and
-``model.fit`` call), before clipping and weight decay, so clipping sees the global gradient.
+``lr=``). Gradients are reduced once per step, before clipping and weight decay, so clipping sees
+the global gradient: in ``_compute_gradients`` (a legacy optimizer's, which its ``minimize`` and
+``model.fit`` call) or ``compute_gradients`` (tf_keras's own optimizers'), as Horovod's wrapper
+does, and otherwise in ``apply_gradients``, which leaves alone the gradients those returned. With
+``backward_passes_per_step`` above one they are summed and reduced in ``apply_gradients``, every
+N-th call.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tensorflow as tf
 
@@ -62,14 +66,13 @@ class _Settings:
 
     def __init__(self, policy: GradientPolicy) -> None:
         self.policy = policy
-        self.local_names: set[str] = set()
+        self.local_refs: set[Hashable] = set()  # the variables' ref(): two tf.Variables may share a name
         self.accumulators: dict[Hashable, tf.Variable] = {}  # by the variable's ref()
+        # The passes summed since the last update (0 to N-1); Horovod's `_agg_helper.counter`.
         self.counter: tf.Variable | None = None
+        # The gradients the last compute_gradients returned reduced, by id: apply_gradients keeps them.
+        self.reduced: dict[int, object] = {}
         self.statistics = {"apply_calls": 0, "reductions": 0, "dense_bytes": 0, "payload_bytes": 0}
-
-
-def _names(variables: Sequence[object]) -> list[str]:
-    return [str(getattr(v, "name", f"var{i}")) for i, v in enumerate(variables)]
 
 
 def _build(optimizer: Keras2Optimizer, variables: list[tf.Variable]) -> None:
@@ -94,9 +97,47 @@ class _DistributedMixin:
 
     _unison: _Settings
 
+    @property
+    def _agg_helper(self) -> _Settings | None:
+        """Horovod's name for the aggregation state (None with one pass per step): its ``counter``
+        holds the passes summed since the last update."""
+        return self._unison if self._unison.policy.backward_passes_per_step > 1 else None
+
     def register_local_var(self, var: tf.Variable) -> None:
         """Keep `var`'s gradient local: not reduced (scaled by 1/size if scale_local_gradients)."""
-        self._unison.local_names.add(_names([var])[0])
+        self._unison.local_refs.add(var.ref())
+
+    def compute_gradients(self, loss: object, var_list: object, tape: tf.GradientTape | None = None
+                          ) -> list[tuple[_Gradient, tf.Variable]]:
+        """The gradients of `loss`, reduced across ranks (see `_compute_gradients`)."""
+        return self._compute_gradients(loss, var_list, None, tape)
+
+    def _compute_gradients(self, loss: object, var_list: object, grad_loss: object = None,
+                           tape: tf.GradientTape | None = None) -> list[tuple[_Gradient, tf.Variable]]:
+        """The optimizer's gradients of `loss`, reduced across ranks, as Horovod's wrapper returns them.
+
+        Legacy optimizers' ``minimize`` (and so ``model.fit``) call this; tf_keras's own call
+        `compute_gradients`. With ``backward_passes_per_step`` above one they come back as they
+        are: `apply_gradients` sums them and reduces every N-th call.
+        """
+        base: Any = super()  # the optimizer's own class: a legacy one has _compute_gradients
+        if hasattr(base, "_compute_gradients"):
+            pairs = base._compute_gradients(loss, var_list, grad_loss, tape=tape)
+        else:
+            pairs = base.compute_gradients(loss, var_list, tape=tape)
+        settings = self._unison
+        if settings.policy.backward_passes_per_step > 1 or settings.policy.exchange is Exchange.PARTIAL:
+            return list(pairs)
+        grads = [g for g, _ in pairs]
+        variables = [v for _, v in pairs]
+        reduced = self._reduce(grads, variables)
+        settings.reduced = {id(g): g for g in reduced if g is not None}
+        return list(zip(reduced, variables))
+
+    def _reduced_already(self, grads: Sequence[_Gradient]) -> bool:
+        """Whether `grads` are those the last `_compute_gradients` returned reduced (and forget them)."""
+        held, self._unison.reduced = self._unison.reduced, {}
+        return bool(held) and all(g is None or held.get(id(g)) is g for g in grads)
 
     def statistics(self) -> dict[str, int]:
         """Counters: apply calls, gradient reductions (each traced or eager call of the step), and,
@@ -112,7 +153,7 @@ class _DistributedMixin:
     def _reduce(self, grads: list[_Gradient], variables: list[tf.Variable]) -> list[_Gradient]:
         settings = self._unison
         settings.statistics["reductions"] += 1
-        local = [n in settings.local_names for n in _names(variables)]
+        local = [v.ref() in settings.local_refs for v in variables]
         # Named by place, shape and dtype: the same on every rank, loaded model or fresh (naming.py).
         return reduce_gradients(settings.policy, grads, variable_keys(variables), local)
 
@@ -131,6 +172,8 @@ class _DistributedMixin:
             _average_partial(settings, variables)
             return result
         if settings.policy.backward_passes_per_step == 1:
+            if self._reduced_already(grads):
+                return base_apply(pairs, *args, **kwargs)
             return base_apply(list(zip(self._reduce(grads, variables), variables)), *args, **kwargs)
         return self._aggregated_apply(base_apply, grads, variables, args, kwargs)
 
@@ -151,7 +194,7 @@ class _DistributedMixin:
         accumulators = [settings.accumulators[v.ref()] for v in variables]
         counter = settings.counter
         counter.assign_add(1)
-        is_update = tf.equal(tf.math.floormod(counter.read_value(), steps), 0)
+        is_update = tf.greater_equal(counter.read_value(), steps)
         iterations = self.iterations  # type: ignore[attr-defined]
 
         def update() -> tf.Tensor:
@@ -162,6 +205,7 @@ class _DistributedMixin:
             base_apply(list(zip(self._reduce(totals, variables), variables)), *args, **kwargs)
             for a in accumulators:
                 a.assign(tf.zeros_like(a))
+            counter.assign(0)
             return tf.constant(True)
 
         def accumulate() -> tf.Tensor:
@@ -248,6 +292,8 @@ def DistributedOptimizer(optimizer: _OptimizerT, name: str | None = None, device
         "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         # Inside a user's tf.function, AutoGraph must not rewrite the wrapper's Python control flow.
         "apply_gradients": tf.autograph.experimental.do_not_convert(_DistributedMixin.apply_gradients),
+        "compute_gradients": tf.autograph.experimental.do_not_convert(_DistributedMixin.compute_gradients),
+        "_compute_gradients": tf.autograph.experimental.do_not_convert(_DistributedMixin._compute_gradients),
     }
     wrapped = type(cls.__name__, (_DistributedMixin, cls), attrs)
     # object.__setattr__: tf_keras's tracking (and a legacy optimizer's hyperparameter setter) must not see it.
