@@ -132,3 +132,24 @@ def test_duplicate_sets_at_init_leave_the_job_initialized_and_init_again_binds()
             hvd.init(process_sets=[hvd.ProcessSet([0, 1])])
     hvd.shutdown()
     assert rest.process_set_id is None and first.process_set_id is None
+
+
+@pytest.mark.min_ranks(2)
+@pytest.mark.xfail(strict=True, reason="init() keeps no communicator for the global set, and a split "
+                                       "communicator registers rank 0's color alone (unison/_job/runtime.py)")
+def test_sets_from_communicators_keep_them_and_a_split_registers_every_color() -> None:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    size, rank = world.Get_size(), world.Get_rank()
+    halves = world.Split(color=rank % 2, key=rank)
+    mine = hvd.ProcessSet(halves)
+    hvd.init(comm=world, process_sets=[mine])
+    # As in Horovod: a set made from a communicator reports it, the global set the one init() was given.
+    assert hvd.global_process_set.mpi_comm == world and mine.mpi_comm is halves
+    # Each rank passes its own color's communicator: both colors are registered, evens first.
+    color = list(range(rank % 2, size, 2))
+    assert (mine.process_set_id, mine.ranks) == (1 + rank % 2, color)
+    out = hvd.allreduce(np.array([rank]), op=hvd.Sum, name="halves", process_set=mine)
+    assert out[0] == sum(color)
+    hvd.barrier()  # no rank shuts the job down while the other color still runs its allreduce
