@@ -180,3 +180,17 @@ class _Completer:
             if pending is None:
                 return
             pending.run()
+
+
+def _outside_dynamo() -> None:
+    """Keep a work's waits out of torch.compile's tracing: a wait may drive unison's engine cycle on the
+    waiting thread, and DDP waits for its bucket broadcast inside a compiled model's forward (torch's own
+    lazy wrapper: dynamo is imported at the first call, where torch's optimizers have imported it already)."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    if disable is None:
+        return
+    for name in ("wait", "is_completed", "get_future", "result", "settle"):
+        setattr(UnisonWork, name, disable(getattr(UnisonWork, name)))
+
+
+_outside_dynamo()

@@ -20,12 +20,12 @@ backend on the group's members only, but every rank calls ``new_group`` (torch's
 
 The first group's factory forms the job from what torch hands it (`unison._job.runtime.join_job`: the
 store of torch's rendezvous, the rank, the world size, the timeout), unless this process is already a
-rank of a unison job. Each group also carries a gloo backend of its members for the CPU device, made
-from the same store: torch's functional collectives (DTensor's redistribution, FSDP2's full state
-dicts, distributed checkpoints) call a group's per-device backend, which a group written in Python
-cannot be, and reach gloo there; every other call runs through unison. The group's collectives are
-kept out of torch.compile's tracing (dynamo reached them when DDP rebuilt its buckets in a compiled
-model, and failed on the group object).
+rank of a unison job. torch's functional collectives (DTensor's redistribution, FSDP2's full state
+dicts, distributed checkpoints) reach the group through its coalesced gathers and reduce-scatters
+(``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``), which torch's own base
+class would send to a per-device backend that a group written in Python has none of. The group's
+collectives are kept out of torch.compile's tracing (dynamo reached them when DDP rebuilt its
+buckets in a compiled model, and failed on the group object).
 """
 
 # torch's stubs declare ProcessGroup's methods as overloads of its C++ and Python forms; a Python
@@ -93,7 +93,7 @@ _group_lock = threading.Lock()
 # the collectives torch calls on a group: kept out of torch.compile's tracing
 _COLLECTIVES = ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "_reduce_scatter_base",
                 "allgather", "_allgather_base", "gather", "broadcast", "scatter", "alltoall", "alltoall_base",
-                "barrier")
+                "barrier", "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced")
 
 
 class UnisonProcessGroup(dist.ProcessGroup):
@@ -111,7 +111,6 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._names = CallNames()
         self._naming = threading.local()  # the call this thread named last: (index, name), for _work
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
-        self._device_backend: Any = None  # gloo, for torch's functional collectives (`_add_device_backend`)
 
     def __repr__(self) -> str:
         return (f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} ranks={self._members} "
@@ -244,6 +243,33 @@ class UnisonProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base
 
+    def reduce_scatter_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None) -> UnisonWork:
+        """Several ``reduce_scatter_tensor`` in one call (torch's functional collectives come here)."""
+        outputs, inputs = list(outputs), list(inputs)
+        op, bitwise, factor = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        if bitwise is not None:
+            raise UnisonNotImplementedError("reduce_scatter_tensor with a bitwise op on the unison backend: use "
+                                            "all_reduce.")
+        for output, source in zip(outputs, inputs):
+            if source.numel() != output.numel() * self._size:
+                raise InvalidArgumentError(
+                    f"reduce_scatter_tensor needs an input of size * output elements ({self._size} * "
+                    f"{output.numel()}). Got {source.numel()}.")
+        name = self._name(("reduce_scatter_tensor_coalesced", _sig([*outputs, *inputs]),
+                           _op_key(opts.reduceOp if opts is not None else None)))
+        handles = [reducescatter_async(source.reshape(self._size, *output.shape).contiguous(), name=f"{name}.{i}",
+                                       op=op, prescale_factor=factor, process_set=self._set)
+                   for i, (output, source) in enumerate(zip(outputs, inputs))]
+
+        def finish(results: list[torch.Tensor]) -> list[torch.Tensor]:
+            for output, result in zip(outputs, results):
+                output.copy_(result.reshape(output.shape))
+            return outputs
+        return self._work("reduce_scatter_tensor_coalesced", handles, finish)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
     def _reduce_scatter(self, output: torch.Tensor, stacked: torch.Tensor,
                         opts: dist.ReduceScatterOptions | None, what: str) -> UnisonWork:
         op, bitwise, factor = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
@@ -287,6 +313,28 @@ class UnisonProcessGroup(dist.ProcessGroup):
         return self._work("all_gather_into_tensor", [handle], finish)
 
     all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                                        opts: AllgatherOptions | None = None) -> UnisonWork:
+        """Several ``all_gather_into_tensor`` in one call: torch's functional collectives (DTensor's
+        redistribution, FSDP2's full state dicts) come here, not to the per-device backend."""
+        outputs, inputs = list(outputs), list(inputs)
+        for output, source in zip(outputs, inputs):
+            if output.numel() != source.numel() * self._size:
+                raise InvalidArgumentError(
+                    f"all_gather_into_tensor needs an output of size * input elements ({self._size} * "
+                    f"{source.numel()}). Got {output.numel()}.")
+        name = self._name(("all_gather_into_tensor_coalesced", _sig([*outputs, *inputs])))
+        handles = [allgather_async(source.reshape(1, *source.shape).contiguous(), name=f"{name}.{i}",
+                                   process_set=self._set) for i, source in enumerate(inputs)]
+
+        def finish(results: list[torch.Tensor]) -> list[torch.Tensor]:
+            for output, result in zip(outputs, results):
+                output.copy_(result.reshape(output.shape))
+            return outputs
+        return self._work("all_gather_into_tensor_coalesced", handles, finish)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def _gather_into(self, targets: list[torch.Tensor], source: torch.Tensor, what: str) -> UnisonWork:
         handle = allgather_async(source.reshape(1, *source.shape).contiguous(),
@@ -443,7 +491,6 @@ def create_process_group(options: _DistributedBackendOptions,
                 "takes them from the job.")
         _warn_timeout(timeout)
         group = UnisonProcessGroup(_runtime.rank(), size, _label(global_process_set))
-    _add_device_backend(group, options)
     return group
 
 
@@ -451,17 +498,6 @@ def _how_formed() -> str:
     launch = _runtime.job().launch
     return {"mpi": "started by unisonrun, mpiexec or srun", "torch": "formed at a torch store earlier",
             "single": "a job of this process alone"}.get(launch, "formed earlier")
-
-
-def _add_device_backend(group: UnisonProcessGroup, options: _DistributedBackendOptions) -> None:
-    """Give the group a gloo backend of its members for the CPU device, for torch's functional
-    collectives (see the module docstring); collective over the group's members, like the group."""
-    if not dist.is_gloo_available() or group.size() == 1:
-        return
-    timeout = getattr(options, "timeout", None) or timedelta(minutes=30)
-    gloo = dist.ProcessGroupGloo(options.store, group.rank(), group.size(), timeout)
-    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
-    group._device_backend = gloo
 
 
 def _label(process_set: ProcessSet) -> str:
@@ -536,6 +572,8 @@ def _outside_dynamo(cls: type[UnisonProcessGroup]) -> None:
     cls.reduce_scatter_single = cls._reduce_scatter_base
     cls.all_gather_single = cls._allgather_base
     cls.all_to_all_single = cls.alltoall_base
+    cls.all_gather_single_coalesced = cls.allgather_into_tensor_coalesced
+    cls.reduce_scatter_single_coalesced = cls.reduce_scatter_tensor_coalesced
 
 
 _outside_dynamo(UnisonProcessGroup)
