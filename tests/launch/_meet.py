@@ -1,7 +1,8 @@
 """One process that meets others through init_process_group("unison", ...) and reports how it went.
 
-``python _meet.py INIT_METHOD RANK WORLD_SIZE TIMEOUT_SECONDS [twice]``: prints ``joined R of N`` or the
-error's type and message, then whether unison is initialized in this process; exits 0 or 1.
+``python _meet.py INIT_METHOD RANK WORLD_SIZE TIMEOUT_SECONDS [twice|probe]``: prints ``joined R of N`` or
+the error's type and message, then whether unison is initialized in this process; exits 0 or 1. ``twice``
+calls init_process_group a second time; ``probe`` prints what ``hvd.mpi_threads_supported()`` says.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ try:
     print(f"joined {hvd.rank()} of {hvd.size()}", flush=True)
     if "twice" in sys.argv[5:]:
         dist.init_process_group("unison", init_method=init_method, rank=rank, world_size=size)
+    if "probe" in sys.argv[5:]:
+        try:
+            print(f"mpi_threads_supported: {hvd.mpi_threads_supported()}", flush=True)
+        except ValueError as exc:
+            print(f"mpi_threads_supported: ValueError: {exc}", flush=True)
+        print(f"gloo_enabled: {hvd.gloo_enabled()} mpi_enabled: {hvd.mpi_enabled()}", flush=True)
     dist.barrier()
     code = 0
 except Exception as exc:  # noqa: BLE001 - reported for the test

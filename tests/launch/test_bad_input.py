@@ -1,6 +1,7 @@
 """Bad input to init_process_group("unison", ...) is a clear error on every process, within the timeout, and
 leaves nothing half-started: ranks that never arrive, a world size that differs, two processes claiming one
-rank, an init_method nobody serves, a second init_process_group (real processes, started by hand)."""
+rank, an init_method nobody serves, a second init_process_group (real processes, started by hand). Also what
+``hvd.mpi_threads_supported()`` says in such a job."""
 
 from __future__ import annotations
 
@@ -89,3 +90,10 @@ def test_a_second_init_process_group_is_refused_and_the_job_runs_on(tmp_path: Pa
     for output in meet(f"file://{tmp_path / 'rendezvous'}", [(0, 2), (1, 2)], 5.0, "twice"):
         assert "ValueError: trying to initialize the default process group twice!" in output, output[-3000:]
         assert "initialized=True" in output  # the first one's job is untouched
+
+
+def test_mpi_threads_supported_says_what_the_job_is(tmp_path: Path) -> None:
+    for output in meet(f"file://{tmp_path / 'rendezvous'}", [(0, 2), (1, 2)], 5.0, "probe"):
+        assert ("mpi_threads_supported: ValueError: MPI is not in use in this job: its 2 processes met at a torch "
+                "store and run on gloo.") in output, output[-3000:]
+        assert "gloo_enabled: True mpi_enabled: False" in output
