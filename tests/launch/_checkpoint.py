@@ -46,7 +46,11 @@ def compiled(rank: int) -> dict[str, Any]:
 
 def fsdp(rank: int, out: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
     from torch.distributed.fsdp import fully_shard
 
     net = fully_shard(model())
