@@ -2,7 +2,8 @@
 
 Modes: api (unison's Horovod-style API and torch.distributed on the "unison" backend, on tensors of
 DEVICE, cpu unless given (tests/gpu gives cuda); results written to OUT/result-R), raise (rank 1 raises after one step), frozen (rank 1 stops itself with SIGSTOP),
-restart (rank 1 raises in the launch's first attempt only). Every rank writes OUT/pid-R.
+restart (rank 1 raises in the launch's first attempt only), restart-pg (the same, the job formed by
+init_process_group("unison") before hvd.init()). Every rank writes OUT/pid-R.
 """
 
 import json
@@ -20,6 +21,8 @@ import unison.torch as hvd
 out, mode = Path(sys.argv[1]), sys.argv[2]
 device = torch.device(sys.argv[3] if len(sys.argv) > 3 else "cpu")
 torch.set_num_threads(1)
+if mode == "restart-pg":
+    dist.init_process_group("unison")
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 if device.type == "cuda":
@@ -51,7 +54,7 @@ if mode == "api":
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 for step in range(30):
     if step == 2 and rank == 1:
-        if mode == "raise" or (mode == "restart" and attempt == 0):
+        if mode == "raise" or (mode.startswith("restart") and attempt == 0):
             raise ValueError(f"injected failure at step {step}")
         if mode == "frozen":
             (out / "fault-time").write_text(repr(time.time()))

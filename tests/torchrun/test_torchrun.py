@@ -118,11 +118,12 @@ def _kill_frozen(tmp_path: Path) -> None:
         pass
 
 
-def test_a_restart_starts_a_fresh_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["restart", "restart-pg"])  # hvd.init(), or init_process_group first
+def test_a_restart_starts_a_fresh_job(tmp_path: Path, mode: str) -> None:
     # Each rank's output of each attempt also goes to a file of its own: torchrun's summary of a failed
     # job would push a rank's last lines out of the captured output's tail.
     logs = tmp_path / "logs"
-    done = torchrun(2, tmp_path, "restart", "--max-restarts", "1", "--log-dir", str(logs), "--tee", "3")
+    done = torchrun(2, tmp_path, mode, "--max-restarts", "1", "--log-dir", str(logs), "--tee", "3")
     ranks = "".join(f"--- {path.relative_to(logs)}:\n{path.read_text(errors='replace')[-2500:]}\n"
                     for path in sorted(logs.rglob("*.log")) if path.stat().st_size)
     assert done.returncode == 0, ranks + done.stderr[-3000:]

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...backends import create_backend
 from ...backends.base import Backend
-from ...config import Settings
+from ...config import Settings, process_environment
 from ...errors import StartupError
 from .. import failure as _failure
 from ..startup import Arrival, check_start_in_store
@@ -30,6 +30,14 @@ from .base import Launch, Place, Request
 __all__ = ["TorchRendezvous", "place_of"]
 
 _jobs = [0]  # jobs this process started on a torch store (every rank starts the same ones, in order)
+
+
+def _restart_count() -> int:
+    """torchrun's restart count (``TORCHELASTIC_RESTART_COUNT``), 0 outside torchrun."""
+    try:
+        return int(process_environment().get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
 
 
 def place_of(rank: int, hosts: list[str]) -> Place:
@@ -89,7 +97,8 @@ class TorchRendezvous(Launch):
 
         if self._request is not None:
             root = root_store(self._request.store)
-            restart = 0
+            # torchrun's agent keeps its store across restarts: a restarted rank must not meet the old keys
+            restart = _restart_count()
         else:
             assert self._launch is not None
             root = env_store(self._launch, self.timeout_seconds(settings))
