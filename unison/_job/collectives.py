@@ -12,14 +12,13 @@ from ..ops import CollectiveKind, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from .runtime import job
 from .submit import (
+    Call,
     check_splits,
     control,
-    finish_with,
+    handle_of,
     member_set,
-    next_handle,
     poll,
     reducescatter_op,
-    register_handle,
     resolve_op,
     submit,
     synchronize,
@@ -56,8 +55,8 @@ def _device(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, proce
     buffers, dtypes, outputs = prepare_arrays(
         arrays, in_place=in_place,
         with_outputs=not in_place and kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST))
-    handle_id, _, _ = submit(kind, buffers, name, process_set, grouped=grouped, dtypes=dtypes,
-                             outputs=outputs, device="cuda", **kw)
+    call, _, _ = submit(kind, buffers, name, process_set, grouped=grouped, dtypes=dtypes, outputs=outputs,
+                        device="cuda", **kw)
     originals = list(arrays)
 
     def finish(results: list[Any]) -> Any:
@@ -65,34 +64,31 @@ def _device(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, proce
         out = originals if in_place else made
         return out if grouped else out[0]
 
-    return finish_with(handle_id, finish)
+    return handle_of(call.then(finish))
 
 
 def _one(kind: CollectiveKind, array: Any, name: str | None, process_set: ProcessSet,
          **kw: Any) -> int:
     if _on_gpu([array]):
         return _device(kind, [array], name, process_set, False, **kw)
-    handle_id, originals, dtypes = submit(kind, [array], name, process_set, **kw)
+    call, originals, dtypes = submit(kind, [array], name, process_set, **kw)
     like, dtype = originals[0], dtypes[0]
     if kw.get("in_place"):
-        return finish_with(handle_id, lambda results: like)
-    return finish_with(handle_id, lambda results: _restore(results[0], dtype, like))
+        return handle_of(call.then(lambda results: like))
+    return handle_of(call.then(lambda results: _restore(results[0], dtype, like)))
 
 
 def _many(kind: CollectiveKind, arrays: Sequence[Any], name: str | None, process_set: ProcessSet,
           **kw: Any) -> int:
     if not arrays:
-        current = job()
-        return register_handle([], lambda results: [], next_handle(current))
+        empty: list[np.ndarray] = []
+        return handle_of(Call.completed(empty))
     if _on_gpu(arrays):
         return _device(kind, arrays, name, process_set, True, **kw)
-    handle_id, originals, dtypes = submit(kind, list(arrays), name, process_set, grouped=True, **kw)
+    call, originals, dtypes = submit(kind, list(arrays), name, process_set, grouped=True, **kw)
     if kw.get("in_place"):
-        return finish_with(handle_id, lambda results: list(originals))
-    return finish_with(
-        handle_id,
-        lambda results: [_restore(r, d, o) for r, d, o in zip(results, dtypes, originals)],
-    )
+        return handle_of(call.then(lambda results: list(originals)))
+    return handle_of(call.then(lambda results: [_restore(r, d, o) for r, d, o in zip(results, dtypes, originals)]))
 
 
 # -- allreduce -------------------------------------------------------------------------------------
@@ -243,14 +239,13 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
 
         buffers, device_dtypes, _ = prepare_arrays([tensor], in_place=False, with_outputs=False)
         buffer, split_tuple = check_splits(current, buffers[0], splits, members)
-        device_handle, _, _ = submit(CollectiveKind.ALLTOALL, [buffer], name, process_set, splits=split_tuple,
-                                     dtypes=device_dtypes, device="cuda")
-        return finish_with(device_handle, lambda results: (device_results([results[0][0]])[0], results[0][1]))
+        on_device, _, _ = submit(CollectiveKind.ALLTOALL, [buffer], name, process_set, splits=split_tuple,
+                                 dtypes=device_dtypes, device="cuda")
+        return handle_of(on_device.then(lambda results: (device_results([results[0][0]])[0], results[0][1])))
     tensor, split_tuple = check_splits(current, tensor, splits, members)
-    handle_id, originals, dtypes = submit(CollectiveKind.ALLTOALL, [tensor], name, process_set,
-                                           splits=split_tuple)
+    call, originals, dtypes = submit(CollectiveKind.ALLTOALL, [tensor], name, process_set, splits=split_tuple)
     like, dtype = originals[0], dtypes[0]
-    return finish_with(handle_id, lambda results: (_restore(results[0][0], dtype, like), results[0][1]))
+    return handle_of(call.then(lambda results: (_restore(results[0][0], dtype, like), results[0][1])))
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,

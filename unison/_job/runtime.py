@@ -28,6 +28,8 @@ from .sets import bind_again, check_process_sets, register_sets
 
 if TYPE_CHECKING:
     from ..engine.timeline import Timeline
+    from ..protocol.messages import Request as CollectiveRequest
+    from .calls import Call
 
 __all__ = [
     "Job", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled",
@@ -59,8 +61,10 @@ class Job:
     # ProcessSet objects bound by a repeated init(process_sets=[...]) to sets already registered
     rebound_sets: list[ProcessSet] = dataclasses.field(default_factory=list)
     handle_counter: int = 0
-    # handle id -> (engine handles, function turning their raw results into what synchronize returns)
-    handles: dict[int, tuple[list[Any], Any]] = dataclasses.field(default_factory=dict)
+    # Horovod's integer handles: id -> the call it stands for (`unison._job.submit.handle_of`)
+    handles: dict[int, Call[Any]] = dataclasses.field(default_factory=dict)
+    # the requests of calls that recur, made once (`unison._job.submit`): key -> request
+    requests: dict[tuple[object, ...], CollectiveRequest] = dataclasses.field(default_factory=dict)
     names_counters: dict[Hashable, int] = dataclasses.field(default_factory=dict)
     # the one thread that may submit unnamed collectives: the thread that called init()
     unnamed_thread: threading.Thread = dataclasses.field(default_factory=threading.current_thread)

@@ -1,15 +1,16 @@
-"""The submit path every API shares: checks, op naming, handles, and the submission of NumPy buffers to the engine.
+"""The submit path every API shares: checks, op naming, and the submission of NumPy buffers to the engine.
 
 The public NumPy API (`unison._job.collectives`) and the framework adapters (torch, TensorFlow, Keras)
-call these; users never do. A collective becomes one `Request` per buffer, named
-``<kind>.<name>`` (or ``<kind>.noname.<n>``, ``<kind>.noname.set<id>.<n>`` in process set <id>), handed to the engine as one atomic group, and a handle
-id that `poll`/`synchronize` resolve through the job's handle table.
+call these; users never do. A collective becomes one `Request` per buffer, named ``<kind>.<name>`` (or
+``<kind>.noname.<n>``, ``<kind>.noname.set<id>.<n>`` in process set <id>), handed to the engine as one
+atomic group; the submission returns a `Call` (`unison._job.calls`), which every API waits on or
+continues with `Call.then`. Horovod's integer handles index the job's table of calls (`handle_of`),
+which `poll`, `synchronize` and `release` read.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,18 +25,20 @@ from ..ops import CollectiveKind, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from ..protocol.messages import Request
 from . import runtime as _runtime
+from .calls import Call
 from .runtime import Job, job
 
 __all__ = [
-    "check_adasum", "check_splits", "control", "finish_with", "member_set", "next_handle", "poll", "reducescatter_op",
-    "register_handle", "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize", "waited",
+    "Call", "check_adasum", "check_splits", "control", "handle_of", "member_set", "poll", "reducescatter_op",
+    "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize", "waited",
 ]
 
 _calling = threading.local()  # .waits: the submission under way is a blocking call's (see `waited`)
+_KEPT_REQUESTS = 4096  # requests kept for reuse per job (the table is dropped past it)
 
 
-def _handles() -> dict[int, tuple[list[Handle], Callable[[list[Any]], Any]]]:
-    """The running job's handle table (`Job.handles`); an empty one after shutdown."""
+def _calls() -> dict[int, Call[Any]]:
+    """The running job's table of calls behind Horovod's integer handles; an empty one after shutdown."""
     current = _runtime._job
     return current.handles if current is not None else {}
 
@@ -129,9 +132,11 @@ def _storage(array: Any, *, in_place: bool) -> tuple[np.ndarray, DType]:
     return (array.view(np.uint16) if dtype is DType.BFLOAT16 else array), dtype
 
 
-def next_handle(current: Job) -> int:
-    """A new handle id (a per-job counter, reset by shutdown)."""
+def handle_of(call: Call[Any]) -> int:
+    """Horovod's integer handle for `call`: a new id (per job) in the job's table of calls."""
+    current = job()
     current.handle_counter += 1
+    current.handles[current.handle_counter] = call
     return current.handle_counter
 
 
@@ -161,12 +166,6 @@ def _op_name(current: Job, kind: str, name: str | None, set_id: int) -> str:
     return f"{kind}.noname.{index}" if set_id == 0 else f"{kind}.noname.set{set_id}.{index}"
 
 
-def register_handle(handles: list[Handle], finish: Callable[[list[Any]], Any], handle_id: int) -> int:
-    """Make `handle_id` poll/synchronize over `handles`, returning ``finish(results)``."""
-    job().handles[handle_id] = (handles, finish)
-    return handle_id
-
-
 def submit(
     kind: CollectiveKind,
     arrays: Sequence[Any],
@@ -183,20 +182,19 @@ def submit(
     dtypes: Sequence[DType] | None = None,
     outputs: Sequence[np.ndarray] | None = None,
     device: str = "cpu",
-) -> tuple[int, list[np.ndarray], list[DType]]:
-    """Submit one collective (or one atomic group) on NumPy buffers; return (handle id, arrays, dtypes).
+) -> tuple[Call[list[Any]], list[np.ndarray], list[DType]]:
+    """Submit one collective (or one atomic group) on NumPy buffers; return (its call, arrays, dtypes).
 
     This is the entry point the framework adapters share. By default each array's dtype is inferred
     and buffers are made contiguous. An adapter that already holds storage buffers (for example a
     torch bfloat16 tensor viewed as uint16 bits) passes ``dtypes`` to say what they hold, and may
     pass ``outputs`` (allreduce and broadcast only) so results land directly in framework memory.
-    `synchronize` on the handle returns the list of raw results, one per array, unless the caller
-    installs another finishing function with `finish_with`.
+    The call's value is the list of raw results, one per array; `Call.then` makes what the caller
+    returns of them.
     """
     current = job()
     what = kind.value.capitalize()
     set_id, members = member_set(current, process_set, what)
-    handle_id = next_handle(current)
     base = _op_name(current, ("grouped_" if grouped else "") + kind.value, name, set_id)
     if kind is CollectiveKind.BROADCAST and root_rank not in members:
         raise InvalidArgumentError(
@@ -218,12 +216,8 @@ def submit(
         if kind is CollectiveKind.ALLREDUCE and op is ReduceOp.ADASUM:
             check_adasum(set_id, members, [dtype])
         tensor_name = f"{base}_{index + 1}of{count}" if grouped else base
-        request = Request(
-            tensor_name, kind, current.rank, dtype, tuple(buf.shape), op, root_rank,
-            float(prescale), float(postscale), set_id, device,
-            group=base if grouped else "", group_size=count if grouped else 0,
-            splits=tuple(int(s) for s in splits),
-        )
+        request = _request(current, tensor_name, kind, dtype, tuple(buf.shape), op, root_rank, prescale,
+                           postscale, set_id, device, base if grouped else "", count if grouped else 0, splits)
         if kind in (CollectiveKind.ALLREDUCE, CollectiveKind.BROADCAST):
             if in_place:
                 output = buf
@@ -239,65 +233,74 @@ def submit(
     waits = getattr(_calling, "waits", False)
     if not (waits and len(entries) == 1 and current.engine.run_now(entries[0])):
         current.engine.enqueue(entries, waits=waits)
-    current.handles[handle_id] = ([e.handle for e in entries], _identity)
-    return handle_id, originals, resolved
+    return Call([entry.handle for entry in entries], list), originals, resolved
 
 
-def _identity(results: list[Any]) -> Any:
-    return results
+def _request(current: Job, name: str, kind: CollectiveKind, dtype: DType, shape: tuple[int, ...], op: ReduceOp,
+             root_rank: int, prescale: float, postscale: float, set_id: int, device: str, group: str,
+             group_size: int, splits: Sequence[int]) -> Request:
+    """The request of one tensor, made once per job and reused while the same call recurs (a training
+    loop's gradients, a metric): a request is immutable, and one made afresh costs as much as the rest of
+    a submission. Unnamed calls, whose names never recur, are made each time."""
+    key = (name, kind.value, dtype.value, shape, int(op), root_rank, prescale, postscale, set_id, device, group,
+           group_size, tuple(splits))
+    kept = current.requests.get(key)
+    if kept is not None:
+        return kept
+    request = Request(name, kind, current.rank, dtype, shape, op, root_rank, float(prescale), float(postscale),
+                      set_id, device, group=group, group_size=group_size, splits=tuple(int(s) for s in splits))
+    if ".noname." not in name:
+        if len(current.requests) >= _KEPT_REQUESTS:
+            current.requests.clear()
+        current.requests[key] = request
+    return request
 
 
-def waited(start: Callable[..., int], *args: Any, **kwargs: Any) -> Any:
+def waited(start: Callable[..., Call[Any] | int], *args: Any, **kwargs: Any) -> Any:
     """Make a blocking call of an asynchronous one: ``synchronize(start(*args, **kwargs))``, with the
     submission marked as waited for at once, so that the wait runs the job's cycle on this thread
     instead of handing it to the engine thread and back (`unison.engine.loop.Engine.drive`)."""
     _calling.waits = True
     try:
-        handle = start(*args, **kwargs)
+        started = start(*args, **kwargs)
     finally:
         _calling.waits = False
-    return synchronize(handle)
+    return started.result() if isinstance(started, Call) else synchronize(started)
 
 
-def finish_with(handle_id: int, finish: Callable[[list[Any]], Any]) -> int:
-    """Make `synchronize(handle_id)` return ``finish(raw results)`` instead of the raw list."""
-    table = job().handles
-    handles, _ = table[handle_id]
-    table[handle_id] = (handles, finish)
-    return handle_id
+def _call_of(handle: int | Call[Any], forget: bool) -> Call[Any]:
+    if isinstance(handle, Call):
+        return handle
+    table = _calls()
+    call = table.pop(handle, None) if forget else table.get(handle)
+    if call is None:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    return call
 
 
-def poll(handle: int) -> bool:
+def poll(handle: int | Call[Any]) -> bool:
     """Return True when the asynchronous operation behind `handle` has finished.
 
     Example:
         >>> h = allreduce_async(np.ones(3))      # doctest: +SKIP
         >>> while not poll(h): pass              # doctest: +SKIP
     """
-    table = _handles()
-    if handle not in table:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    handles, _ = table[handle]
-    return all(h.done() for h in handles)
+    return _call_of(handle, forget=False).done()
 
 
-def synchronize(handle: int) -> Any:
-    """Wait for the operation behind `handle` and return its output (a tuple for alltoall).
+def synchronize(handle: int | Call[Any]) -> Any:
+    """Wait for the operation behind `handle` (Horovod's integer handle, or a `Call`) and return its
+    output (a tuple for alltoall).
 
     Raises:
-        HorovodInternalError: the collective failed on every rank (mismatch, shutdown, stall).
+        HorovodInternalError: the collective failed on every rank (mismatch, shutdown, stall); the
+            engine's error, with the cause behind it where it had one.
     """
-    table = _handles()
-    if handle not in table:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    handles, finish = table[handle]
-    for h in handles:
-        h.wait()
-    table.pop(handle, None)
-    for h in handles:
-        if h.error is not None:
-            raise type(h.error)(str(h.error))
-    return finish([h.result for h in handles])
+    call = _call_of(handle, forget=False)
+    call.wait()
+    if not isinstance(handle, Call):
+        _calls().pop(handle, None)
+    return call.result()
 
 
 def release(handle: int, timeout_seconds: float) -> bool:
@@ -306,11 +309,8 @@ def release(handle: int, timeout_seconds: float) -> bool:
     Its result or error is dropped: for a caller that is leaving (``shutdown()``) and only must not
     leave before its peers got what the operation sends them.
     """
-    entry = _handles().pop(handle, None)
-    if entry is None:
-        return False
-    deadline = time.monotonic() + timeout_seconds
-    return all(h.wait(max(0.0, deadline - time.monotonic())) for h in entry[0])
+    call = _calls().pop(handle, None)
+    return call is not None and call.wait(timeout_seconds)
 
 
 def _first_rows(tensor: Any, count: int) -> Any:
@@ -374,10 +374,8 @@ def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_pr
              ranks: Sequence[int] = (), target_set: int | None = None) -> Any:
     current = job()
     set_id, _ = member_set(current, process_set, kind.value.capitalize())
-    handle_id = next_handle(current)
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
                       ranks=tuple(ranks))
     entry = Entry(request, None, None, Handle(name, current.engine.drive))
     current.engine.enqueue([entry], waits=True)
-    register_handle([entry.handle], lambda results: results[0], handle_id)
-    return synchronize(handle_id)
+    return Call([entry.handle], lambda results: results[0]).result()

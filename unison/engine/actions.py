@@ -158,10 +158,11 @@ class Actions:
             results = self.executor.run(response, entries)
         except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
             log.exception("%s failed", response.kind)
+            failure = HorovodInternalError(f"{response.kind} of {list(response.names)} failed: {exc}")
+            failure.__cause__ = exc  # raised in each waiting thread with it (`unison._job.calls`)
             for entry in entries:
                 if entry is not None:
-                    entry.handle.fail(HorovodInternalError(
-                        f"{response.kind} of {list(response.names)} failed: {exc}"))
+                    entry.handle.fail(failure)
             return True
         finally:
             observer.executed(response)

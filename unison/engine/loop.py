@@ -17,6 +17,7 @@ per thread.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import time
@@ -341,9 +342,13 @@ class Engine:
         self._disowned = True
 
     def _stopped_error(self) -> BaseException:
-        if self._stop_error is not None:
-            return type(self._stop_error)(str(self._stop_error))
-        return ShutdownError("unison has been shut down; no more collectives can run in this job.")
+        """What a submission to a stopped engine raises: a copy of the stop's error, with its cause."""
+        error = self._stop_error
+        if error is None:
+            return ShutdownError("unison has been shut down; no more collectives can run in this job.")
+        fresh = copy.copy(error)
+        fresh.__cause__, fresh.__traceback__ = error.__cause__, None
+        return fresh
 
     # -- the thread ---------------------------------------------------------------------------------
 
@@ -389,7 +394,9 @@ class Engine:
             self._stop(exc)
         except Exception as exc:  # noqa: BLE001 - every waiter must fail, not hang on a dead cycle
             log.exception("engine failed")
-            self._stop(HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}"))
+            failure = HorovodInternalError(f"unison's engine failed on rank {self.rank}: {exc!r}")
+            failure.__cause__ = exc  # raised in each waiting thread with it (`unison._job.calls`)
+            self._stop(failure)
         except BaseException as exc:
             # KeyboardInterrupt or SystemExit in a thread that was running a cycle (`drive`): the
             # peers cannot finish that cycle with this rank, so the job stops; the thread gets its own.
@@ -436,7 +443,7 @@ class Engine:
         self._queue.wake()  # the engine thread, asleep while a waiting thread ran the cycles, ends too
         waiting = self._cycles.work.clear() + queued
         for entry in waiting:
-            entry.handle.fail(type(error)(str(error)))
+            entry.handle.fail(error)  # one error for all: each waiter raises a copy (`unison._job.calls`)
         if first:
             self._stopped.set()
             if self.on_stop is not None:

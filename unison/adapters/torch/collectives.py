@@ -54,6 +54,13 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
                    process_set: ProcessSet, *, in_place: bool = False, grouped: bool = False,
                    **kw: Unpack[_SubmitOptions]) -> int:
     """Submit torch tensors; `synchronize` on the handle returns tensors (a list when grouped)."""
+    return core.handle_of(submit_call(kind, tensors, name, process_set, in_place=in_place, grouped=grouped, **kw))
+
+
+def submit_call(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: str | None,
+                process_set: ProcessSet, *, in_place: bool = False, grouped: bool = False,
+                **kw: Unpack[_SubmitOptions]) -> core.Call[torch.Tensor | list[torch.Tensor]]:
+    """Submit torch tensors; the call's value is the result tensor (a list when grouped)."""
     if grouped:
         check_same_device(list(tensors))
     arrays, dtypes = [], []
@@ -67,8 +74,8 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
         torch_outputs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
         outputs = [to_buffer(o, in_place=True)[0] for o in torch_outputs]
     device = tensors[0].device.type if tensors else "cpu"
-    handle, _, _ = core.submit(kind, arrays, name, process_set, in_place=in_place, grouped=grouped,
-                               dtypes=dtypes, outputs=outputs, device=device, **kw)
+    call, _, _ = core.submit(kind, arrays, name, process_set, in_place=in_place, grouped=grouped,
+                             dtypes=dtypes, outputs=outputs, device=device, **kw)
     # the engine's results: NumPy arrays, or DeviceBuffers on a GPU (told apart by duck typing)
     finish: Callable[[list[Any]], torch.Tensor | list[torch.Tensor]]
     if in_place or torch_outputs is not None:
@@ -81,7 +88,7 @@ def submit_tensors(kind: CollectiveKind, tensors: Sequence[torch.Tensor], name: 
             return kept if grouped else kept[0]
     else:
         finish = _wrap(dtypes, grouped)
-    return core.finish_with(handle, finish)
+    return call.then(finish)
 
 
 def _wrap(dtypes: list[DType], grouped: bool) -> Callable[[list[Any]], torch.Tensor | list[torch.Tensor]]:
@@ -92,7 +99,8 @@ def _wrap(dtypes: list[DType], grouped: bool) -> Callable[[list[Any]], torch.Ten
 
 
 def _empty_group() -> int:
-    return core.register_handle([], lambda results: [], core.next_handle(job()))
+    empty: list[torch.Tensor] = []
+    return core.handle_of(core.Call.completed(empty))
 
 
 # -- allreduce -------------------------------------------------------------------------------------
@@ -244,14 +252,14 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | 
     _, members = core.member_set(current, process_set, "Alltoall")
     array, dtype = to_buffer(tensor, in_place=False)
     array, split_tuple = core.check_splits(current, array, _splits_array(splits), members)
-    handle, _, _ = core.submit(CollectiveKind.ALLTOALL, [array], name, process_set, splits=split_tuple,
-                               dtypes=[dtype], device=tensor.device.type)
+    call, _, _ = core.submit(CollectiveKind.ALLTOALL, [array], name, process_set, splits=split_tuple,
+                             dtypes=[dtype], device=tensor.device.type)
 
     def finish(results: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         output, received = results[0]
         return from_result(output, dtype), torch.from_numpy(np.asarray(received, dtype=np.int32))
 
-    return core.finish_with(handle, finish)
+    return core.handle_of(call.then(finish))
 
 
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: ReduceOp | None = ReduceOp.AVERAGE,

@@ -160,7 +160,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], _Outputs]) -> UnisonWork:
         future: torch.futures.Future[_Outputs | _Failed] = torch.futures.Future()
         table = _runtime.job().handles
-        waits = [waiter for handle in handles for waiter in table[handle][0]]
+        waits = [waiter for handle in handles for waiter in table[handle].handles]
         call, name = self._naming.last
         pending = _Pending(handles, finish, future, lambda error: self._failed(call, name, error))
         work = UnisonWork(pending, what, waits, self._completer)
