@@ -426,9 +426,8 @@ def process_environment(environ: Mapping[str, str] | None = None) -> dict[str, s
             "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
             # torch's env:// variables (torchrun, and the tools that start torch jobs the same way)
             "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE")
     return {k: env[k] for k in keys if k in env}
-
 
 
 def settings_markdown() -> str:

@@ -107,7 +107,8 @@ class Actions:
         return False
 
     def _stop_abort(self, response: Response) -> bool:
-        log.error("%s", response.message)
+        # Every rank gets the abort; the failing rank and the launcher report it (unison._job.stop_report).
+        log.debug("%s", response.message)
         self._stop(AbortedError(response.message))
         return False
 

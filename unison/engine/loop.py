@@ -390,7 +390,7 @@ class Engine:
         except Abandoned:
             self._stop(ShutdownError("unison was shut down while peers did not respond."))
         except AbortedError as exc:  # the transport learned that the job is being aborted
-            log.error("%s", exc)
+            log.debug("%s", exc)  # reported once, by the failing rank and the launcher
             self._stop(exc)
         except Exception as exc:  # noqa: BLE001 - every waiter must fail, not hang on a dead cycle
             log.exception("engine failed")
