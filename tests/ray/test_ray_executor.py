@@ -155,7 +155,9 @@ class TestAStartedExecutor:
         assert ray.get(refs) == [0, 3, 6, 9]
 
     def test_horovod_training_runs_on_every_local_rank(self, executor: RayExecutor) -> None:
+        calls = executor.statistics()["calls"]
         assert executor.run(local_rank_after_training) == [0, 1, 2, 3]
+        assert executor.statistics() == {"workers": 4, "calls": calls + 1, "failed_calls": 0}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["num_workers", "num_hosts"])
@@ -215,25 +217,6 @@ def test_a_job_in_the_current_placement_group_uses_it(cluster: dict[str, float])
         ray.kill(driver)
         ray.util.remove_placement_group(group)
     assert created is False and local_ranks == [0, 1, 2, 3]
-
-
-def test_a_ray_client_runs_the_job_from_inside_the_cluster(cluster: dict[str, float]) -> None:
-    """Horovod's remote-client case: a driver connected with Ray Client (the executor's own work runs
-    as an actor in the cluster)."""
-    from ray.util.client.ray_client_helpers import ray_start_client_server
-
-    def connect(job_config: Any = None, **kwargs: Any) -> None:
-        assert ray.is_initialized()  # the module's cluster serves the client
-
-    with ray_start_client_server(ray_connect_handler=connect):
-        assert ray.util.client.ray.is_connected()
-        job = RayExecutor(settings(), num_workers=3)
-        job.start()
-        try:
-            assert job.run(local_rank_after_training) == [0, 1, 2]
-            assert ray.get(job.run_remote(rank_times, args=[2])) == [0, 2, 4]
-        finally:
-            job.shutdown()
 
 
 # -- unison's: gloo's parameters, failures named -----------------------------------------------------------

@@ -15,9 +15,10 @@ from typing import Any
 
 from ._worker import Outcome
 
-__all__ = ["GRACE_SECONDS", "Callbacks", "call_with", "gather"]
+__all__ = ["GRACE_SECONDS", "LEAVE_SECONDS", "Callbacks", "call_with", "end_workers", "gather"]
 
 GRACE_SECONDS = 10.0
+LEAVE_SECONDS = 10.0  # how long workers get to leave the job together before they are ended
 _TICK_SECONDS = 0.1
 
 
@@ -112,3 +113,18 @@ def _outcome(ref: Any, name: str) -> Outcome:
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def end_workers(workers: Sequence[Any], leave: bool) -> None:
+    """End `workers`; with `leave`, first let them leave the unison job together (so that no rank's
+    transport sees its peers vanish mid-cycle), waiting `LEAVE_SECONDS` at most."""
+    import ray
+
+    if leave and workers:
+        refs = [worker.leave.remote() for worker in workers]
+        ray.wait(refs, num_returns=len(refs), timeout=LEAVE_SECONDS)
+    for worker in workers:
+        try:
+            ray.kill(worker)
+        except Exception:  # noqa: BLE001  (an actor already gone is what we want)
+            pass

@@ -12,7 +12,6 @@ directory under ``/dev/shm`` on each host, read when the next epoch starts.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -32,7 +31,7 @@ from .._contract import (
 from ..elastic.membership import Ending, Epoch, Limits, Membership, Stop, Wait, blame_hosts, error_of
 from ..errors import InvalidArgumentError, LaunchError, UnisonNotImplementedError
 from ..launcher.elastic.endpoint import Endpoint
-from ._calls import Callbacks, calling, gather
+from ._calls import Callbacks, calling, end_workers, gather
 from ._discovery import DiscoveryPoller, RayHostDiscovery
 from ._layout import place, rank_variables
 from ._outcomes import failed_ranks, failure_message
@@ -231,6 +230,7 @@ class ElasticAdapter:
         places = place(hosts)
         names = [f"rank {rank} ({host})" for rank, host in enumerate(hosts)]
         remote: Any = ray.remote(BaseHorovodWorker)
+        outcomes: list[Outcome] = []
         workers: list[Any] = [remote.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
                                   resources={f"node:{host}": 0.01}).remote() for host in hosts]
         try:
@@ -252,11 +252,10 @@ class ElasticAdapter:
                                   names, pump)
                 if any(outcome.status != "ok" for outcome in outcomes):
                     return outcomes
-            return gather([worker.supervised.remote(fn) for worker in workers], names, pump)
+            outcomes = gather([worker.supervised.remote(fn) for worker in workers], names, pump)
+            return outcomes
         finally:
-            for worker in workers:
-                with contextlib.suppress(Exception):
-                    ray.kill(worker)
+            end_workers(workers, leave=bool(outcomes) and all(outcome.status != "failed" for outcome in outcomes))
 
     def _started(self, workers: Sequence[Any], names: Sequence[str]) -> list[Outcome] | None:
         """None when every worker started within ``placement_group_timeout_s``; else each rank's `Outcome`

@@ -136,6 +136,10 @@ class RayExecutor:
         """``fn(executable)`` on rank 0's worker alone; its value."""
         return self._call("execute_single", fn=fn)
 
+    def statistics(self) -> dict[str, int]:
+        """The adapter's counters: workers and calls (static), or epochs, resets and runs (elastic)."""
+        return dict(self._call("statistics")) if self.adapter is not None else {}
+
     def shutdown(self) -> None:
         """End the workers and give back their resources."""
         if self.adapter is not None:

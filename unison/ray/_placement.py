@@ -138,15 +138,14 @@ class Placement:
             self.workers.append(options.remote())
         return self.workers
 
-    def stop(self) -> None:
-        """End the actors and remove the group if this placement made it (idempotent)."""
+    def stop(self, leave: bool = False) -> None:
+        """End the actors (`leave`: after they left the job together) and remove the group if this
+        placement made it (idempotent)."""
         import ray
 
-        for worker in self.workers:
-            try:
-                ray.kill(worker)
-            except Exception:  # noqa: BLE001  (an actor already gone is what we want)
-                pass
+        from ._calls import end_workers
+
+        end_workers(self.workers, leave)
         self.workers = []
         if self.created_group and self.group is not None:
             ray.util.remove_placement_group(self.group)

@@ -160,7 +160,7 @@ class StaticAdapter:
         raise _failure(what, outcomes)
 
     def _end(self, state: ExecutorState) -> None:
-        self.placement.stop()
+        self.placement.stop(leave=state is ExecutorState.SHUT_DOWN and self.state is ExecutorState.RUNNING)
         self.workers = []
         self.state = state
 

@@ -124,6 +124,13 @@ class BaseHorovodWorker:
         except BaseException as exc:  # noqa: BLE001  (every way a call ends is reported to the driver)
             return self._failed(exc)
 
+    def leave(self) -> None:
+        """Leave the unison job in order (``shutdown()``, with the other ranks), if it runs here."""
+        from .._job.runtime import is_initialized, shutdown
+
+        if is_initialized():
+            shutdown()
+
     def set_queue(self, queue: Any) -> None:
         """Send what `unison.ray.ray_logger.log` is given to `queue` (the driver's callbacks)."""
         _logger.configure(queue)
