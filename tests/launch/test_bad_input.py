@@ -97,3 +97,30 @@ def test_mpi_threads_supported_says_what_the_job_is(tmp_path: Path) -> None:
         assert ("mpi_threads_supported: ValueError: MPI is not in use in this job: its 2 processes met at a torch "
                 "store and run on gloo.") in output, output[-3000:]
         assert "gloo_enabled: True mpi_enabled: False" in output
+
+
+def test_a_rank_of_an_mpi_launch_keeps_it_and_a_contradicting_rank_is_named(tmp_path: Path) -> None:
+    """Under mpiexec each process is already a rank of a unison job: init_process_group's rank and world
+    size must be the job's, and a contradiction names both."""
+    from unison.testing.run import find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "swap.py"
+    script.write_text(
+        "import os, sys, torch.distributed as dist\nimport unison.torch as hvd\n"
+        "rank = int(os.environ['PMI_RANK'])\n"
+        f"try:\n    dist.init_process_group('unison', init_method='file://{tmp_path / 'rendezvous'}', "
+        "rank=1 - rank, world_size=2)\nexcept Exception as exc:\n"
+        "    print(f'error: {type(exc).__name__}: {exc}', flush=True)\n"
+        "print(f'unison rank {hvd.rank()} of {hvd.size()}', flush=True)\n")
+    env = clean_env()
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=90, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        assert (f"error: InvalidArgumentError: init_process_group('unison') was given rank={1 - rank}, world_size=2, "
+                f"but this process is rank {rank} of 2 in its unison job (started by unisonrun, mpiexec or srun)"
+                ) in done.stdout, done.stdout
+        assert f"unison rank {rank} of 2" in done.stdout  # the job it had is kept
