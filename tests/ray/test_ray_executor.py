@@ -219,6 +219,36 @@ def test_a_job_in_the_current_placement_group_uses_it(cluster: dict[str, float])
     assert created is False and local_ranks == [0, 1, 2, 3]
 
 
+def test_a_current_placement_group_without_room_for_every_worker_is_named(cluster: dict[str, float]) -> None:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group([{"CPU": 1}] * 2, strategy="PACK")
+    ray.get(group.ready(), timeout=30)
+
+    @ray.remote(num_cpus=0)
+    class Driver:
+        def start(self) -> str:
+            job = RayExecutor(settings(placement_group_timeout_s=3), num_workers=3)
+            try:
+                job.start()
+            except PlacementGroupTimeoutError as exc:
+                return str(exc)
+            finally:
+                job.shutdown()
+            return "started"
+
+    where = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_capture_child_tasks=True)
+    driver = Driver.options(scheduling_strategy=where).remote()
+    try:
+        message = ray.get(driver.start.remote(), timeout=120)
+    finally:
+        ray.kill(driver)
+        ray.util.remove_placement_group(group)
+    assert message.startswith("1 of 3 workers did not start within 3 s (placement_group_timeout_s) in the "
+                              "placement group this executor runs in: it has no room for {'CPU': 1} more."), message
+    assert resources_back(cluster)
+
+
 # -- unison's: gloo's parameters, failures named -----------------------------------------------------------
 
 

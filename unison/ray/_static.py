@@ -19,7 +19,7 @@ from ..errors import LaunchError, NotInitializedError
 from ._calls import Callbacks, calling, gather
 from ._layout import place, rank_variables
 from ._outcomes import failure_message
-from ._placement import Placement, Request, visible_devices
+from ._placement import Placement, PlacementGroupTimeoutError, Request, visible_devices
 from ._settings import MiniSettings
 from ._worker import Outcome
 
@@ -80,6 +80,7 @@ class StaticAdapter:
                               "first to start them again.")
         created = self.placement.start()
         try:
+            self._wait_started(created)
             nodes = ray.get([worker.node_id.remote() for worker in created])
             hosts = ray.get([worker.hostname.remote() for worker in created])
             places = place(nodes)
@@ -107,6 +108,22 @@ class StaticAdapter:
         except BaseException:
             self._end(ExecutorState.FAILED)
             raise
+
+    def _wait_started(self, workers: Sequence[Any]) -> None:
+        """Return once every worker answers; raise when some did not start within the placement timeout
+        (in a placement group the executor did not make, which may hold fewer bundles than workers)."""
+        import ray
+
+        pings = [worker.hostname.remote() for worker in workers]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.placement.timeout_s)
+        if len(ready) < len(pings):
+            where = ("the placement group this executor runs in" if not self.placement.created_group
+                     else "their placement group")
+            raise PlacementGroupTimeoutError(
+                f"{len(pings) - len(ready)} of {len(pings)} workers did not start within "
+                f"{self.placement.timeout_s:g} s (placement_group_timeout_s) in {where}: it has no room for "
+                f"{self.request.per_worker} more. Give the group a bundle per worker, or pass "
+                "use_current_placement_group=False.")
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], object]] | None = None) -> list[Any]:
         """``fn(executable)`` on every worker; the values in rank order."""

@@ -12,10 +12,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ray.train.torch import TorchConfig as _RayTorchConfig
-from ray.train.torch.config import _TorchBackend
-
+from ..errors import MissingDependencyError
 from ._hook import register_backend
+
+try:
+    from ray.train.torch import TorchConfig as _RayTorchConfig
+    from ray.train.torch.config import _TorchBackend
+except ImportError as exc:
+    raise MissingDependencyError(f"unison.ray.TorchConfig extends Ray Train's, which cannot be imported ({exc}): "
+                                 "pip install 'ray[train]' torch") from None
 
 __all__ = ["TorchConfig", "register_backend"]
 
