@@ -81,8 +81,8 @@ class Journal:
         return [entry for entry in self.entries if key in entry]
 
 
-def executor(discovery: Stages, **kwargs: Any) -> RayExecutor:
-    settings = RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=30)
+def executor(discovery: Stages, placement_group_timeout_s: float = 30, **kwargs: Any) -> RayExecutor:
+    settings = RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=placement_group_timeout_s)
     settings.discovery = discovery
     settings.discovery_interval_s = 0.1
     return RayExecutor(settings, override_discovery=False, cpus_per_worker=1, **kwargs)
@@ -214,6 +214,21 @@ def test_a_failing_host_is_blacklisted_and_the_job_goes_on(cluster: None) -> Non
     assert results[0][3] == results[1][3]  # the same parameters on both ranks
     relaunched = [entry["epoch"] for entry in journal.of("epoch") if entry["size"] == 2]
     assert relaunched[0] == 3  # from the last commit (iteration 3's), not from the start
+
+
+def test_a_host_ray_cannot_place_on_is_blacklisted(cluster: None, caplog: pytest.LogCaptureFixture) -> None:
+    """Discovery names a host no Ray node stands for (no resource node:ghost): its worker never starts."""
+    job = executor(Stages({"host-1": 1, "ghost": 1}), min_workers=1, placement_group_timeout_s=2)
+    job.start()
+    try:
+        with caplog.at_level("WARNING", logger="unison.ray"):
+            results = job.run(training, args=[3])
+    finally:
+        job.shutdown()
+    assert [(host, size, last) for host, size, last, _ in results] == [("host-1", 1, 2)]
+    assert "rank 1 (ghost): its worker did not start within 2 s (placement_group_timeout_s): Ray has no free room " \
+           "on that host (a node with the resource node:ghost and 1 CPUs free)" in caplog.text
+    assert "blacklisting ghost" in caplog.text
 
 
 def test_too_few_slots_within_the_elastic_timeout(cluster: None) -> None:

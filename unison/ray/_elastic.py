@@ -234,7 +234,7 @@ class ElasticAdapter:
         workers: list[Any] = [remote.options(num_cpus=self.cpus_per_worker, num_gpus=self.gpus_per_worker,
                                   resources={f"node:{host}": 0.01}).remote() for host in hosts]
         try:
-            started = self._started(workers, names)
+            started = self._started(workers, names, hosts)
             if started is not None:
                 return started
             self.nodes.update(ray.get([worker.node_id.remote() for worker in workers]))
@@ -257,7 +257,7 @@ class ElasticAdapter:
         finally:
             end_workers(workers, leave=bool(outcomes) and all(outcome.status != "failed" for outcome in outcomes))
 
-    def _started(self, workers: Sequence[Any], names: Sequence[str]) -> list[Outcome] | None:
+    def _started(self, workers: Sequence[Any], names: Sequence[str], hosts: Sequence[str]) -> list[Outcome] | None:
         """None when every worker started within ``placement_group_timeout_s``; else each rank's `Outcome`
         (a worker that did not start fails, blaming its host)."""
         import ray
@@ -270,8 +270,8 @@ class ElasticAdapter:
         return [Outcome("ok") if ping in ready else
                 Outcome("failed", cause=True, reason=f"{name}: its worker did not start within {waited:g} s "
                         f"(placement_group_timeout_s): Ray has no free room on that host (a node with the resource "
-                        f"node:{name.split('(', 1)[1].rstrip(')')} and {self.cpus_per_worker:g} CPUs free)")
-                for ping, name in zip(pings, names)]
+                        f"node:{host} and {self.cpus_per_worker:g} CPUs free)")
+                for ping, name, host in zip(pings, names, hosts)]
 
     def _remove_store(self, path: str) -> None:
         """Remove `path` here and on every other node that ran workers (best effort, 10 s at most)."""
