@@ -3,6 +3,7 @@ and elastic runs whose hosts are fake, Ray custom resources ``node:host-N`` on t
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import socket
@@ -201,13 +202,21 @@ def test_hosts_added_then_removed_relaunch_from_the_last_commit(cluster: None) -
         assert after[0] == before[-1]  # went on from the commit at which the ranks stopped
 
 
+def stores() -> set[str]:
+    return set(glob.glob(f"/dev/shm/unison-ray-elastic-{os.getuid()}-*"))
+
+
 def test_a_failing_host_is_blacklisted_and_the_job_goes_on(cluster: None) -> None:
     discovery = Stages({"host-1": 2, "host-2": 1})
     job = executor(discovery, min_workers=1)
     job.start()
     journal = Journal()
+    before = stores()
+    during: set[str] = set()
+    journal.when(lambda entry: entry.get("epoch") == 6, lambda: during.update(stores()))
     try:
         results = job.run(training, args=[10], kwargs={"fail_on": "host-2"}, callbacks=[journal])
+        assert len(during - before) == 1 and stores() == before  # the run's commits, gone with it
     finally:
         job.shutdown()
     assert [(host, size, last) for host, size, last, _ in results] == [("host-1", 2, 9)] * 2

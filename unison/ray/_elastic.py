@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -89,7 +90,7 @@ class ElasticAdapter:
         self.membership: Membership | None = None
         self.endpoint = Endpoint()
         self.poller: DiscoveryPoller | None = None
-        self.store_root = ""
+        self.store_prefix = ""  # each run's commits: STORE_PREFIX-N, made by its first writer on each host
         self.nodes: set[str] = set()  # Ray nodes that ran workers: each may hold commits under the store
         self.runs = 0
         self.start_args: tuple[type | None, list[Any], dict[str, Any], dict[str, str]] = (None, [], {}, {})
@@ -107,8 +108,9 @@ class ElasticAdapter:
         """Start discovering hosts and wait until they offer `min_workers` slots (or `elastic_timeout` passes)."""
         self.start_args = (executable_cls, list(executable_args or []), dict(executable_kwargs or {}),
                            {name: str(value) for name, value in (extra_env_vars or {}).items()})
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.store_root = tempfile.mkdtemp(prefix=f"unison-ray-elastic-{os.getuid()}-", dir=shm)
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        # A directory of /dev/shm itself: another node has /dev/shm, not a parent made on this one.
+        self.store_prefix = os.path.join(shm, f"unison-ray-elastic-{os.getuid()}-{secrets.token_hex(6)}")
         self.poller = DiscoveryPoller(self.settings.discovery, self.settings.discovery_interval_s, self._on_hosts)
         decision = self._wait_for_hosts(Membership(self.limits))
         if isinstance(decision, Stop):
@@ -134,14 +136,11 @@ class ElasticAdapter:
                                         "execute() instead.")
 
     def shutdown(self) -> None:
-        """Stop discovering, close the endpoint and remove the commits on every node that ran workers."""
+        """Stop discovering and close the endpoint (each run removed its commits when it ended)."""
         if self.poller is not None:
             self.poller.stop()
             self.poller = None
         self.endpoint.close()
-        if self.store_root:
-            self._remove_store(self.store_root)
-            self.store_root = ""
 
     # -- epochs ----------------------------------------------------------------------------------------
 
@@ -179,7 +178,7 @@ class ElasticAdapter:
 
             raise NotInitializedError(f"{what}() was called before start() or after shutdown(). Call start() first.")
         self.runs += 1
-        store = os.path.join(self.store_root, f"run-{self.runs}")  # each run is a job of its own: its own commits
+        store = f"{self.store_prefix}-{self.runs}"  # each run is a job of its own: its own commits
         membership = Membership(self.limits)
         with self.lock:
             self.membership = membership
