@@ -163,8 +163,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
 
 def join_job(request: Request) -> None:
-    """Start the job from what ``init_process_group("unison", ...)`` handed the backend's factory
-    (`unison._job.launch.detect` says which launch: a rank of an MPI launch keeps it)."""
+    """Start the job from what ``init_process_group("unison")`` handed its factory (an MPI rank keeps its place)."""
     _init(None, None, request)
 
 
@@ -246,8 +245,7 @@ def _start_engine(launch: Launch, backend: Any, settings: Settings, place: Any,
 
 
 def _shutdown_before_finalize() -> None:
-    """At exit, before MPI_Finalize: the job's own shutdown, if it is still running (an init() that
-    raised after MPI started)."""
+    """At exit, before MPI_Finalize: the job's own shutdown, if an init() that raised left it running."""
     if _job is not None:
         shutdown()
 
