@@ -90,8 +90,8 @@ test-large: venv
 	UNISON_TEST_LARGE=1 $(VPY) tests/run_multirank.py -n 2 tests/multirank/test_large.py
 
 lint: venv
-	$(VENV)/bin/ruff check unison benchmarks tests
-	$(VENV)/bin/mypy unison benchmarks
+	$(VENV)/bin/ruff check unison unison_torch_backend benchmarks tests
+	$(VENV)/bin/mypy unison unison_torch_backend benchmarks
 
 bench: venv
 	$(VPY) benchmarks/run_all.py
