@@ -240,6 +240,29 @@ def test_a_host_ray_cannot_place_on_is_blacklisted(cluster: None, caplog: pytest
     assert "blacklisting ghost" in caplog.text
 
 
+def rank_0_fails() -> None:
+    if os.environ["RANK"] == "0":
+        raise ValueError("no data here")
+
+
+def test_a_program_that_fails_at_every_start_stops_the_run(cluster: None) -> None:
+    """Rank 0 fails in every launch: its host is blacklisted each time, and after three launches with
+    the same error on three hosts the run stops, saying it is the program."""
+    job = executor(Stages({"host-1": 1, "host-2": 1, "host-3": 1, "host-4": 1}), min_workers=1)
+    job.start()
+    try:
+        with pytest.raises(LaunchError) as caught:
+            job.run(rank_0_fails)
+    finally:
+        job.shutdown()
+    lines = str(caught.value).splitlines()
+    assert lines[0].startswith("RayExecutor.run: 3 launches in a row failed with the same error (ValueError at "
+                               "test_ray_elastic.py:"), lines[0]
+    assert "that is the program, not the hosts" in lines[0]
+    assert "on 3 different hosts (host-1, host-2, host-3)" in lines[0]
+    assert lines[1] == "epoch 2 failed on 1 of 2 ranks:" and lines[2].startswith("  rank 0 (host-3, pid ")
+
+
 def test_too_few_slots_within_the_elastic_timeout(cluster: None) -> None:
     job = executor(Stages({"host-1": 1}), min_workers=2, elastic_timeout=1)
     with pytest.raises(LaunchError, match=r"waited 1 s \(elastic_timeout\) for hosts: 1 ranks available, 2 needed "
