@@ -20,6 +20,7 @@ from .submit import (
     poll,
     reducescatter_op,
     resolve_op,
+    steady_allreduce,
     submit,
     synchronize,
     waited,
@@ -115,6 +116,11 @@ def allreduce(tensor: Any, average: Any = None, name: str | None = None, op: Any
         >>> hvd.allreduce(np.array([1.0, 2.0]), op=hvd.Sum)   # doctest: +SKIP
         array([2., 4.])                               # on 2 ranks
     """
+    if name is not None and average is None and type(tensor) is np.ndarray:
+        done = steady_allreduce(tensor, name, ReduceOp.AVERAGE if op is None else op, prescale_factor,
+                                postscale_factor, process_set, False)
+        if done is not None:
+            return done
     return waited(allreduce_async, tensor, average, name, op, prescale_factor, postscale_factor,
                                        process_set)
 
@@ -131,6 +137,11 @@ def allreduce_(tensor: np.ndarray, average: Any = None, name: str | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduce `tensor` in place and return it."""
+    if name is not None and average is None and type(tensor) is np.ndarray:
+        done = steady_allreduce(tensor, name, ReduceOp.AVERAGE if op is None else op, prescale_factor,
+                                postscale_factor, process_set, True)
+        if done is not None:
+            return done
     return waited(allreduce_async_, tensor, average, name, op, prescale_factor, postscale_factor,
                                         process_set)
 

@@ -65,6 +65,8 @@ class Job:
     handles: dict[int, Call[Any]] = dataclasses.field(default_factory=dict)
     # the requests of calls that recur, made once (`unison._job.submit`): key -> request
     requests: dict[tuple[object, ...], CollectiveRequest] = dataclasses.field(default_factory=dict)
+    # blocking NumPy allreduces seen before, by their arguments (`unison._job.submit.steady_allreduce`)
+    steady: dict[tuple[object, ...], CollectiveRequest] = dataclasses.field(default_factory=dict)
     names_counters: dict[Hashable, int] = dataclasses.field(default_factory=dict)
     # the one thread that may submit unnamed collectives: the thread that called init()
     unnamed_thread: threading.Thread = dataclasses.field(default_factory=threading.current_thread)

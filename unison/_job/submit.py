@@ -30,7 +30,7 @@ from .runtime import Job, job
 
 __all__ = [
     "Call", "check_adasum", "check_splits", "control", "handle_of", "member_set", "poll", "reducescatter_op",
-    "release", "resolve_op", "set_rank", "set_size", "submit", "synchronize", "waited",
+    "release", "resolve_op", "set_rank", "set_size", "steady_allreduce", "submit", "synchronize", "waited",
 ]
 
 _calling = threading.local()  # .waits: the submission under way is a blocking call's (see `waited`)
@@ -231,9 +231,47 @@ def submit(
         originals.append(array)
         resolved.append(dtype)
     waits = getattr(_calling, "waits", False)
-    if not (waits and len(entries) == 1 and current.engine.run_now(entries[0])):
-        current.engine.enqueue(entries, waits=waits)
+    if waits and count == 1:
+        if (kind is CollectiveKind.ALLREDUCE and name is not None and dtypes is None and outputs is None
+                and device == "cpu" and not grouped and not resolved[0].is_half and op is not ReduceOp.ADASUM):
+            # the steady state's NumPy allreduce, when it recurs with these arguments (`steady_allreduce`)
+            assert entries[0].input is not None
+            key = (name, op, prescale, postscale, set_id, entries[0].input.dtype, entries[0].request.shape, in_place)
+            if len(current.steady) >= _KEPT_REQUESTS:
+                current.steady.clear()
+            current.steady[key] = entries[0].request
+        if current.engine.run_now(entries[0]):
+            return Call([entries[0].handle], list), originals, resolved
+    current.engine.enqueue(entries, waits=waits)
     return Call([entry.handle for entry in entries], list), originals, resolved
+
+
+def steady_allreduce(tensor: np.ndarray, name: str, op: ReduceOp, prescale: float, postscale: float,
+                     process_set: ProcessSet, in_place: bool) -> np.ndarray | None:
+    """A blocking NumPy allreduce that recurs with the same arguments, in the steady state: no entry, no
+    handle, no call, its cycle on this thread (`unison.engine.loop.Engine.run_steady`). None, having
+    sent nothing, when the call is new or the engine is busy: the caller then submits it as usual.
+
+    `op` is already resolved (Average for None). The first call with these arguments went through
+    `submit`, which checked them and registered them here (``Job.steady``).
+    """
+    current = _runtime._job
+    if current is None or not tensor.flags.c_contiguous or (in_place and not tensor.flags.writeable):
+        return None
+    try:
+        request = current.steady.get((name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
+                                      tensor.shape, in_place))
+    except TypeError:  # an argument that cannot be a key (unhashable): `submit` says what is wrong with it
+        return None
+    if request is None:
+        return None
+    output = tensor if in_place else np.empty_like(tensor)
+    started = current.engine.run_steady(request, tensor, output)
+    if started is False:
+        return None
+    if started is not True:
+        Call([started.handle], list).result()  # its cycle became a whole one: wait like any call
+    return output
 
 
 def _request(current: Job, name: str, kind: CollectiveKind, dtype: DType, shape: tuple[int, ...], op: ReduceOp,

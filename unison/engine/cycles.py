@@ -16,7 +16,10 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from ..backends.base import Backend
+from ..errors import HorovodInternalError
 from ..ops import Kind
 from ..protocol.autotune import Proposal
 from ..protocol.cache import CacheState, ResponseCache
@@ -27,7 +30,7 @@ from ..protocol.negotiation import Coordinator
 from .actions import Actions
 from .autotuning import Autotuning
 from .executor import Executor
-from .handles import Entry
+from .handles import Entry, Handle
 from .observer import CycleObserver, observe_all
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
@@ -170,6 +173,54 @@ class Cycles:
             matrix = self.status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
                                       hits=(1 << slot) | foreign, invalid=0, words=words)
         self._decide_and_act(now, True, b"", words, summary, matrix)
+
+    def steady(self, request: Request, source: np.ndarray, output: np.ndarray, slot: int, blocked: bool,
+               driver: Callable[[Handle, float | None], None]) -> Entry | None:
+        """`solo` for a blocking call that made no entry yet (`Engine.run_steady`): None once its result is
+        in `output`; else, the summary having asked for more than this slot, the entry it became, which
+        waits for a later cycle like any other."""
+        self._stats["cycles"] += 1
+        now = self.started = time.monotonic()
+        self.observer.cycle_started(now)
+        work = self.work
+        work.invalid = 0
+        words = words_for(self.cache.num_slots)
+        foreign = work.foreign()
+        summary = self.status.reduce_solo(slot, foreign, blocked, words)
+        entry = None
+        if solo_runs(summary, slot):
+            if self.stall_feed is not None and self.stall_feed.due(now):
+                self.detail = self.stall_feed.voted(now, summary, None, None)
+            stats = self._stats
+            stats["fast_cycles"] += 1
+            stats["cache_hits_executed"] += 1
+            stats["responses"] += 1
+            response = self.cache.get(slot)
+            if self.on_response is not None:
+                self.on_response(response)
+            observer = self.observer
+            observer.executing(response)
+            try:
+                self.executor.run_single(response, source, output)
+            except Exception as exc:  # noqa: BLE001 - the caller's error, as a failed entry's would be
+                entry = Entry(request, source, output, Handle(request.name, driver))
+                failure = HorovodInternalError(f"{response.kind} of {list(response.names)} failed: {exc}")
+                failure.__cause__ = exc
+                entry.handle.fail(failure)
+            finally:
+                observer.executed(response)
+            self.queue.release(request.name)
+            self.progress = True
+            return entry
+        entry = Entry(request, source, output, Handle(request.name, driver))
+        entry.slot = slot
+        work.entries[request.name] = entry
+        matrix = None
+        if summary.needs_rows:
+            matrix = self.status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
+                                      hits=(1 << slot) | foreign, invalid=0, words=words)
+        self._decide_and_act(now, True, b"", words, summary, matrix)
+        return entry
 
     def _decide_and_act(self, now: float, progress: bool, payload: bytes, words: int, summary: Summary,
                         matrix: list[list[int]] | None) -> None:

@@ -22,7 +22,7 @@ from ..backends.base import Backend
 from ..dtypes import DType
 from ..errors import HorovodInternalError
 from ..ops import CollectiveKind, ReduceOp
-from ..protocol.messages import Response
+from ..protocol.messages import Request, Response
 from ..protocol.negotiation import reducescatter_rows
 from .adasum import adasum_
 from .handles import Entry, Handle, main_thread_waits
@@ -166,28 +166,45 @@ class Executor:
     def _mpi_op(op: ReduceOp) -> ReduceOp:
         return ReduceOp.SUM if op in (ReduceOp.AVERAGE, ReduceOp.SUM) else op
 
+    def run_single(self, response: Response, source: np.ndarray, output: np.ndarray) -> None:
+        """Run a one-tensor host allreduce of `source` into `output` (the steady state's own call: no
+        entry was made for it, `unison.engine.cycles.Cycles.steady`)."""
+        self._stats["responses"] += 1
+        self._stats["tensors"] += 1
+        plan = self._single.get(id(response))
+        if plan is None or plan[0] is not response:
+            self._allreduce(response, [Entry(Request(response.names[0], response.kind, self.rank), source, output,
+                                             Handle(response.names[0]))])
+            return
+        self._run_plan(plan, source, output)
+
+    def _run_plan(self, plan: tuple[Response, ReduceOp, int, float, float, DType, int], source: np.ndarray,
+                  output: np.ndarray) -> None:
+        """The steady state's one-tensor allreduce, from what was kept of its response (`_single`)."""
+        response, op, set_id, pre, post, dtype, nbytes = plan
+        self._stats["bytes"] += nbytes
+        out = output.reshape(-1)
+        if output is not source:
+            if pre == 1.0:
+                np.copyto(out, source.reshape(-1))
+            else:
+                copy_scaled_(out, source, pre, dtype)
+        elif pre != 1.0:
+            scale_(out, pre, dtype)
+        if self.activity is not None:
+            self.activity(response.names, "MPI_ALLREDUCE")
+        self.backend.allreduce_(out, op, set_id, None if post == 1.0 else self._scaler(post, dtype))
+        if self.activity is not None:
+            self.activity(response.names, None)
+
     def _allreduce(self, response: Response, entries: Sequence[Entry | None]) -> list[Any]:
         if len(entries) == 1 and response.reduce_op is not ReduceOp.ADASUM:
             single = entries[0]
             plan = self._single.get(id(response))
             if single is not None and plan is not None and plan[0] is response:
                 # The steady state: one tensor, this response seen before (held by the cache).
-                _, op, set_id, pre, post, dtype, nbytes = plan
-                self._stats["bytes"] += nbytes
                 assert single.input is not None and single.output is not None
-                out = single.output.reshape(-1)
-                if single.output is not single.input:
-                    if pre == 1.0:
-                        np.copyto(out, single.input.reshape(-1))
-                    else:
-                        copy_scaled_(out, single.input, pre, dtype)
-                elif pre != 1.0:
-                    scale_(out, pre, dtype)
-                if self.activity is not None:
-                    self.activity(response.names, "MPI_ALLREDUCE")
-                self.backend.allreduce_(out, op, set_id, None if post == 1.0 else self._scaler(post, dtype))
-                if self.activity is not None:
-                    self.activity(response.names, None)
+                self._run_plan(plan, single.input, single.output)
                 return [single.output]
         dtype = response.dtype
         _, set_size = self._set_rank(response)

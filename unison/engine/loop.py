@@ -50,6 +50,9 @@ from .stall_feed import StallFeed
 from .state import EngineState, EngineStatistics
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from ..protocol.messages import Request
     from .timeline import Timeline
 
 __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
@@ -234,7 +237,7 @@ class Engine:
             state, slot = self.cache.lookup(request, count=False)
             if state is not CacheState.HIT:
                 return False
-            unbatched = self._queue.claim_idle(entry)
+            unbatched = self._queue.claim_idle(request)
             if unbatched is None:
                 return False
             # The main thread waits for this call from now on (as `SubmissionQueue.take` would see it).
@@ -243,6 +246,42 @@ class Engine:
             self._stats["driven_cycles"] += 1
             self._guarded_cycle(lambda: self._cycles.solo(entry, slot, blocked))
             return True
+        finally:
+            lock.release()
+
+    def run_steady(self, request: Request, source: np.ndarray, output: np.ndarray) -> Entry | bool:
+        """`run_now` for a blocking host allreduce that made no entry (the steady state's NumPy call).
+
+        Returns False, having sent nothing, where `run_now` would (busy, or not cached): the caller then
+        submits as usual; True once the result is in `output`; or the entry the call became when its
+        cycle turned into a whole one (the caller waits for its handle).
+        """
+        if self._device_seen or self.parameters.cycle_time_seconds:
+            return False
+        lock = self._cycle_lock
+        if not lock.acquire(False):
+            return False
+        try:
+            if self._state is not EngineState.RUNNING or not self._cycles.solo_ready():
+                return False
+            slot = self.cache.hit_slot(request)
+            if slot < 0:
+                return False
+            unbatched = self._queue.claim_idle(request)
+            if unbatched is None:
+                return False
+            blocked = unbatched and threading.get_ident() == _MAIN_THREAD
+            self.cache.count_hit()
+            self._stats["driven_cycles"] += 1
+            became: list[Entry | None] = [None]
+
+            def cycle() -> None:
+                became[0] = self._cycles.steady(request, source, output, slot, blocked, self.drive)
+
+            self._guarded_cycle(cycle)
+            if self._state is not EngineState.RUNNING and became[0] is None and self._stop_error is not None:
+                raise self._stopped_error()  # the cycle failed: its error, as a pending call gets it
+            return True if became[0] is None else became[0]
         finally:
             lock.release()
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 from ..errors import DuplicateNameError
+from ..protocol.messages import Request
 from .handles import Entry, main_thread_waits
 
 __all__ = ["Drained", "SubmissionQueue", "user_name"]
@@ -136,15 +137,15 @@ class SubmissionQueue:
         if wake:
             self._wake.set()
 
-    def claim_idle(self, entry: Entry) -> bool | None:
-        """Take `entry` into flight without queueing it, when nothing is queued and no shutdown or
-        abort waits to be sent (its thread runs its cycle at once, `Engine.run_now`); return whether
-        no `batch` block is open on any thread, or None, having claimed nothing, when busy.
+    def claim_idle(self, request: Request) -> bool | None:
+        """Take `request`'s name into flight without queueing anything, when nothing is queued and no
+        shutdown or abort waits to be sent (its thread runs its cycle at once, `Engine.run_now`);
+        return whether no `batch` block is open on any thread, or None, having claimed nothing, when busy.
 
         Raises:
             DuplicateNameError: its name is already in flight on this rank.
         """
-        name = entry.request.name
+        name = request.name
         user = user_name(name)
         with self._lock:
             if (not self._accepting or self._groups or (self._shutdown_requested and not self._shutdown_sent)
@@ -153,7 +154,7 @@ class SubmissionQueue:
             other = self._in_flight.get(user)
             if other is not None:
                 raise DuplicateNameError(
-                    f"Requested to {entry.request.kind.value} a tensor named '{user}' while '{other}' is "
+                    f"Requested to {request.kind.value} a tensor named '{user}' while '{other}' is "
                     "still being processed on this rank: one name is used by one collective at a time. "
                     "Use a different name for each tensor in flight."
                 )

@@ -73,7 +73,8 @@ class ResponseCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._by_name: dict[str, int] = {}
-        self._slots: dict[int, tuple[Response, tuple[object, ...]]] = {}
+        # slot -> (response, its key, the request that last hit it: a recurring call's is matched by identity)
+        self._slots: dict[int, tuple[Response, tuple[object, ...], Request | None]] = {}
         self._recency: OrderedDict[int, None] = OrderedDict()
         self._free: list[int] = []
         self._next_slot = 0
@@ -111,6 +112,19 @@ class ResponseCache:
             self._stats["hits"] += 1
         return CacheState.HIT, slot
 
+    def hit_slot(self, request: Request) -> int:
+        """The slot `request` hits, or -1 (a miss or a stale slot); counts nothing (`count_hit`)."""
+        slot = self._by_name.get(request.name)
+        if slot is None:
+            return -1
+        stored = self._slots[slot]
+        if stored[2] is request:  # the very request that hit it last: a recurring call's
+            return slot
+        if stored[1] != request_key(request):
+            return -1
+        self._slots[slot] = (stored[0], stored[1], request)
+        return slot
+
     def count_hit(self) -> None:
         """Count a hit found by a `lookup` that did not count (``count=False``)."""
         self._stats["hits"] += 1
@@ -140,7 +154,7 @@ class ResponseCache:
         self._stats["puts"] += 1
         slot = self._by_name.get(name)
         if slot is not None:
-            self._slots[slot] = (response, key)
+            self._slots[slot] = (response, key, None)
             self._recency.move_to_end(slot)
             return slot
         if len(self._slots) >= self.capacity:
@@ -154,7 +168,7 @@ class ResponseCache:
             slot = self._next_slot
             self._next_slot += 1
         self._by_name[name] = slot
-        self._slots[slot] = (response, key)
+        self._slots[slot] = (response, key, None)
         self._recency[slot] = None
         return slot
 
@@ -167,7 +181,7 @@ class ResponseCache:
         self.version += 1
 
     def _remove(self, slot: int) -> None:
-        response, _ = self._slots.pop(slot)
+        response, _, _ = self._slots.pop(slot)
         del self._by_name[response.names[0]]
         del self._recency[slot]
         self._free.append(slot)
