@@ -135,8 +135,6 @@ def test_duplicate_sets_at_init_leave_the_job_initialized_and_init_again_binds()
 
 
 @pytest.mark.min_ranks(2)
-@pytest.mark.xfail(strict=True, reason="init() keeps no communicator for the global set, and a split "
-                                       "communicator registers rank 0's color alone (unison/_job/sets.py)")
 def test_sets_from_communicators_keep_them_and_a_split_registers_every_color() -> None:
     from mpi4py import MPI
 

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import unison.torch as hvd  # noqa: E402
+from unison.engine.adasum import NORM_FLOOR  # noqa: E402
 
 torch.set_num_threads(1)
 GLOBAL_BATCH = 12  # divisible by 2 and 3 ranks
@@ -324,8 +325,8 @@ def _adasum_tree(deltas: list[torch.Tensor]) -> torch.Tensor:
         nxt = []
         for a, b in zip(level[0::2], level[1::2]):
             dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
-            ca = 1.0 - dot / aa / 2 if aa >= 1e-8 else 1.0
-            cb = 1.0 - dot / bb / 2 if bb >= 1e-8 else 1.0
+            ca = 1.0 - dot / aa / 2 if aa >= NORM_FLOOR else 1.0
+            cb = 1.0 - dot / bb / 2 if bb >= NORM_FLOOR else 1.0
             nxt.append(ca * a + cb * b)
         level = nxt
     return level[0].float()

@@ -214,7 +214,8 @@ def _init(comm: Any, process_sets: Sequence[ProcessSet] | str | None, request: R
         place = launch.place()
         agree_settings(launch.exchange, settings)
         backend = launch.connect(settings, place)
-        _job = _start_engine(launch, backend, settings, place, process_sets, timeline, tune_log)  # type: ignore[arg-type]
+        _job = _start_engine(launch, backend, settings, place, process_sets, timeline, tune_log,  # type: ignore[arg-type]
+                             comm)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -222,9 +223,9 @@ def _init(comm: Any, process_sets: Sequence[ProcessSet] | str | None, request: R
 
 def _start_engine(launch: Launch, backend: Any, settings: Settings, place: Any,
                   process_sets: Sequence[ProcessSet] | None, timeline: Timeline | None,
-                  tune_log: TextIO | None) -> Job:
+                  tune_log: TextIO | None, comm: Any = None) -> Job:
     """Register the process sets, start the engine on `backend` and hand it to the failure handling."""
-    registered, sets, duplicates = register_sets(backend, process_sets, launch.mpi)
+    registered, sets, duplicates = register_sets(backend, process_sets, launch.mpi, comm)
     engine = Engine(backend, settings, registered, timeline, tune_log)
     engine.executor.device_plane_factory = _make_device_plane
     if getattr(backend, "control", None) is not None:  # the gRPC control plane (over MPI or gloo)

@@ -18,30 +18,44 @@ __all__ = ["bind_again", "check_process_sets", "register_sets"]
 
 
 def register_sets(backend: Backend, process_sets: Sequence[ProcessSet] | None, mpi: ModuleType | None,
+                  comm: object = None,
                   ) -> tuple[dict[int, tuple[int, ...]], dict[int, ProcessSet], InvalidArgumentError | None]:
     """Register the global set and `process_sets` (checked by `check_process_sets`) on `backend`: the
     table of registered sets, the ProcessSet objects by id, and the error for duplicates (raised after
-    the job started, as Horovod does)."""
+    the job started, as Horovod does).
+
+    As in Horovod, the global set reports the communicator `init()` was given (`comm`, None for a
+    list of ranks or none), and a communicator that differs between ranks (made by ``Split``)
+    registers the group of every rank, each rank binding its object to its own group. Duplicates
+    are what this rank lists twice (or the global set): another rank's color is not one.
+    """
     rank, size = backend.rank, backend.size
     registered = {0: tuple(range(size))}
     sets: dict[int, ProcessSet] = {0: global_process_set}
     bind(global_process_set, 0, list(range(size)), rank)
+    global_process_set.mpi_comm = comm if hasattr(comm, "Get_rank") else None
     duplicates: list[tuple[ProcessSet, int]] = []
+    bound_here = [tuple(range(size))]  # the groups this rank bound, in its list's order
     for ps in process_sets or []:
-        ranks = _ranks_of(ps, mpi)
-        known = _set_id_of(registered, ranks)
-        if known is not None:
+        groups, own = _groups_of(ps, mpi)
+        for group in groups:
+            if _set_id_of(registered, group) is None:
+                backend.add_process_set(len(registered), group)
+                registered[len(registered)] = tuple(group)
+        if own is None:  # COMM_NULL on this rank: the set names no group here
+            unbind(ps)
+            continue
+        known = _set_id_of(registered, own)
+        if known is None or tuple(own) in bound_here:
             # Horovod registers the other sets, then raises: the job runs, this object stays
             # unregistered (unless it is the very object registered earlier in the list).
-            if sets.get(known) is not ps:
+            if sets.get(known or 0) is not ps:
                 unbind(ps)
-            duplicates.append((ps, known))
+            duplicates.append((ps, known or 0))
             continue
-        set_id = len(registered)
-        backend.add_process_set(set_id, ranks)
-        registered[set_id] = tuple(ranks)
-        bind(ps, set_id, ranks, rank)
-        sets[set_id] = ps
+        bind(ps, known, own, rank)
+        bound_here.append(tuple(own))
+        sets[known] = ps
     return registered, sets, _duplicate_error(duplicates, registered) if duplicates else None
 
 
@@ -109,18 +123,36 @@ def check_process_sets(process_sets: Sequence[ProcessSet] | None, size: int) -> 
                 raise InvalidArgumentError(f"A process set needs ranks in range(size={size}). Got {ps.ranks}.")
 
 
-def _ranks_of(ps: ProcessSet, mpi: ModuleType | None) -> list[int]:
-    """A process set's global ranks (a list set was range-checked by `check_process_sets`)."""
+def _groups_of(ps: ProcessSet, mpi: ModuleType | None) -> tuple[list[list[int]], list[int] | None]:
+    """A process set's groups of global ranks: every distinct one across the world's ranks (in the
+    order of the first world rank that holds it), and this rank's own (None where its communicator
+    is COMM_NULL). A list set has one group, the same everywhere (range-checked by
+    `check_process_sets`); a communicator made by ``Split`` has one per color."""
     if ps.mpi_comm is None:
         assert ps.ranks is not None
-        return list(ps.ranks)
+        return [list(ps.ranks)], list(ps.ranks)
     if mpi is None:
         raise UnisonNotImplementedError("Communicator-based process sets need MPI.")
-    group = ps.mpi_comm.Get_group()
-    world_group = mpi.COMM_WORLD.Get_group()
-    ranks = mpi.Group.Translate_ranks(group, list(range(group.Get_size())), world_group)
-    gathered = mpi.COMM_WORLD.allgather(sorted(ranks) if ps.mpi_comm != mpi.COMM_NULL else None)
-    for candidate in gathered:
-        if candidate is not None:
-            return list(candidate)
-    raise InvalidArgumentError("A communicator-based process set has no members.")
+    own: list[int] | None = None
+    if ps.mpi_comm != mpi.COMM_NULL:
+        group = ps.mpi_comm.Get_group()
+        world_group = mpi.COMM_WORLD.Get_group()
+        own = sorted(mpi.Group.Translate_ranks(group, list(range(group.Get_size())), world_group))
+    groups: list[list[int]] = []
+    for candidate in mpi.COMM_WORLD.allgather(own):
+        if candidate is not None and list(candidate) not in groups:
+            groups.append(list(candidate))
+    if not groups:
+        raise InvalidArgumentError("A communicator-based process set has no members.")
+    return groups, own
+
+
+def _ranks_of(ps: ProcessSet, mpi: ModuleType | None) -> list[int]:
+    """This rank's group of a process set (see `_groups_of`)."""
+    _, own = _groups_of(ps, mpi)
+    if own is None:
+        raise InvalidArgumentError(
+            f"{ps} is COMM_NULL on this rank: it names no process set here. Pass the communicator of "
+            "the group this rank belongs to."
+        )
+    return own
