@@ -10,10 +10,11 @@ which `poll`, `synchronize` and `release` read.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,12 +30,16 @@ from .calls import Call
 from .runtime import Job, job
 
 __all__ = [
-    "Call", "check_adasum", "check_splits", "control", "handle_of", "member_set", "poll", "reducescatter_op",
-    "release", "resolve_op", "set_rank", "set_size", "steady_allreduce", "submit", "synchronize", "waited",
+    "Call", "check_adasum", "check_splits", "control", "handle_of", "lazily", "member_set", "poll", "reducescatter_op",
+    "release", "resolve_op", "set_rank", "set_size", "steady_allreduce", "steady_request", "submit", "synchronize", "take_call",
+    "waited",
 ]
 
-_calling = threading.local()  # .waits: the submission under way is a blocking call's (see `waited`)
+# .waits: the submission under way is a blocking call's (see `waited`); .lazy: its caller or a thread of
+# its own waits for it soon (`lazily`): either way the wait runs the cycle, and the engine thread is left asleep
+_calling = threading.local()
 _KEPT_REQUESTS = 4096  # requests kept for reuse per job (the table is dropped past it)
+T = TypeVar("T")
 
 
 def _calls() -> dict[int, Call[Any]]:
@@ -231,19 +236,41 @@ def submit(
         originals.append(array)
         resolved.append(dtype)
     waits = getattr(_calling, "waits", False)
-    if waits and count == 1:
-        if (kind is CollectiveKind.ALLREDUCE and name is not None and dtypes is None and outputs is None
-                and device == "cpu" and not grouped and not resolved[0].is_half and op is not ReduceOp.ADASUM):
+    lazy = waits or getattr(_calling, "lazy", False)
+    if lazy and count == 1:
+        if (kind is CollectiveKind.ALLREDUCE and name is not None and (dtypes is None or in_place)
+                and outputs is None and device == "cpu" and not grouped and not resolved[0].is_half
+                and op is not ReduceOp.ADASUM):
             # the steady state's NumPy allreduce, when it recurs with these arguments (`steady_allreduce`)
             assert entries[0].input is not None
             key = (name, op, prescale, postscale, set_id, entries[0].input.dtype, entries[0].request.shape, in_place)
             if len(current.steady) >= _KEPT_REQUESTS:
                 current.steady.clear()
             current.steady[key] = entries[0].request
-        if current.engine.run_now(entries[0]):
+        if waits and current.engine.run_now(entries[0]):
             return Call([entries[0].handle], list), originals, resolved
-    current.engine.enqueue(entries, waits=waits)
+    current.engine.enqueue(entries, waits=lazy)
     return Call([entry.handle for entry in entries], list), originals, resolved
+
+
+def lazily(start: Callable[..., T]) -> Callable[..., T]:
+    """Wrap a function whose submissions are waited for soon, by its caller or by a thread of its own
+    (the torch process group's calls: ``dist.all_reduce`` waits at once, DDP's hooks through the group's
+    completer): they do not wake the engine thread, and the wait runs their cycle instead. A call
+    nobody waits for still runs at the engine thread's next idle cycle."""
+    @functools.wraps(start)
+    def call(*args: Any, **kwargs: Any) -> T:
+        _calling.lazy = True
+        try:
+            return start(*args, **kwargs)
+        finally:
+            _calling.lazy = False
+    return call
+
+
+def take_call(handle: int) -> Call[Any]:
+    """The call behind Horovod's integer `handle`, out of the job's table (its new owner waits on it)."""
+    return _call_of(handle, forget=True)
 
 
 def steady_allreduce(tensor: np.ndarray, name: str, op: ReduceOp, prescale: float, postscale: float,
@@ -256,14 +283,8 @@ def steady_allreduce(tensor: np.ndarray, name: str, op: ReduceOp, prescale: floa
     `submit`, which checked them and registered them here (``Job.steady``).
     """
     current = _runtime._job
-    if current is None or not tensor.flags.c_contiguous or (in_place and not tensor.flags.writeable):
-        return None
-    try:
-        request = current.steady.get((name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
-                                      tensor.shape, in_place))
-    except TypeError:  # an argument that cannot be a key (unhashable): `submit` says what is wrong with it
-        return None
-    if request is None:
+    request = steady_request(current, tensor, name, op, prescale, postscale, process_set, in_place)
+    if current is None or request is None:
         return None
     output = tensor if in_place else np.empty_like(tensor)
     started = current.engine.run_steady(request, tensor, output)
@@ -292,6 +313,19 @@ def _request(current: Job, name: str, kind: CollectiveKind, dtype: DType, shape:
             current.requests.clear()
         current.requests[key] = request
     return request
+
+
+def steady_request(current: Job | None, tensor: np.ndarray, name: str, op: ReduceOp, prescale: float,
+                   postscale: float, process_set: ProcessSet, in_place: bool) -> Request | None:
+    """The request of a blocking host allreduce that recurs with these arguments (``Job.steady``), or
+    None for a call not seen before, a buffer it cannot run on, or no job."""
+    if current is None or not tensor.flags.c_contiguous or (in_place and not tensor.flags.writeable):
+        return None
+    try:
+        return current.steady.get((name, op, prescale, postscale, process_set.process_set_id, tensor.dtype,
+                                   tensor.shape, in_place))
+    except TypeError:  # an argument that cannot be a key (unhashable): `submit` says what is wrong with it
+        return None
 
 
 def waited(start: Callable[..., Call[Any] | int], *args: Any, **kwargs: Any) -> Any:

@@ -319,6 +319,11 @@ class Engine:
                     return
                 backoff = min(backoff * 2, _MAX_BACKOFF_SECONDS)
 
+    def wake(self) -> None:
+        """Make the engine thread run a cycle now (work that was submitted without waking it, and that
+        nobody waits for yet)."""
+        self._queue.wake()
+
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """Hold what this thread submits inside the block and queue it all at once when the block ends.
 

@@ -29,12 +29,23 @@ BITWISE: dict[dist.ReduceOp.RedOpType, Callable[[torch.Tensor, torch.Tensor], to
 def _op(reduce_op: _TorchOp) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
     """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
     kind = getattr(reduce_op, "op", reduce_op)
+    known = _PLAIN.get(kind)
+    if known is not None:  # every op but PREMUL_SUM, whose factor is the op object's own
+        return known
     if kind in BITWISE:
         return None, BITWISE[kind], 1.0
     if kind not in _OPS:
         raise UnisonNotImplementedError(f"The unison backend has no reduce op {kind}.")
     factor = _premul_factor(reduce_op) if kind == _RED.PREMUL_SUM else 1.0
     return _OPS[kind], None, factor
+
+
+# What `_op` and `_op_key` give for each op kind whose answer does not depend on the op object (a call's
+# reduce op is looked up on every call of the group).
+_PLAIN: dict[Any, tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]] = {
+    **{kind: (op, None, 1.0) for kind, op in _OPS.items() if kind != _RED.PREMUL_SUM},
+    **{kind: (None, fold, 1.0) for kind, fold in BITWISE.items()}}
+_KEYS: dict[Any, tuple[str | float, ...]] = {}
 
 
 def _premul_factor(reduce_op: _TorchOp) -> float:
@@ -60,7 +71,12 @@ def _op_key(reduce_op: _TorchOp | None) -> tuple[str | float, ...]:
     if reduce_op is None:
         return ()
     kind = getattr(reduce_op, "op", reduce_op)
-    return (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)
+    key = _KEYS.get(kind)
+    if key is None:
+        key = (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)
+        if kind != _RED.PREMUL_SUM:
+            _KEYS[kind] = key
+    return key
 
 
 def _point_to_point(call: str) -> UnisonNotImplementedError:

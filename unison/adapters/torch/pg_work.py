@@ -19,17 +19,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .collectives import synchronize
+from ..._job import runtime as _runtime
+from ..._job.calls import Call
+from ..._job.submit import steady_request
+from .pg_ops import _op
 
 if TYPE_CHECKING:
     from typing import TypeAlias
 
     from ...engine.handles import Handle
+    from ...process_sets import ProcessSet
 
     # what a call's work completes with: its output tensors (a list of them per input for the gathers)
     _Outputs: TypeAlias = list[torch.Tensor] | list[list[torch.Tensor]]
 
-__all__ = ["UnisonWork"]
+__all__ = ["DoneWork", "UnisonWork", "steady_work"]
+
+_HALF = (torch.float16, torch.bfloat16)  # reduced through float32 pieces: always the usual way
 
 
 class _Failed:
@@ -58,7 +64,8 @@ class UnisonWork(dist._Work):
     DDP waits for directly crashed the process (torch 2.13, SIGSEGV).
     """
 
-    def __init__(self, pending: _Pending, what: str, waits: Sequence[Handle], completer: _Completer) -> None:
+    def __init__(self, pending: _Pending, what: str, waits: Sequence[Handle], completer: _Completer,
+                 wake: Callable[[], None]) -> None:
         super().__init__()
         self._pending = pending
         self._inner = pending.future
@@ -66,6 +73,7 @@ class UnisonWork(dist._Work):
         self._future: torch.futures.Future[_Outputs] | None = None  # made by get_future (a then() costs)
         self._what = what
         self._waits = list(waits)  # unison's own handles: a wait on them counts as blocked in unison
+        self._wake = wake  # the engine thread, for a poll (the group's calls do not wake it: `lazily`)
 
     def __repr__(self) -> str:
         return f"<UnisonWork {self._what} {'done' if self._inner.done() else 'pending'}>"
@@ -81,9 +89,13 @@ class UnisonWork(dist._Work):
         return True
 
     def is_completed(self) -> bool:
-        """Whether the call finished (successfully or not)."""
-        if not self._inner.done() and all(handle.done() for handle in self._waits):
-            self._pending.run()
+        """Whether the call finished (successfully or not); a poll of a call still pending asks the engine
+        thread to run its cycle (nobody may wait for it)."""
+        if not self._inner.done():
+            if all(handle.done() for handle in self._waits):
+                self._pending.run()
+            else:
+                self._wake()
         return self._inner.done()
 
     def is_success(self) -> bool:
@@ -118,6 +130,68 @@ class UnisonWork(dist._Work):
         self._inner.wait()
 
 
+class DoneWork(dist._Work):
+    """The work of a call that finished before it was returned (the steady state's allreduce, run on the
+    calling thread): nothing to wait for; a future, when torch asks for one, already done."""
+
+    def __init__(self, outputs: _Outputs, what: str) -> None:
+        super().__init__()
+        self._outputs = outputs
+        self._what = what
+        self._future: torch.futures.Future[_Outputs] | None = None
+
+    def __repr__(self) -> str:
+        return f"<DoneWork {self._what}>"
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def get_future(self) -> torch.futures.Future[_Outputs]:
+        if self._future is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(self._outputs)
+        return self._future
+
+    def result(self) -> _Outputs:
+        return self._outputs
+
+
+def steady_work(tensor: torch.Tensor, reduce_op: Any, name: str, process_set: ProcessSet,
+                work_of: Callable[[str, Sequence[Call[Any]], Callable[[list[Any]], _Outputs]], UnisonWork],
+                ) -> UnisonWork | DoneWork | None:
+    """The steady state's allreduce of a group: one host tensor, the same call as before under `name`, its
+    cycle run on this thread while the engine is idle (`unison._job.submit.steady_request`,
+    `Engine.run_steady`); a `DoneWork` then, or, where its cycle became a whole one, the work (made by
+    `work_of`) of the entry it became. None, having sent nothing, where the call goes the usual way."""
+    if (tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.dtype in _HALF
+            or not tensor.is_contiguous()):
+        return None
+    op, bitwise, factor = _op(reduce_op)
+    if bitwise is not None or op is None:
+        return None
+    current = _runtime._job
+    array = tensor.detach().numpy()
+    request = steady_request(current, array, name, op, factor, 1.0, process_set, True)
+    if current is None or request is None:
+        return None
+    started = current.engine.run_steady(request, array, array)
+    if started is False:
+        return None
+    outputs = [tensor]
+    if started is True:
+        return DoneWork(outputs, "allreduce")
+    return work_of("allreduce", [Call([started.handle], list)], lambda results: outputs)
+
+
 class _Pending:
     """One call to complete: unison's handles, how to finish, and the inner future it completes.
 
@@ -126,13 +200,13 @@ class _Pending:
     completer then finds it done). Exactly one of them synchronizes the handles.
     """
 
-    __slots__ = ("_claimed", "_lock", "finish", "future", "handles", "on_error")
+    __slots__ = ("_claimed", "_lock", "calls", "finish", "future", "on_error")
 
-    # `finish` takes its handles' results (Any: each call's own, from unison's synchronize)
-    def __init__(self, handles: list[int], finish: Callable[[list[Any]], _Outputs],
+    # `finish` takes its calls' results (Any: each call's own)
+    def __init__(self, calls: list[Call[Any]], finish: Callable[[list[Any]], _Outputs],
                  future: torch.futures.Future[_Outputs | _Failed],
                  on_error: Callable[[BaseException], None]) -> None:
-        self.handles, self.finish, self.future, self.on_error = handles, finish, future, on_error
+        self.calls, self.finish, self.future, self.on_error = calls, finish, future, on_error
         self._lock = threading.Lock()
         self._claimed = False
 
@@ -143,7 +217,7 @@ class _Pending:
                 return
             self._claimed = True
         try:
-            results = [synchronize(handle) for handle in self.handles]
+            results = [call.result() for call in self.calls]
             value = self.finish(results)
         except BaseException as exc:  # noqa: BLE001 - delivered through the work (see UnisonWork)
             self.on_error(exc)
@@ -191,6 +265,8 @@ def _outside_dynamo() -> None:
         return
     for name in ("wait", "is_completed", "get_future", "result", "settle"):
         setattr(UnisonWork, name, disable(getattr(UnisonWork, name)))
+    for name in ("wait", "get_future", "result"):
+        setattr(DoneWork, name, disable(getattr(DoneWork, name)))
 
 
 _outside_dynamo()

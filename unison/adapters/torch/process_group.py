@@ -48,6 +48,7 @@ import torch.distributed as dist
 from ..._job import runtime as _runtime
 from ..._job.launch import Request
 from ..._job.objects import registered_set_of
+from ..._job.submit import Call, lazily, take_call
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
@@ -71,7 +72,7 @@ from .pg_ops import (
     _point_to_point,
     _sig,
 )
-from .pg_work import UnisonWork, _Completer, _Failed, _Pending
+from .pg_work import DoneWork, UnisonWork, _Completer, _Failed, _Pending, steady_work
 from .torch_store import job_store, rendezvous_with_fallback
 
 if TYPE_CHECKING:
@@ -157,13 +158,15 @@ class UnisonProcessGroup(dist.ProcessGroup):
             earlier.settle()  # only with more calls in flight than the names' window (16)
         return name
 
-    def _work(self, what: str, handles: list[int], finish: Callable[[list[Any]], _Outputs]) -> UnisonWork:
+    def _work(self, what: str, handles: Sequence[int | Call[Any]],
+              finish: Callable[[list[Any]], _Outputs]) -> UnisonWork:
         future: torch.futures.Future[_Outputs | _Failed] = torch.futures.Future()
-        table = _runtime.job().handles
-        waits = [waiter for handle in handles for waiter in table[handle].handles]
-        call, name = self._naming.last
-        pending = _Pending(handles, finish, future, lambda error: self._failed(call, name, error))
-        work = UnisonWork(pending, what, waits, self._completer)
+        # the work owns the calls from here (out of the job's table of integer handles)
+        calls = [handle if isinstance(handle, Call) else take_call(handle) for handle in handles]
+        waits = [waiter for call in calls for waiter in call.handles]
+        index, name = self._naming.last
+        pending = _Pending(calls, finish, future, lambda error: self._failed(index, name, error))
+        work = UnisonWork(pending, what, waits, self._completer, _runtime.job().engine.wake)
         with self._lock:
             self._in_flight[name] = work
             if len(self._in_flight) > 2 * MIN_WINDOW:
@@ -179,9 +182,14 @@ class UnisonProcessGroup(dist.ProcessGroup):
     # -- reductions ----------------------------------------------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor],
-                  opts: dist.AllreduceOptions | None = None) -> UnisonWork:
+                  opts: dist.AllreduceOptions | None = None) -> UnisonWork | DoneWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        return self._allreduce(list(tensors), op, self._name(("allreduce", _sig(tensors), _op_key(op))), "allreduce")
+        name = self._name(("allreduce", _sig(tensors), _op_key(op)))
+        if len(tensors) == 1:
+            done = steady_work(tensors[0], op, name, self._set, self._work)
+            if done is not None:
+                return done
+        return self._allreduce(list(tensors), op, name, "allreduce")
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor],
                             opts: dist.AllreduceCoalescedOptions | None = None) -> UnisonWork:
@@ -565,10 +573,11 @@ def _outside_dynamo(cls: type[UnisonProcessGroup]) -> None:
     """Keep the group's collectives out of torch.compile's tracing (torch's own lazy wrapper: dynamo is
     imported at the first call, where torch's optimizers have imported it already)."""
     disable = getattr(torch, "_disable_dynamo", None)
-    if disable is None:
-        return
     for name in _COLLECTIVES:
-        setattr(cls, name, disable(getattr(cls, name)))
+        # Every call is waited for soon (dist.all_reduce at once, DDP's through the completer): its
+        # submission leaves the engine thread asleep and the wait runs the cycle (`lazily`).
+        method = lazily(getattr(cls, name))
+        setattr(cls, name, method if disable is None else disable(method))
     cls.reduce_scatter_single = cls._reduce_scatter_base
     cls.all_gather_single = cls._allgather_base
     cls.all_to_all_single = cls.alltoall_base
