@@ -18,11 +18,16 @@ $(VPY):
 # package (a second, full TensorFlow over tensorflow-cpu's files).
 TF_KERAS_PIN = tf-keras==$$($(VPY) -c 'import importlib.metadata as m; print(".".join(m.version("tensorflow-cpu").split(".")[:2]) + ".*")')
 
+# The frameworks whose launchers the tests start unison jobs under (tests/launch, tests/ray, tests/spark), at
+# the releases tested; with the pinned torch, pip keeps torch and NumPy as they are.
+INTEGRATION_PINS = 'ray[train]==2.60.0' 'pyspark==4.3.0' 'pytorch-lightning==2.6.6' 'accelerate==1.15.0'
+
 # Reinstalls whenever pyproject.toml changes.
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install -e '.[mpi,grpc,dev,tensorflow]' '$(TORCH_PIN)'
 	$(VPY) -m pip install --no-deps "$(TF_KERAS_PIN)"
+	$(VPY) -m pip install $(INTEGRATION_PINS) '$(TORCH_PIN)'
 	touch $@
 
 demo: venv
@@ -48,7 +53,7 @@ CHECK_LEAVES_OUT = --ignore=tests/unit/adapters/test_tf_keras_legacy.py \
 # a failure is noticed, with bounds that hold on a loaded 2-core machine. Then the multi-rank suite at 1
 # to 4 ranks, on the gRPC control plane, and started by torchrun.
 test: venv
-	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps -q -n 3 --dist loadfile --no-loadscope-reorder
+	$(VPY) -m pytest tests/unit tests/examples tests/launcher tests/multihost tests/elastic tests/ps tests/launch tests/ray tests/spark -q -n 3 --dist loadfile --no-loadscope-reorder
 	$(VPY) -m pytest tests/service tests/faults tests/torchrun -q -n 2 --dist loadfile --no-loadscope-reorder
 	$(VPY) tests/run_multirank.py -n 1
 	$(VPY) tests/run_multirank.py -n 2

@@ -15,6 +15,7 @@
     ├── UnisonNotImplementedError    (NotImplementedError)
     ├── GradientCountError           (AssertionError)  gradients produced or cleared at the wrong moment
     ├── LaunchError                  (RuntimeError)    unisonrun/unison.run could not start or finish a job
+    │   └── PlacementGroupTimeoutError (TimeoutError)  Ray could not reserve the workers in time (unison.ray)
     ├── StartupError                 (RuntimeError)    init() failed: a rank did not arrive or could not set up
     ├── ServerUnavailableError       (RuntimeError)    a parameter server did not answer in time
     ├── HostsUpdatedInterrupt        (RuntimeError)    an elastic job's hosts changed: it stops at this commit
@@ -45,6 +46,7 @@ __all__ = [
     "MissingGradientError",
     "NotDeclaredError",
     "NotInitializedError",
+    "PlacementGroupTimeoutError",
     "RequestError",
     "ServerUnavailableError",
     "ShutdownError",
@@ -101,6 +103,10 @@ class UnisonNotImplementedError(UnisonError, NotImplementedError):
 
 class LaunchError(UnisonError, RuntimeError):
     """A job started by `unisonrun` or `unison.run` could not start, or ended without a result."""
+
+
+class PlacementGroupTimeoutError(LaunchError, TimeoutError):
+    """Ray could not reserve the workers' resources within ``placement_group_timeout_s`` (`unison.ray`)."""
 
 
 class StartupError(UnisonError, RuntimeError):

@@ -31,7 +31,7 @@ def test_the_wheel_is_typed_and_carries_the_service_stubs(tmp_path: Path) -> Non
 
 
 def test_every_example_import_comes_from_an_extra_that_is_not_dev() -> None:
-    # A user installs the extras the README names (mpi, torch, tensorflow, grpc, examples), not the
+    # A user installs the extras the README names (mpi, torch, tensorflow, grpc, examples, ray), not the
     # development tools: every module an example imports must come from one of those.
     import ast
     import re
@@ -39,13 +39,13 @@ def test_every_example_import_comes_from_an_extra_that_is_not_dev() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    requirements = project["dependencies"] + [r for name in ("mpi", "torch", "tensorflow", "grpc", "examples")
+    requirements = project["dependencies"] + [r for name in ("mpi", "torch", "tensorflow", "grpc", "examples", "ray")
                                               for r in extras.get(name, [])]
     distributions = {re.split(r"[<>=\[ ;]", r, maxsplit=1)[0].lower() for r in requirements}
     # import name -> the distributions that provide it
     provided_by = {"numpy": {"numpy"}, "torch": {"torch"}, "tensorflow": {"tensorflow", "tensorflow-cpu"},
                    "keras": {"keras"}, "sklearn": {"scikit-learn"}, "mpi4py": {"mpi4py"},
-                   "grpc": {"grpcio"}}
+                   "grpc": {"grpcio"}, "ray": {"ray"}}
     local = {path.stem for path in (ROOT / "examples").glob("*.py")} | {"unison"}
     missing = []
     for script in sorted((ROOT / "examples").glob("*.py")):

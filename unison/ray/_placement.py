@@ -15,16 +15,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import LaunchError
+from ..errors import PlacementGroupTimeoutError
 from ._worker import BaseHorovodWorker
 
 __all__ = ["PlacementGroupTimeoutError", "Placement", "Request", "timeout_message", "visible_devices"]
 
 log = logging.getLogger("unison.ray")
-
-
-class PlacementGroupTimeoutError(LaunchError, TimeoutError):
-    """Ray could not reserve the workers' resources within ``placement_group_timeout_s``."""
 
 
 @dataclasses.dataclass(frozen=True)
