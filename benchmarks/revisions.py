@@ -1,6 +1,6 @@
 """Two revisions of unison on the same benchmarks, their runs alternated: did a change cost speed?
 
-Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch]``
+Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch,latency]``
 
 Each revision is checked out into a temporary git worktree (``--after`` defaults to this working
 tree as it is). Each side runs its own benchmark scripts (they read private modules, which a change
@@ -12,7 +12,9 @@ drift over the run hit both sides alike.
 The numbers compared are each benchmark's own ratios, measured side by side inside one run, which
 already cancel much of the machine's noise: for ``allreduce``, unison's median time over raw
 mpi4py's per case; for ``train_torch``, unison's samples/s over torch DDP's and over plain mpi4py
-calls, per model. The table gives each ratio's median over the rounds on each side and after/before.
+calls, per model; for ``latency`` (calls back to back), unison's median call over raw mpi4py's and over
+gloo's, and each unison side's worst round p90/p50. A benchmark script newer than the older revision runs
+from this tree with that revision's package. The table gives each ratio's median over the rounds on each side and after/before.
 The JSON (``benchmarks/results/revisions.json``) keeps every round, the load average and CPU steal.
 """
 
@@ -55,7 +57,17 @@ def train_torch_ratios(results: dict) -> Ratios:
     return out
 
 
-BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios}
+def latency_ratios(results: dict) -> Ratios:
+    """Each pair's median-call ratio (lower is better) and each unison side's worst round p90/p50."""
+    out: Ratios = {f"latency {pair}": ratio for pair, ratio in results["ratios"].items()}
+    for side, numbers in results["sides"].items():
+        if not side.startswith(("mpi4py", "dist.all_reduce 4 KiB gloo")):
+            out[f"latency {side}, worst round p90/p50"] = numbers["worst_p90_over_p50"]
+    return out
+
+
+BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios,
+                                                   "latency": latency_ratios}
 
 
 def checkout(rev: str, path: Path) -> Path:
@@ -74,7 +86,10 @@ def remove_checkout(path: Path) -> None:
 def run_once(name: str, tree: Path, output: Path, quick: bool) -> dict:
     """One run of benchmark `name` on 2 ranks with `tree`'s unison; its JSON."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
-    argv = [str(MPIEXEC), "-n", "2", sys.executable, str(tree / "benchmarks" / f"{name}.py"), "--output", str(output),
+    script = tree / "benchmarks" / f"{name}.py"
+    if not script.exists():  # a benchmark newer than the revision: this tree's script, that revision's unison
+        script = HERE / f"{name}.py"
+    argv = [str(MPIEXEC), "-n", "2", sys.executable, str(script), "--output", str(output),
             *(["--quick"] if quick else [])]
     try:
         done = subprocess.run(argv, cwd=tree, env=env, timeout=TIMEOUT_SECONDS, text=True,
