@@ -21,6 +21,7 @@ import numpy as np
 from ..dtypes import DType, check_supported, dtype_of
 from ..engine.adasum import is_power_of_two
 from ..engine.handles import Entry, Handle
+from ..engine.where import call_site
 from ..errors import HorovodInternalError, InvalidArgumentError, UnisonNotImplementedError
 from ..ops import CollectiveKind, ReduceOp
 from ..process_sets import ProcessSet, global_process_set
@@ -306,8 +307,11 @@ def _request(current: Job, name: str, kind: CollectiveKind, dtype: DType, shape:
     kept = current.requests.get(key)
     if kept is not None:
         return kept
+    # Made afresh: a first call or a changed one, which goes to the coordinator: where it comes from is
+    # read now (for its messages), never for a request reused below.
     request = Request(name, kind, current.rank, dtype, shape, op, root_rank, float(prescale), float(postscale),
-                      set_id, device, group=group, group_size=group_size, splits=tuple(int(s) for s in splits))
+                      set_id, device, group=group, group_size=group_size, splits=tuple(int(s) for s in splits),
+                      site=call_site(kind.value))
     if ".noname." not in name:
         if len(current.requests) >= _KEPT_REQUESTS:
             current.requests.clear()
@@ -447,7 +451,7 @@ def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_pr
     current = job()
     set_id, _ = member_set(current, process_set, kind.value.capitalize())
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
-                      ranks=tuple(ranks))
+                      ranks=tuple(ranks), site=call_site(kind.value))
     entry = Entry(request, None, None, Handle(name, current.engine.drive))
     current.engine.enqueue([entry], waits=True)
     return Call([entry.handle], lambda results: results[0]).result()

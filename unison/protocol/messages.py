@@ -50,6 +50,9 @@ class Request:
         ranks: members of the set for add/remove_process_set.
         reason: on a SHUTDOWN request, why this rank is failing ("" for an orderly shutdown); a
             non-empty reason makes the coordinator abort the whole job with it.
+        site: where in the program the call was made (``train.py:41 in step``, with its origin such
+            as ``(DDP bucket 0)``), for messages only: never compared, "" where unknown. Read when the
+            request is made afresh, so a recurring call's request keeps the place of its first call.
     """
 
     name: str
@@ -68,6 +71,7 @@ class Request:
     splits: tuple[int, ...] = ()
     ranks: tuple[int, ...] = ()
     reason: str = ""
+    site: str = ""
 
 
 ResponseKind = Kind
@@ -248,7 +252,7 @@ def decode_request_lists(parts: Sequence[bytes]) -> list[list[Request]]:
     return out
 
 
-_TEXT_FIELDS = ("name", "device", "group", "reason")
+_TEXT_FIELDS = ("name", "device", "group", "reason", "site")
 _INT_TUPLE_FIELDS = ("shape", "splits", "ranks")
 
 

@@ -80,6 +80,22 @@ def _group_by_value(by_rank: Mapping[int, Request], value: Callable[[Request], s
     return "; ".join(f"{val} on {_fmt_ranks(ranks)}" for val, ranks in groups.items())
 
 
+def _sites_text(sites: Mapping[int, str]) -> str:
+    """' Called at A on rank [0]; B on ranks [1, 2].' from rank -> `Request.site`, '' when none is known.
+
+    Example:
+        >>> _sites_text({0: "t.py:5 in main", 1: "t.py:4 in main", 2: "t.py:5 in main"})
+        ' Called at t.py:5 in main on ranks [0, 2]; t.py:4 in main on rank [1].'
+    """
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(sites):
+        if sites[rank]:
+            groups.setdefault(sites[rank], []).append(rank)
+    if not groups:
+        return ""
+    return " Called at " + "; ".join(f"{site} on {_fmt_ranks(ranks)}" for site, ranks in groups.items()) + "."
+
+
 def _shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -171,6 +187,16 @@ class Coordinator:
             first = next(iter(entry.requests.values()))
             expected = self._expected(first)
             out[name] = (frozenset(entry.requests), frozenset(expected), entry.first_seen)
+        return out
+
+    def sites(self) -> dict[str, str]:
+        """Where in the program each pending name was called (`Request.site`, one of the ranks'), for
+        the names whose requests carry one: name -> ``train.py:41 in step``."""
+        out = {}
+        for name, entry in self._table.items():
+            site = next((request.site for request in entry.distinct if request.site), "")
+            if site:
+                out[name] = site
         return out
 
     def abort(self, message: str) -> list[Response]:
@@ -328,6 +354,10 @@ class Coordinator:
             problem = unnamed_drift(pending, set_id)
         if not problem:
             return
+        called: dict[int, str] = {}
+        for name in names:  # in name order: a rank's latest call wins
+            called.update((rank, request.site) for rank, request in self._table[name].requests.items())
+        problem += _sites_text(called)
         for name in names:
             failed = self._remove(name)
             first = next(iter(failed.requests.values()))
@@ -364,7 +394,7 @@ class Coordinator:
         kind = first.kind
         problem = self._disagreement(name, by_rank, first, entry.distinct)
         if problem:
-            return self._error((name,), problem + _FIX_HINT)
+            return self._error((name,), problem + _sites_text({r: q.site for r, q in by_rank.items()}) + _FIX_HINT)
         conflict = join_conflict(kind, self._sets.get(first.process_set_id, ()), self._joined)
         if conflict:
             return self._error((name,), conflict)

@@ -49,10 +49,12 @@ from ..._job import runtime as _runtime
 from ..._job.launch import Request
 from ..._job.objects import registered_set_of
 from ..._job.submit import Call, lazily, take_call
+from ...engine.where import add_origin
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
 from ...ops import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from .call_names import MIN_WINDOW, CallNames
+from .call_sites import Buckets, origin
 from .collectives import (
     allgather_async,
     allreduce_async_,
@@ -112,6 +114,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._names = CallNames()
         self._naming = threading.local()  # the call this thread named last: (index, name), for _work
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
+        self.buckets = Buckets()  # DDP's bucket numbers, for the sites of calls read afresh (`call_sites`)
 
     def __repr__(self) -> str:
         return (f"<UnisonProcessGroup {self._label} rank={self._rank} size={self._size} ranks={self._members} "
@@ -157,6 +160,11 @@ class UnisonProcessGroup(dist.ProcessGroup):
         if earlier is not None:
             earlier.settle()  # only with more calls in flight than the names' window (16)
         return name
+
+    def call_index(self) -> int:
+        """The number of the call this thread named last (its sites: `call_sites`)."""
+        last = getattr(self._naming, "last", None)
+        return -1 if last is None else int(last[0])
 
     def _work(self, what: str, handles: Sequence[int | Call[Any]],
               finish: Callable[[list[Any]], _Outputs]) -> UnisonWork:
@@ -557,6 +565,7 @@ def register() -> None:
     MASTER_ADDR is unset, as under unisonrun or mpiexec, and subset groups register their unison process
     sets on every rank (`group_creation.registering_sets`).
     """
+    add_origin(origin)  # what in torch made each call, for the sites messages name
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
