@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_an_origin_names_what_made_the_call_and_a_failing_one_is_left_out(monkey
 def test_a_thread_without_a_user_frame_gets_the_main_thread_s() -> None:
     found: list[str] = []
     waiting = threading.Event()
-    namespace = {"where": where, "found": found, "waiting": waiting}
+    namespace: dict[str, Any] = {"where": where, "found": found, "waiting": waiting}
     # a framework's thread: its function lives in torch's files
     exec(compile("def framework_thread():\n    found.append(where.call_site())\n    waiting.set()\n",
                  "/opt/venv/lib/python3.11/site-packages/torch/_fake_thread.py", "exec"), namespace)
