@@ -81,8 +81,10 @@ CONTROL_PLANE_TESTS = $(filter-out $(addprefix tests/multirank/,test_torch_colle
 TORCHRUN_TESTS = $(addprefix tests/multirank/,test_collectives.py test_torch_collectives.py \
 	test_torch_optimizer.py test_torch_state.py test_torch_join.py test_compression_torch.py test_errors.py \
 	test_naming.py test_join_collectives.py test_torch_distributed.py test_gpu_arrays_engine.py test_gloo_backend.py)
-# At 2 ranks (the MPI tiers run every file at 2), the transport's own files and torch.distributed's.
-TORCHRUN_AT_2 = $(addprefix tests/multirank/,test_collectives.py test_gloo_backend.py test_torch_distributed.py)
+# At 2 ranks (the MPI tiers run every file at 2), the transport's own files, torch.distributed's and the
+# steady state's (its summary over gloo).
+TORCHRUN_AT_2 = $(addprefix tests/multirank/,test_collectives.py test_gloo_backend.py test_torch_distributed.py \
+	test_steady_state.py)
 
 # The benchmarks' quick runs (benchmarks/run_all.py --quick) and their checks alone: `make test` runs
 # them once, in its first tier; `make check` leaves them out.
