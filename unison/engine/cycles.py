@@ -27,9 +27,12 @@ from ..protocol.cycle import FLAG_NEWS, FLAG_PAYLOAD, Summary, bits, read_votes,
 from ..protocol.fusion import FusionPolicy, plan_fusion
 from ..protocol.messages import Request, Response, encode_requests
 from ..protocol.negotiation import Coordinator
+from ..protocol.places import Place, encode_place
+from . import where
 from .actions import Actions
 from .autotuning import Autotuning
 from .executor import Executor
+from .flight import DONE, FAILED, FlightRecord
 from .handles import Entry, Handle
 from .observer import CycleObserver, observe_all
 from .pending import PendingWork
@@ -71,6 +74,7 @@ class Cycles:
         started: when the latest cycle started (`time.monotonic`).
         progress: the latest cycle took or ran something.
         detail: rank 0's stall feed asked for every rank's row in the next cycle.
+        flight: this rank's last collectives (`unison.engine.flight`).
     """
 
     def __init__(self, backend: Backend, rank: int, process_sets: dict[int, tuple[int, ...]],
@@ -82,6 +86,10 @@ class Cycles:
         self._stats = stats
         self.work = PendingWork(rank, cache, process_sets)
         self.status = StatusExchange(backend)
+        self.status.where_of = self._place_row  # sent in detail cycles only
+        if stall_feed is not None:
+            stall_feed.places_of = self.status.take_places
+        self.flight = FlightRecord()
         self.observer: CycleObserver = observe_all(stall_feed)
         self.slow = SlowPath(backend, coordinator, autotuning, lambda: self.observer)
         self.actions = Actions(rank, process_sets, backend, cache, executor, self.work, queue.release, stop,
@@ -117,6 +125,11 @@ class Cycles:
         self.observer.cycle_started(now)
         if drained is None:
             drained = self.queue.take()
+        if drained.groups:
+            submitted = self.flight.submitted
+            for group in drained.groups:
+                for entry in group:
+                    submitted(entry.request, now)
         self.work.admit(drained.groups, self.cache_on())
 
         # 1. Exchange status: a summary of votes and flags, and every rank's row when it is needed.
@@ -166,8 +179,10 @@ class Cycles:
             if self.on_response is not None:
                 self.on_response(response)
             self.actions.run_one(response)  # an allreduce of a set this rank is in: it submitted it
+            self.flight.append((entry.request, now, now, FAILED if entry.handle.error else DONE))
             self.progress = True
             return
+        self.flight.submitted(entry.request, now)
         matrix = None
         if summary.needs_rows:  # rows for rank 0: the slow path's lengths, the stall feed's detail
             matrix = self.status.rows(joined=False, news=False, blocked=blocked, payload_bytes=0,
@@ -209,9 +224,11 @@ class Cycles:
                 entry.handle.fail(failure)
             finally:
                 observer.executed(response)
+            self.flight.append((request, now, now, DONE if entry is None else FAILED))
             self.queue.release(request.name)
             self.progress = True
             return entry
+        self.flight.submitted(request, now)
         entry = Entry(request, source, output, Handle(request.name, driver))
         entry.slot = slot
         work.entries[request.name] = entry
@@ -286,6 +303,22 @@ class Cycles:
         self.detail = False
         return payload, words, summary, matrix
 
+    def _place_row(self) -> bytes:
+        """This rank's place row for a detail cycle (`unison.protocol.places`): where its main thread is,
+        the collective it waits for there and that collective's site. Never raises: a cycle must not
+        fail over a report."""
+        try:
+            at, waits, request, stack = where.main_thread()
+            site = ""
+            if isinstance(request, Request):  # the steady state's call, run on the main thread itself
+                waits, site = request.name, request.site
+            elif waits:
+                entry = self.work.entries.get(waits)
+                site = entry.request.site if entry is not None else ""
+            return encode_place(Place(at, waits, site, tuple(stack)))
+        except Exception:  # noqa: BLE001 - the report goes without this rank's place
+            return encode_place(Place(""))
+
     def _apply_tuning(self, proposal: Proposal) -> None:
         """Switch to the autotuner's parameters; every rank calls this at the end of the same cycle.
 
@@ -319,4 +352,5 @@ class Cycles:
                 reduced_bytes += response.num_bytes()
             if not self.actions.execute(response):
                 return -1, 0
+            self.flight.finished(response, time.monotonic(), response.kind is Kind.ERROR)
         return executed, reduced_bytes

@@ -7,9 +7,12 @@ ranks whose main thread is blocked in unison. A warning is logged; a report that
 logged and handed to `stop`, which makes the engine broadcast it to every rank.
 
 A steady-state cycle reduces a summary and gathers no rows (`unison.engine.status`). When a check is
-due and the summary shows no rank waiting in the cache and none blocked, the coordinator's table is
-all there is to check; otherwise the feed asks for the rows of the next cycle (`voted` returns True)
-and checks with them: per-rank detail costs a gather once a period, and only while something waits.
+due and nothing waits (no rank waits in the cache, none is blocked, the coordinator's table is empty),
+there is nothing to report; otherwise the feed asks for a detail cycle (`voted` returns True) and
+checks with what it gathers: every rank's row and every rank's place (where its main thread is, the
+collective it waits for and where that was called: `unison.protocol.places`), so that a report names
+where each rank it names is. Per-rank detail costs two gathers once a period, and only while something
+waits; the names' sites come from the coordinator's table and from the places.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from ..protocol.cache import ResponseCache
 from ..protocol.cycle import FLAG_BLOCKED, Summary, Votes, blocked_ranks, cached_waits
 from ..protocol.negotiation import Coordinator
+from ..protocol.places import Place, read_place
 from ..protocol.stall import StallInspector
 from .observer import Silent
 
@@ -42,6 +46,11 @@ class StallFeed(Silent):
         cache: this rank's response cache (the names behind the voted slots).
         process_sets: set id -> members, the engine's own dict (it changes as sets are added).
         stop: called with a report's text when the job must stop.
+
+    Attributes:
+        places_of: takes every rank's place row of the latest detail cycle (`StatusExchange.take_places`),
+            None when that cycle gathered none; the cycles set it. Unset, the feed checks with the rows
+            alone, and reports name no rank's place.
     """
 
     def __init__(self, inspector: StallInspector, coordinator: Coordinator, cache: ResponseCache,
@@ -52,6 +61,7 @@ class StallFeed(Silent):
         self._process_sets = process_sets
         self._stop = stop
         self._last_check = 0.0
+        self.places_of: Callable[[], list[bytes] | None] | None = None
 
     def __repr__(self) -> str:
         return f"<StallFeed last_check={self._last_check:.1f} inspector={self.inspector!r}>"
@@ -73,18 +83,21 @@ class StallFeed(Silent):
         """
         if now - self._last_check < PERIOD_SECONDS:
             return False
-        if matrix is not None and votes is not None:
+        places = None if self.places_of is None else self.places_of()
+        if matrix is not None and votes is not None and (places is not None or self.places_of is None):
             self._last_check = now
-            self.check(now, votes, blocked_ranks(matrix))
+            self.check(now, votes, blocked_ranks(matrix), places)
             return False
-        if summary.waiting or summary.flags & FLAG_BLOCKED:
-            return True
+        if summary.waiting or summary.flags & FLAG_BLOCKED or (
+                self.places_of is not None and self._coordinator.has_pending()):
+            return True  # something waits: look with every rank's row (and place)
         self._last_check = now
         self.check(now, _NO_VOTES, frozenset())
         return False
 
-    def check(self, now: float, votes: Votes, blocked: frozenset[int]) -> None:
-        """Hand the inspector what is pending now; log its report and stop the job if it says so."""
+    def check(self, now: float, votes: Votes, blocked: frozenset[int], places: list[bytes] | None = None) -> None:
+        """Hand the inspector what is pending now and where each rank is (`places`: every rank's place row);
+        log its report and stop the job if it says so."""
         pending = {
             name: (submitted, expected)
             for name, (submitted, expected, _) in self._coordinator.pending().items()
@@ -100,7 +113,14 @@ class StallFeed(Silent):
             name = cache.peek(slot).names[0]
             earlier, _ = pending.get(name, (frozenset(), frozenset()))
             pending[name] = (submitted | earlier, expected)
-        report = self.inspector.observe(now, pending, blocked)
+        read: dict[int, Place] = {}
+        for rank, row in enumerate(places or ()):
+            place = read_place(row)
+            if place is not None:
+                read[rank] = place
+        sites = {place.waits: place.site for place in read.values() if place.waits and place.site}
+        sites.update(self._coordinator.sites())
+        report = self.inspector.observe(now, pending, blocked, read, sites)
         if report is None:
             return
         if report.shutdown:

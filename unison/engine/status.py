@@ -11,6 +11,11 @@ to every rank anyway hands every rank the rows). A backend whose every exchange 
 one server (``reduces_status`` False: the gRPC control plane) gathers the rows to every rank every
 cycle instead, and the summary is read from them.
 
+A detail cycle (rank 0's stall feed asked for detail: `FLAG_DETAIL` in the reduced summary, or in rank
+0's row where rows go to every rank each cycle) also gathers one more fixed-size row from every rank:
+where its main thread is (`unison.protocol.places`, made by `where_of`), kept for the feed in `places`.
+Only those cycles read or send it, so the steady state never does.
+
 The steady state's own cycle (`reduce_solo`): a rank whose only work is one cached allreduce sends the
 vector of that slot alone, made once per slot and kept; when the reduced vector comes back as every
 rank sending the same (flags aside from "blocked"), the summary is known without decoding it.
@@ -18,17 +23,21 @@ rank sending the same (flags aside from "blocked"), the summary is known without
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..backends.base import Backend
 from ..protocol.cycle import (
     FLAG_BLOCKED,
+    FLAG_DETAIL,
     Summary,
     encode_status_row,
     encode_summary,
     read_summary,
     summary_of,
 )
+from ..protocol.places import ROW_BYTES
 
 __all__ = ["StatusExchange"]
 
@@ -45,6 +54,10 @@ class StatusExchange:
         reduces: the summary is reduced (False: rows are gathered every cycle).
         summaries: cycles that reduced a summary.
         rows_gathered: cycles that also gathered every rank's row.
+        places_gathered: detail cycles that also gathered every rank's place.
+        where_of: makes this rank's place row (`unison.protocol.places.encode_place`); None sends an empty one.
+        places: every rank's place row from the latest detail cycle, where they reached this rank (rank 0),
+            until `take_places`.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -52,6 +65,10 @@ class StatusExchange:
         self.reduces = bool(getattr(backend, "reduces_status", True))
         self.summaries = 0
         self.rows_gathered = 0
+        self.places_gathered = 0
+        self.where_of: Callable[[], bytes] | None = None
+        self.places: list[bytes] | None = None
+        self._detail = False  # this cycle is a detail cycle: its rows come with every rank's place
         # (slot, foreign slots, blocked, words) -> (the vector, the reduced bytes of every rank sending
         # the same, with and without "blocked", and the summary each of those means)
         self._solo: dict[tuple[int, int, bool, int], tuple[np.ndarray, dict[bytes, Summary]]] = {}
@@ -82,25 +99,52 @@ class StatusExchange:
                                     payload=payload_bytes > 0, hits=hits, own=own, invalid=invalid,
                                     words=words)
             summary = read_summary(self._backend.reduce_status(np.array(vector, dtype=np.uint64)).tolist(), words)
+            self._detail = bool(summary.flags & FLAG_DETAIL)
             if not summary.needs_rows:
                 return summary, None
         matrix = self.rows(joined=joined, news=news, blocked=blocked, payload_bytes=payload_bytes, hits=hits,
-                           invalid=invalid, words=words)
+                           invalid=invalid, words=words, detail=detail)
         if self.reduces:
             return summary, matrix
         assert matrix is not None  # gathered to every rank
         return summary_of(matrix, words), matrix
 
     def rows(self, *, joined: bool, news: bool, blocked: bool, payload_bytes: int, hits: int, invalid: int,
-             words: int) -> list[list[int]] | None:
+             words: int, detail: bool = False) -> list[list[int]] | None:
         """Gather every rank's status row (`encode_status_row`) to rank 0, in the cycle whose summary asked
-        for them (to every rank where ``reduces`` is False); None on a rank they did not reach."""
+        for them (to every rank where ``reduces`` is False); None on a rank they did not reach. In a
+        detail cycle every rank's place follows (`places`).
+
+        `detail`: rank 0 asks for detail, where rows go to every rank each cycle (``reduces`` False): its
+        row then carries `FLAG_DETAIL`, which every rank reads from the gathered rows.
+        """
         self.rows_gathered += 1
-        row = np.array(encode_status_row(joined=joined, news=news, payload_bytes=payload_bytes, hits=hits,
-                                         invalid=invalid, words=words, blocked=blocked), dtype=np.uint64)
+        fields = encode_status_row(joined=joined, news=news, payload_bytes=payload_bytes, hits=hits,
+                                   invalid=invalid, words=words, blocked=blocked)
+        if detail and not self.reduces:
+            fields[0] |= FLAG_DETAIL
+        row = np.array(fields, dtype=np.uint64)
         backend = self._backend
         matrix = backend.gather_status(row) if self.reduces else backend.allgather_status(row)
+        if not self.reduces:
+            self._detail = matrix is not None and bool(int(matrix[0][0]) & FLAG_DETAIL)
+        if self._detail:
+            self._gather_places()
         return None if matrix is None else matrix.tolist()
+
+    def take_places(self) -> list[bytes] | None:
+        """Every rank's place row from the latest detail cycle (index = rank), once; None if there was none."""
+        places, self.places = self.places, None
+        return places
+
+    def _gather_places(self) -> None:
+        """The detail cycle's second gather: every rank's place row (`unison.protocol.places`) to rank 0."""
+        self.places_gathered += 1
+        mine = self.where_of() if self.where_of is not None else b""
+        row = np.frombuffer(bytearray(mine[:ROW_BYTES].ljust(ROW_BYTES, b"\0")), dtype=np.uint64)
+        matrix = self._backend.gather_status(row)
+        if matrix is not None and self._backend.rank == 0:
+            self.places = [np.ascontiguousarray(line).tobytes() for line in matrix]
 
     def reduce_solo(self, slot: int, foreign: int, blocked: bool, words: int) -> Summary:
         """Reduce the summary of a rank whose only work is the cached allreduce in `slot` (``reduces``
@@ -114,7 +158,8 @@ class StatusExchange:
         reduced = self._backend.reduce_status(vector)
         summary = known.get(reduced.tobytes())
         if summary is None:
-            return read_summary(reduced.tolist(), words)
+            summary = read_summary(reduced.tolist(), words)
+            self._detail = bool(summary.flags & FLAG_DETAIL)
         return summary
 
     def _solo_vector(self, slot: int, foreign: int, blocked: bool,

@@ -189,6 +189,10 @@ class Coordinator:
             out[name] = (frozenset(entry.requests), frozenset(expected), entry.first_seen)
         return out
 
+    def has_pending(self) -> bool:
+        """Whether some name was submitted by some ranks and not run yet."""
+        return bool(self._table)
+
     def sites(self) -> dict[str, str]:
         """Where in the program each pending name was called (`Request.site`, one of the ranks'), for
         the names whose requests carry one: name -> ``train.py:41 in step``."""

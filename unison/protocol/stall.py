@@ -22,6 +22,12 @@ When reports are due:
   shutdown would only add minutes; the window covers a wait that ends in the very cycle it was seen,
   and a program whose other threads submit while the main thread waits (0 turns the check off).
 
+Where each rank is: `observe` may be given every rank's place (`unison.protocol.places.Place`: where
+its main thread is, the collective it waits for there, that collective's site, its stack) and the
+names' sites (``train.py:41 in step (DDP bucket 0)``). A report then says, for each rank it names,
+where its main thread is or waits, names a collective by what made it where that is known (DDP bucket
+0), and, with ``show_stacks`` (``UNISON_STALL_STACKS``), lists each named rank's stack.
+
 Example:
     >>> inspector = StallInspector(check_seconds=60, shutdown_seconds=600)
     >>> pending = {"allreduce.x": (frozenset({0}), frozenset({0, 1}))}
@@ -39,6 +45,7 @@ from collections.abc import Iterable, Mapping
 
 from ..errors import ConfigError
 from .names import split_name, unnamed_index
+from .places import Place, origin_of
 
 __all__ = ["DEADLOCK_TITLE", "StallInspector", "StallReport", "StallStatistics"]
 
@@ -141,6 +148,10 @@ class StallInspector:
         self._observations = 0
         self._warnings = 0
         self._shutdown_reports = 0
+        self._places: Mapping[int, Place] = {}
+        self._sites: Mapping[str, str] = {}
+        self._blocked: frozenset[int] = frozenset()
+        self.show_stacks = False
 
     @property
     def check_seconds(self) -> float:
@@ -164,6 +175,8 @@ class StallInspector:
         now: float,
         pending: Mapping[str, tuple[frozenset[int], frozenset[int]]],
         blocked: frozenset[int] = frozenset(),
+        places: Mapping[int, Place] | None = None,
+        sites: Mapping[str, str] | None = None,
     ) -> StallReport | None:
         """Record the tensors pending at `now` and return a report if one is due.
 
@@ -173,11 +186,14 @@ class StallInspector:
                 tensor some but not all expected ranks have submitted. Names missing here are
                 forgotten: they completed.
             blocked: the ranks blocked in unison this cycle (`unison.protocol.cycle.blocked_ranks`).
+            places: rank -> where it is now, for the ranks that said (a report names them).
+            sites: tensor name -> where it was called (`unison.protocol.messages.Request.site`).
 
         Returns:
             A `StallReport` when a warning or a shutdown is due, else None.
         """
         now = float(now)
+        self._places, self._sites, self._blocked = places or {}, sites or {}, blocked
         self._observations += 1
         first_seen = self._first_seen
         self._first_seen = {name: first_seen.get(name, now) for name in pending}
@@ -241,13 +257,18 @@ class StallInspector:
             "(its main thread waits for a collective and it has nothing left to submit), so none of "
             "them can ever run:"
         ]
-        for rank in sorted(set(submitted_by) | set(missing_from)):
+        named = sorted(set(submitted_by) | set(missing_from))
+        for rank in named:
             parts = []
             if rank in submitted_by:
                 parts.append(f"waits for {self._names(submitted_by[rank])}")
             if rank in missing_from:
                 parts.append(f"has not submitted {self._names(missing_from[rank])}")
+            whereabouts = self._whereabouts(rank)
+            if whereabouts:
+                parts.append(whereabouts)
             lines.append(f"  rank {rank} {'; '.join(parts)}")
+        lines += self._stacks(named)
         lines.append(
             f"Stopping the job: they stayed so for {self._deadlock_seconds:g} s ({_DEADLOCK_VARIABLE}; "
             "0 turns this check off). A collective that only some ranks call (a metric under "
@@ -257,9 +278,53 @@ class StallInspector:
         return "\n".join(lines)
 
     def _names(self, names: list[str]) -> str:
-        shown = ", ".join(_described(name) for name in names[: self._max_names])
+        shown = ", ".join(_described(name, origin_of(self._sites.get(name, ""))) for name in names[: self._max_names])
         more = len(names) - self._max_names
         return shown + (f", ... and {more} more" if more > 0 else "")
+
+    def _place(self, rank: int) -> tuple[bool, str] | None:
+        """(whether `rank`'s main thread waits in unison, where it is) when `rank` said, else None."""
+        place = self._places.get(rank)
+        if place is None or not place.where:
+            return None
+        return bool(place.waits) or rank in self._blocked, place.where
+
+    def _whereabouts(self, rank: int) -> str:
+        """'its main thread waits at train.py:41 in step (DDP bucket 0)', '... is at ...', or ''."""
+        found = self._place(rank)
+        if found is None:
+            return ""
+        waits, where = found
+        return f"its main thread {'waits' if waits else 'is'} at {where}"
+
+    def _submitters(self, ranks: list[int]) -> list[str]:
+        """A line per place of the ranks that submitted what others have not, ranks of one place
+        together: '  ranks [0, 2-5]: their main threads wait at train.py:41 in step'."""
+        by_place: dict[tuple[bool, str], list[int]] = {}
+        for rank in ranks:
+            found = self._place(rank)
+            if found is not None:
+                by_place.setdefault(found, []).append(rank)
+        lines = []
+        for (waits, where), together in by_place.items():
+            if len(together) == 1:
+                lines.append(f"  rank {together[0]}: its main thread {'waits' if waits else 'is'} at {where}")
+            else:
+                lines.append(f"  ranks {_format_ranks(together)}: their main threads {'wait' if waits else 'are'} "
+                             f"at {where}")
+        return lines
+
+    def _stacks(self, ranks: list[int]) -> list[str]:
+        """With `show_stacks`: each named rank's main-thread stack, innermost first."""
+        if not self.show_stacks:
+            return []
+        lines = []
+        for rank in ranks:
+            place = self._places.get(rank)
+            if place is not None and place.stack:
+                lines.append(f"  rank {rank}'s main thread, innermost frame first:")
+                lines += [f"    {frame}" for frame in place.stack]
+        return lines
 
     def statistics(self) -> StallStatistics:
         """Return counters: observations, warnings and shutdown reports issued, tensors tracked and
@@ -294,13 +359,21 @@ class StallInspector:
         for rank in sorted(by_rank):
             entries = by_rank[rank]
             name, submitted, seconds = entries[0]
+            origin = origin_of(self._sites.get(name, ""))
             shown = [
-                f"{name} (waiting {seconds:.1f} s, submitted by ranks {_format_ranks(submitted)})"
+                f"{name} ({origin + '; ' if origin else ''}waiting {seconds:.1f} s, submitted by ranks "
+                f"{_format_ranks(submitted)})"
             ]
-            shown.extend(entry[0] for entry in entries[1 : self._max_names])
+            shown.extend(_described(entry[0], origin_of(self._sites.get(entry[0], "")))
+                         for entry in entries[1 : self._max_names])
             more = len(entries) - self._max_names
             tail = f", ... and {more} more" if more > 0 else ""
-            lines.append(f"  rank {rank} has not submitted: {', '.join(shown)}{tail}")
+            whereabouts = self._whereabouts(rank)
+            lines.append(f"  rank {rank} has not submitted: {', '.join(shown)}{tail}"
+                         + (f"; {whereabouts}" if whereabouts else ""))
+        submitters = sorted({rank for _, submitted, _, _ in waiting for rank in submitted} - set(by_rank))
+        lines += self._submitters(submitters)
+        lines += self._stacks(sorted(set(by_rank) | set(submitters)))
         if shutdown:
             stopped = sorted(
                 {rank for _, _, missing, seconds in waiting if seconds >= self._shutdown_seconds
@@ -323,11 +396,13 @@ class StallInspector:
         return "\n".join(lines)
 
 
-def _described(name: str) -> str:
-    """A tensor name, with what an unnamed one is: 'allreduce.noname.3 (unnamed allreduce #3)'."""
+def _described(name: str, origin: str = "") -> str:
+    """A tensor name, with what an unnamed one is and what made it where known:
+    'allreduce.noname.3 (unnamed allreduce #3)', 'allreduce.torch.pg.p16.2 (DDP bucket 0)'."""
     kind, rest = split_name(name)
     index = unnamed_index(rest)
-    return name if index is None else f"{name} (unnamed {kind} #{index})"
+    notes = ([] if index is None else [f"unnamed {kind} #{index}"]) + ([origin] if origin else [])
+    return f"{name} ({', '.join(notes)})" if notes else name
 
 
 def _format_ranks(ranks: Iterable[int]) -> str:
