@@ -59,6 +59,16 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
     Setting("deadlock_seconds", "UNISON_DEADLOCK_SECONDS", None, "float", 2.0,
             "Stop the job at once when every rank a pending collective waits for is itself blocked "
             "waiting in unison, after this long in that state; 0 turns the check off."),
+    Setting("stall_stacks", "UNISON_STALL_STACKS", None, "bool", False,
+            "Stall and deadlock reports list the main-thread stack of every rank they name (each rank's "
+            "place, its user frames, is named either way)."),
+    Setting("flight_records", "UNISON_FLIGHT_RECORDS", None, "int", 1000,
+            "Collectives each rank keeps in its flight record (the last ones it submitted), written when "
+            "the job stalls, deadlocks or a rank fails; 0 keeps none."),
+    Setting("flight_dir", "UNISON_FLIGHT_DIR", None, "str", "",
+            "Directory the ranks write their flight records to. Unset: under unisonrun its --output-filename "
+            "directory or a new one it names; otherwise unison-flight-<user>/<parent pid> in the system's "
+            "temporary directory."),
     Setting("timeline", "UNISON_TIMELINE", "HOROVOD_TIMELINE", "str", "",
             "Path of a Chrome-trace timeline written by rank 0; DYNAMIC enables start_timeline()."),
     Setting("timeline_mark_cycles", "UNISON_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES",
@@ -218,6 +228,9 @@ class Settings:
     stall_check_seconds: float = 60.0
     stall_shutdown_seconds: float = 600.0
     deadlock_seconds: float = 2.0
+    stall_stacks: bool = False
+    flight_records: int = 1000
+    flight_dir: str = ""
     timeline: str = ""
     timeline_mark_cycles: bool = False
     log_level: str = "warning"
@@ -391,6 +404,10 @@ def load_settings(
             "UNISON_DEADLOCK_SECONDS must be 0 (no deadlock check) or a positive number of seconds. "
             f"Got {settings.deadlock_seconds}."
         )
+    if settings.flight_records < 0:
+        variable = source.get("flight_records", "UNISON_FLIGHT_RECORDS")
+        raise ConfigError(f"{variable} must be 0 (keep none) or a number of collectives. "
+                          f"Got {variable}={settings.flight_records}.")
     for name in ("autotune_steps_per_sample", "autotune_max_samples"):
         if getattr(settings, name) < 1:
             variable = source.get(name, known[name].env)

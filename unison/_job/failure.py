@@ -30,6 +30,9 @@ have had, so the child never writes a marker, never sends a message to the peers
 
 Under ``unisonrun`` the hooks also leave marker files (started, failed, finished) in the launcher's
 directory, which is how the launcher names a rank that died.
+
+When the job stalls, deadlocks or a rank fails, every rank writes its flight record, the last
+collectives it submitted (`flight_file`), and rank 0 says where, unless unisonrun does.
 """
 
 from __future__ import annotations
@@ -54,12 +57,14 @@ from typing import TYPE_CHECKING, cast
 
 from .._contract import FINISHED_AFTER_PEER, LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
 from ..config import process_environment
+from ..engine.flight import record_of
 from ..engine.handles import defer_interrupt
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
 from .exit_watch import ExitWatch, watcher_text
-from .stop_report import Role, decide, role_of, shared_error
-from .summary import describe, user_where, without_unison_frames
+from .flight_file import default_directory, write_record
+from .stop_report import SHARED_ERRORS, Role, decide, role_of, shared_error
+from .summary import describe, parse_reason, user_where, without_unison_frames
 from .torch_error_file import error_file_data, write_error_file
 
 if TYPE_CHECKING:
@@ -113,6 +118,8 @@ class _State:
     child_interrupted = False  # forked child: ended by an uncaught KeyboardInterrupt
     interrupting = False  # unison interrupted the main thread: its SIGINT raises JobInterrupt
     reporting = False  # the main thread is in the exception hook: no interrupt may cut its report
+    flight_dir: Path | None = None  # where this rank's flight record goes (`flight_file`)
+    flight_written = False  # this rank wrote its record for this job's stop
 
 
 _state = _State()
@@ -165,6 +172,12 @@ def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launch
     _state.launcher_relay = launcher_relay if launcher_dir and _state.launcher_dir is None else ""
     _state.under_launcher = _state.launcher_dir is not None or bool(_state.launcher_relay)
     _state.failure_recorded = _state.after_peer = False
+    settings = engine.settings
+    record_of(engine).resize(settings.flight_records)
+    if engine.stall is not None:
+        engine.stall.show_stacks = settings.stall_stacks
+    _state.flight_dir = default_directory(settings.flight_dir, _state.launcher_dir)
+    _state.flight_written = False
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook
@@ -318,6 +331,7 @@ def abort_job(exc: BaseException) -> None:
         return  # the job stopped on its own (shutdown, stall) while we tried
     _stderr(f"unison: {reason}; the other ranks could not be told within {ABORT_TIMEOUT_SECONDS:.0f} s, "
             "calling MPI_Abort.")
+    _leave_flight_record(reason)
     if _state.mpi is not None:
         from ..backends.mpi import abort_with_output
 
@@ -450,7 +464,23 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
         _write_marker(marker_name("failed", 0), f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
                                   f"{details}\n")
     job_broken(str(error))
+    _leave_flight_record(str(error))
 
+
+def _leave_flight_record(reason: str) -> None:
+    """Write this rank's flight record for a stop that broke the job; rank 0 says where, unless unisonrun
+    does. Not for an error every rank raised alike (a mismatch): its message names the calls."""
+    engine = _state.engine or _state.last_engine
+    if engine is None or _state.flight_written or _state.forked or _state.flight_dir is None:
+        return
+    parsed = parse_reason(reason.strip().splitlines()[0] if reason.strip() else "")
+    if parsed is not None and parsed.error in SHARED_ERRORS:
+        return
+    _state.flight_written = True
+    path = write_record(engine, _state.flight_dir, _state.rank, _state.size, _state.host, reason)
+    if path is not None and _state.rank == 0 and not _state.under_launcher and _state.size > 1:
+        _stderr(f"unison: each rank's last collectives are in {path.parent} ({path.name} and the others'); "
+                f"python -m unison.launcher.flight {path.parent} shows them side by side.")
 
 def _interrupt_main() -> None:
     # A real SIGINT aimed at the main thread also wakes it from a blocking call such as time.sleep;

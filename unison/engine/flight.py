@@ -85,10 +85,6 @@ class FlightRecord:
             if record is not None:
                 record[2], record[3] = now, state
 
-    def clear_open(self) -> None:
-        """Forget which records wait (the engine stopped: they stay pending in the ring)."""
-        self._open.clear()
-
     def snapshot(self, wall_offset: float) -> list[dict[str, Any]]:
         """The records, oldest first, as plain data; times on the wall clock (`time.time`), which is
         `wall_offset` ahead of `time.monotonic`."""

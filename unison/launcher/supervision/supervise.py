@@ -36,6 +36,7 @@ from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ..mpi.messages import OutputRelay
 from .blame import blame, read_markers
 from .deaths import DeathWatch, alive
+from .records import keep_records, records_line
 from .reports import report_lines
 from .segments import Segments
 
@@ -63,6 +64,7 @@ class JobOutcome:
     told: set[int] = dataclasses.field(default_factory=set)  # failures already printed while the job ran
     ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> its own exit code, as its keeper saw it (-N: signal N; `own_ends`)
     mpi_messages: int = 0  # lines of MPICH's own stop report held back (unison explained the stop)
+    records: Path | None = None  # where the ranks' flight records of a failure were kept
 
     def summary(self) -> str:
         """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
@@ -74,6 +76,8 @@ class JobOutcome:
         if self.timed_out and not self.announced:
             lines.append(timeout_line(self.timeout, stopped=True))
         lines += report_lines({rank: why for rank, why in self.failures.items() if rank not in self.told})
+        if self.records is not None:
+            lines.append(records_line(self.records))
         if self.interrupted:
             lines.append(interrupt_line(self.signal))
         if not lines and self.returncode != 0 and not self.timed_out:
@@ -136,6 +140,9 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     cleanup lines) is held back, and once the job ended it is printed only if unison has no failure,
     interrupt or timeout of its own to report, or with `show_mpi_messages`; otherwise it goes to the
     file `mpi_messages` when given (appended), and nowhere when not.
+
+    After a failure the ranks' flight records are moved out of `directory` (which goes with the job): into
+    the directory of `mpi_messages` (``--output-filename``) when given, else a new one (`records`).
     """
     host = socket.gethostname()
     proc, relays = _start(cmd, env, stdout)
@@ -245,6 +252,8 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     segments.remove()
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
     _settle_messages(relays, outcome, mpi_messages, show_mpi_messages)
+    if failures:  # the ranks' flight records (a stall, a deadlock, a rank lost), out of the directory
+        outcome.records = keep_records(directory, mpi_messages.parent if mpi_messages is not None else None)
     return outcome
 
 
