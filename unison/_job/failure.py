@@ -32,7 +32,8 @@ Under ``unisonrun`` the hooks also leave marker files (started, failed, finished
 directory, which is how the launcher names a rank that died.
 
 When the job stalls, deadlocks or a rank fails, every rank writes its flight record, the last
-collectives it submitted (`flight_file`), and rank 0 says where, unless unisonrun does.
+collectives it submitted (`flight_file`), and rank 0 says where, unless unisonrun does. Under
+unisonrun, SIGUSR2 makes a rank write its stacks for ``unisonrun --status`` (`stack_dump`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from ..engine.flight import record_of
 from ..engine.handles import defer_interrupt
 from ..errors import AbortedError, HorovodInternalError, JobInterrupt, ShutdownError, StallError
 from ..protocol.stall import DEADLOCK_TITLE
+from . import stack_dump
 from .exit_watch import ExitWatch, watcher_text
 from .flight_file import default_directory, write_record
 from .stop_report import SHARED_ERRORS, Role, decide, role_of, shared_error
@@ -178,6 +180,7 @@ def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launch
         engine.stall.show_stacks = settings.stall_stacks
     _state.flight_dir = default_directory(settings.flight_dir, _state.launcher_dir)
     _state.flight_written = False
+    stack_dump.arm(_state.launcher_dir, rank)  # unisonrun --status asks for this rank's stacks
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook
@@ -220,6 +223,7 @@ def uninstall() -> None:
             threading.excepthook = cast(_ThreadingHook, _state.previous_threading_excepthook)
         _state.previous_excepthook = None
         _state.previous_threading_excepthook = None
+    stack_dump.disarm()
     _state.engine = None
 
 

@@ -4,7 +4,8 @@ unisonrun records each job it starts in a private per-user directory (``$XDG_RUN
 else ``/tmp/unison-<uid>``, mode 0700): its pid, launcher directory and command. When the job runs
 the coordinator service (``UNISON_CONTROLLER=grpc``), rank 0 writes the service's address and the
 job's secret into the launcher directory (a 0600 file), so ``unisonrun --status`` needs no address
-and no secret from the user. Nothing is written anywhere else; the record goes when unisonrun ends.
+and no secret from the user. Either way ``--status`` then prints the main-thread stack of each rank on
+this host (`stacks`: asked for with SIGUSR2). Nothing is written anywhere else; the record goes when unisonrun ends.
 
 An elastic job's record names its shared-memory store as its directory and carries an ``elastic``
 part that the driver rewrites (atomically) whenever its state changes: the running epoch, its hosts
@@ -217,16 +218,31 @@ def show_status(target: str, timeout: float = 5.0) -> int:
         if not service.exists():
             print("  (no live rank table: the running epoch has no coordinator service; start the job with "
                   "UNISON_CONTROLLER=grpc for one)", flush=True)
+            _print_stacks(service.parent)
             return 0
-        return _table(service, timeout)
+        status = _table(service, timeout)
+        _print_stacks(service.parent)
+        return status
     service = Path(job["dir"]) / SERVICE_FILE
     if not service.exists():
+        _print_stacks(Path(job["dir"]))
         raise LaunchError(
-            f"Job {job['pid']} runs no coordinator service to ask (or its rank 0 is on another host): start "
-            "it with UNISON_CONTROLLER=grpc for live status, or use python -m unison.status HOST:PORT."
+            f"Job {job['pid']} runs no coordinator service to ask for its live table (or its rank 0 is on another "
+            "host): start it with UNISON_CONTROLLER=grpc for one, or use python -m unison.status HOST:PORT."
         )
     print(f"unisonrun job {job['pid']}: {' '.join(job['command'])}", file=sys.stderr)
-    return _table(service, timeout)
+    status = _table(service, timeout)
+    _print_stacks(Path(job["dir"]))
+    return status
+
+
+def _print_stacks(directory: Path) -> None:
+    """Print the main-thread stack of each of the job's ranks on this host (`stacks`)."""
+    from .stacks import ask_stacks
+
+    lines = ask_stacks(directory)
+    if lines:
+        print("\n".join(lines), flush=True)
 
 
 def _table(service: Path, timeout: float) -> int:
