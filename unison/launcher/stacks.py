@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._job.stack_dump import MAIN_THREAD_HEADER, SIGNAL, file_name
-from ..engine.where import internal
+from ..engine.where import USER_FRAMES, internal
 from .supervision.blame import read_markers
 from .supervision.deaths import alive
 
@@ -56,9 +56,15 @@ def main_thread_frames(header: str, answer: str) -> list[tuple[str, int, str]]:
 
 
 def stack_lines(rank: int, host: str, pid: int, frames: Sequence[tuple[str, int, str]]) -> list[str]:
-    """What --status prints of one rank's main thread."""
-    user = next((frame for frame in frames if not internal(frame[0])), None)
-    at = f" at {os.path.basename(user[0])}:{user[1]} in {user[2]}" if user else ""
+    """What --status prints of one rank's main thread: where it is in the user's code (its innermost user
+    frames, as reports name a place), then every frame.
+
+    Example:
+        >>> stack_lines(1, "h", 9, [("/x/train.py", 5, "step"), ("/x/train.py", 9, "<module>")])[0]
+        'rank 1 (h, pid 9): main thread at train.py:5 in step <- train.py:9 in <module>, innermost frame first:'
+    """
+    users = [frame for frame in frames if not internal(frame[0])][:USER_FRAMES]
+    at = " at " + " <- ".join(f"{os.path.basename(path)}:{line} in {name}" for path, line, name in users) if users else ""
     lines = [f"rank {rank} ({host}, pid {pid}): main thread{at}, innermost frame first:"]
     lines += [f"    {path}:{line} in {name}" for path, line, name in frames]
     return lines
