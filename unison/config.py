@@ -404,10 +404,6 @@ def load_settings(
             "UNISON_DEADLOCK_SECONDS must be 0 (no deadlock check) or a positive number of seconds. "
             f"Got {settings.deadlock_seconds}."
         )
-    if settings.flight_records < 0:
-        variable = source.get("flight_records", "UNISON_FLIGHT_RECORDS")
-        raise ConfigError(f"{variable} must be 0 (keep none) or a number of collectives. "
-                          f"Got {variable}={settings.flight_records}.")
     for name in ("autotune_steps_per_sample", "autotune_max_samples"):
         if getattr(settings, name) < 1:
             variable = source.get(name, known[name].env)

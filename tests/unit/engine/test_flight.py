@@ -143,6 +143,6 @@ def test_the_settings_of_the_record_and_the_reports() -> None:
     settings = load_settings({"UNISON_FLIGHT_RECORDS": "50", "UNISON_FLIGHT_DIR": "/r", "UNISON_STALL_STACKS": "1"})
     assert (settings.flight_records, settings.flight_dir, settings.stall_stacks) == (50, "/r", True)
     assert load_settings({}).flight_records == flight.DEFAULT_CAPACITY
-    with pytest.raises(ConfigError, match=r"UNISON_FLIGHT_RECORDS must be 0 \(keep none\) or a number of "
-                                          r"collectives\. Got UNISON_FLIGHT_RECORDS=-1\."):
+    with pytest.raises(ConfigError, match=r"UNISON_FLIGHT_RECORDS must be a non-negative integer\. Got "
+                                          r"UNISON_FLIGHT_RECORDS='-1'\."):
         load_settings({"UNISON_FLIGHT_RECORDS": "-1"})
