@@ -129,7 +129,8 @@ def test_a_ddp_mismatch_names_each_rank_s_call_and_what_made_it(tmp_path: Path, 
     done = run_job(launch(launcher, DDP_SCENARIO, str(tmp_path), "extra", "1"), env=STALL_ENV, deadline=120)
     assert done.returncode == 1, done.output
     assert re.search(r"Mismatched ALLREDUCE tensor shapes for 'allreduce\.torch\.pg\.p\d+\.\d+': \[36\] on rank \[0\]; "
-                     rf"\[5\] on rank \[1\]\. Called at _ddp_scenario\.py:{DDP_STEP} in <module> \(DDP bucket 0\) on "
+                     r"\[5\] on rank \[1\]\. Every rank must submit the same collective with the same attributes under "
+                     rf"one name\. Called at _ddp_scenario\.py:{DDP_STEP} in <module> \(DDP bucket 0\) on "
                      rf"rank \[0\]; _ddp_scenario\.py:{DDP_EXTRA} in <module> on rank \[1\]\.", done.output), done.output
     assert "last collectives" not in done.output  # the message names both calls: no records for it
     assert_no_strays(tmp_path, 2)

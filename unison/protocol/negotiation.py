@@ -398,7 +398,7 @@ class Coordinator:
         kind = first.kind
         problem = self._disagreement(name, by_rank, first, entry.distinct)
         if problem:
-            return self._error((name,), problem + _sites_text({r: q.site for r, q in by_rank.items()}) + _FIX_HINT)
+            return self._error((name,), problem + _FIX_HINT + _sites_text({r: q.site for r, q in by_rank.items()}))
         conflict = join_conflict(kind, self._sets.get(first.process_set_id, ()), self._joined)
         if conflict:
             return self._error((name,), conflict)

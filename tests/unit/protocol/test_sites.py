@@ -37,9 +37,9 @@ def test_a_mismatch_names_each_rank_s_call_site_grouped() -> None:
                     [req("x", 2, "t.py:5 in main")]], now=0.0)
     assert out[0].kind is ResponseKind.ERROR
     assert out[0].message == (
-        "Mismatched ALLREDUCE tensor shapes for 'x': [4] on ranks [0, 2]; [5] on rank [1]. Called at t.py:5 in "
-        "main on ranks [0, 2]; t.py:4 in main on rank [1]. Every rank must submit the same collective with the "
-        "same attributes under one name.")
+        "Mismatched ALLREDUCE tensor shapes for 'x': [4] on ranks [0, 2]; [5] on rank [1]. Every rank must submit "
+        "the same collective with the same attributes under one name. Called at t.py:5 in main on ranks [0, 2]; "
+        "t.py:4 in main on rank [1].")
 
 
 def test_a_mismatch_without_sites_reads_as_before() -> None:
