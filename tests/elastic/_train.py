@@ -15,16 +15,21 @@ that commit and that rank SIGKILLs itself ``ELASTIC_KILL_DELAY`` seconds into it
 ``finally:`` block around the training sleeps S seconds, then writes ``finally-<launch>-<rank>``.
 Every rank writes ``segments-<launch>-<rank>``: the MPICH shared-memory segments it maps.
 
+Every rank writes ``pid-<launch>-<rank>`` (its pid) when it starts; ``<launch>`` is the membership epoch the
+process started in (a worker of the elastic driver keeps its process across epochs; a relaunched job starts
+every process anew), and each result carries the pid that wrote it.
+
 ``ELASTIC_HOROVOD_STYLE=1`` trains as Horovod's own elastic scripts do: the state also keeps a
 ``commits`` counter of the script's own (counting down: 1000 minus the committed steps), a ``batch``
 index that goes on across resets and is what ``record_batch`` gets, and a value of every name the
 State once used for its own bookkeeping (`FORMER_INTERNAL_NAMES`), each set to ``[name, steps]``.
-Rank 0 writes ``restored-<launch>`` (the committed steps each launch starts from) and
-``committed-<launch>`` (after each of its commits), and the progress file counts steps, not commits.
+Rank 0 writes ``restored-<epoch>`` (the committed steps each membership epoch starts from) and
+``committed-<epoch>`` (after each of its commits), and the progress file counts steps, not commits.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -115,6 +120,7 @@ def record_segments(out: Path, launch: str) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung test's ranks can be asked where they are
     hvd.init()
     out = Path(os.environ["ELASTIC_OUT"])
     samples = int(os.environ.get("ELASTIC_SAMPLES", "24"))
@@ -130,11 +136,13 @@ def main() -> None:
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
     launch = os.environ.get("UNISON_ELASTIC_EPOCH", "0")
     record_segments(out, launch)
+    (out / f"pid-{launch}-{hvd.rank()}").write_text(str(os.getpid()))
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
+        epoch_now = os.environ.get("UNISON_ELASTIC_EPOCH", "0")  # the epoch this process is in now
         if horovod_style and hvd.rank() == 0:
-            (out / f"restored-{launch}").write_text(str(len(state.history)))
+            (out / f"restored-{epoch_now}").write_text(str(len(state.history)))
         while state.epoch < epochs:
             s = state.train_sampler
             local = list(iter(s))
@@ -165,7 +173,7 @@ def main() -> None:
                     done = len(state.history) if horovod_style else state.statistics()["commits"]
                     (out / "progress").write_text(f"{done} {hvd.size()}")
                     if horovod_style:
-                        (out / f"committed-{launch}").write_text(str(len(state.history)))
+                        (out / f"committed-{epoch_now}").write_text(str(len(state.history)))
                 time.sleep(pause)
             state.epoch += 1
             if horovod_style:
@@ -180,7 +188,8 @@ def main() -> None:
             time.sleep(float(os.environ["ELASTIC_FINALLY_SECONDS"]))
             (out / f"finally-{launch}-{hvd.rank()}").write_text("ran")
     weight, momentum = digest(state.model, state.optimizer)
-    result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(launch),
+    result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(launch), "pid": os.getpid(),
+              "last_epoch": int(os.environ.get("UNISON_ELASTIC_EPOCH", "0")),
               "commits": state.statistics()["commits"], "history": state.history, "weight": weight,
               "momentum": momentum, "resets": resets,
               "values": {name: getattr(state, name) for name in extra}}

@@ -15,6 +15,7 @@ end of the first batch that finds that many commits made, before that batch's co
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -122,6 +123,7 @@ class Kill(keras.callbacks.Callback):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung test's ranks can be asked where they are
     hvd.init()
     out = Path(os.environ["ELASTIC_OUT"])
     model, optimizer = model_and_optimizer()

@@ -33,7 +33,8 @@ def test_a_failed_host_rejoins_the_job_after_its_cooldown(tmp_path: Path) -> Non
     assert "epoch 1 committed and stopped for a change of hosts" in job.stderr
     # The survivors keep their places; the host back from its cooldown comes last.
     assert f"epoch 2: 3 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1,{HOSTS[1]}:1" in job.stderr
-    assert {r["epoch"] for r in job.results} == {2}
+    assert {r["last_epoch"] for r in job.results} == {2}
+    assert {r["epoch"] for r in job.results} == {0, 2}  # the survivors kept their processes of epoch 0
 
 
 def test_too_few_hosts_wait_for_a_cooldown_to_end_then_go_on(tmp_path: Path) -> None:
@@ -45,4 +46,5 @@ def test_too_few_hosts_wait_for_a_cooldown_to_end_then_go_on(tmp_path: Path) -> 
     assert "waiting for hosts: 1 ranks available, 2 needed (--min-np 2)" in job.stderr, job.stderr
     assert f"blacklisted: {HOSTS[1]}" in job.stderr
     assert f"epoch 1: 2 ranks on {HOSTS[0]}:1,{HOSTS[1]}:1" in job.stderr
-    assert {r["epoch"] for r in job.results} == {1}
+    assert {r["last_epoch"] for r in job.results} == {1}
+    assert {r["epoch"] for r in job.results} == {0, 1}  # the survivor kept its process of epoch 0

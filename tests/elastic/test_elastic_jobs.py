@@ -19,12 +19,40 @@ from ._harness import HOSTS, check_committed, run
 pytestmark = [pytest.mark.long_jobs, pytest.mark.timeout(120)]
 
 
+def _pids(out: Path) -> dict[str, int]:
+    """The processes the job started: ``<epoch started in>-<rank then>`` -> pid."""
+    return {p.name.removeprefix("pid-"): int(p.read_text()) for p in out.glob("pid-*")}
+
+
 @pytest.mark.parametrize("failure", ["ELASTIC_KILL", "ELASTIC_RAISE"])
 def test_a_failed_rank_leaves_the_survivors_going_on_from_the_last_commit(tmp_path: Path, failure: str) -> None:
-    # Every rank's finally: block takes 3 s; the failed launch is stopped as soon as the failure is
-    # known, so the next one starts without waiting for the survivor's (it never finishes). The rank
-    # that raises runs its own before its exception is uncaught, which is when the failure is known.
-    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2"], env={failure: "2:1", "ELASTIC_FINALLY_SECONDS": "3"})
+    # Every rank's finally: block takes 3 s. The survivors keep their processes (and their finally:
+    # blocks run once, at the end); the failed rank's host is blacklisted, a new worker takes its
+    # place on the third host and receives the committed state. The rank that raises runs its own
+    # finally: before its exception is uncaught, which is when the failure is known.
+    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2", "--max-np", "2"],
+              env={failure: "2:1", "ELASTIC_FINALLY_SECONDS": "3"})
+    check_committed(job, samples=24, epochs=2, size=2)
+    assert (tmp_path / f"{failure.lower()}-done").exists()
+    assert "epoch 0 failed (exit status" in job.stderr and f"blacklisting {HOSTS[1]}" in job.stderr
+    assert f"epoch 1: 2 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1" in job.stderr
+    pids = _pids(tmp_path)
+    assert sorted(pids) == ["0-0", "0-1", "1-1"], pids  # three processes in all: the survivor was not restarted
+    survivor, newcomer = job.results
+    assert survivor["pid"] == pids["0-0"] and newcomer["pid"] == pids["1-1"]
+    assert survivor["resets"] == newcomer["resets"] == [2]  # the reset callbacks ran once, at size 2
+    ran = ["finally-0-0", "finally-1-1"] + (["finally-0-1"] if failure == "ELASTIC_RAISE" else [])
+    assert sorted(p.name for p in tmp_path.glob("finally-*")) == sorted(ran)  # the raising rank runs its own
+    assert not list(tmp_path.glob("segments-*")) or all(not p.read_text() for p in tmp_path.glob("segments-*"))
+
+
+@pytest.mark.parametrize("failure", ["ELASTIC_KILL", "ELASTIC_RAISE"])
+def test_a_relaunched_job_goes_on_from_the_last_commit(tmp_path: Path, failure: str) -> None:
+    # --elastic-relaunch: one mpiexec launch per epoch. The failed launch is stopped as soon as the
+    # failure is known, so the next one starts without waiting for the survivor's finally: block (it
+    # never finishes).
+    job = run(tmp_path, HOSTS, ["-np", "2", "--min-np", "2", "--elastic-relaunch"],
+              env={failure: "2:1", "ELASTIC_FINALLY_SECONDS": "3"})
     check_committed(job, samples=24, epochs=2, size=2)
     assert (tmp_path / f"{failure.lower()}-done").exists()
     assert "epoch 0 failed (exit status" in job.stderr and f"blacklisting {HOSTS[1]}" in job.stderr
@@ -32,6 +60,7 @@ def test_a_failed_rank_leaves_the_survivors_going_on_from_the_last_commit(tmp_pa
     assert job.results[0]["resets"] == [2]  # the reset callbacks ran once, at size 2
     assert not (tmp_path / "finally-0-0").exists()  # the failed launch's survivor was stopped at once
     assert sorted(p.name for p in tmp_path.glob("finally-1-*")) == ["finally-1-0", "finally-1-1"]
+    assert sorted(_pids(tmp_path)) == ["0-0", "0-1", "0-2", "1-0", "1-1"]  # every process anew
     # MPICH's shared memory of both launches is gone, the failed one's too (its ranks never finalized).
     segments = [line for p in tmp_path.glob("segments-*") for line in p.read_text().split()]
     assert segments and not [path for path in segments if os.path.exists(path)], segments
@@ -54,7 +83,8 @@ def test_hosts_added_then_removed_by_discovery(tmp_path: Path) -> None:
     assert job.stderr.count("committed and stopped for a change of hosts") == 2, job.stderr
     assert f"epoch 1: 3 ranks on {HOSTS[0]}:1,{HOSTS[1]}:1,{HOSTS[2]}:1" in job.stderr
     assert f"epoch 2: 2 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1" in job.stderr
-    assert job.results[0]["resets"] == [2]  # each launch is a new process: its callbacks ran once
+    assert job.results[0]["resets"] == [3, 2]  # rank 0 kept its process: its callbacks ran at each reset
+    assert len(_pids(tmp_path)) == 3  # the third host's worker joined, then left; no process restarted
     assert "failed" not in job.stderr
 
 

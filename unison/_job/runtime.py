@@ -194,7 +194,7 @@ def _init(comm: Any, process_sets: Sequence[ProcessSet] | str | None, request: R
         logging.getLogger("unison").setLevel(
             {"trace": 5, "fatal": logging.CRITICAL}.get(settings.log_level, settings.log_level.upper())
         )
-        launch = detect(comm, request, _shutdown_before_finalize)
+        launch = detect(comm, request, _shutdown_before_finalize, settings)
         launch.join(settings)
         timeline = tune_log = None
         if problem is None:
@@ -236,6 +236,10 @@ def _start_engine(launch: Launch, backend: Any, settings: Settings, place: Any,
     rank, size = backend.rank, backend.size
     _failure.install(engine, rank, size, launch.mpi, settings.launcher_dir, comm=launch.comm,
                      launcher_relay=settings.launcher_relay, host=_host_name(settings, rank))
+    if getattr(launch, "reforms_in_place", False):
+        # An elastic worker outlives its epoch: a lost peer ends the epoch, not this process (no interrupt,
+        # no exit timer); its `run` wrapper re-forms the job, and the elastic driver names the failure.
+        engine.on_stop = None
     current = Job(engine, settings, rank, size, place.local_rank, place.local_size, place.cross_rank,
                   place.cross_size, place.homogeneous, mpi=launch.mpi, process_sets=sets, launch=launch.name,
                   store=launch.store)
@@ -273,6 +277,25 @@ def shutdown() -> None:
         handoff = sys.modules.get("unison.gpu.handoff")  # only if a GPU buffer was ever submitted
         if handoff is not None:
             handoff.reset()
+        for ps in [*current.process_sets.values(), *current.rebound_sets]:
+            if ps is not global_process_set:
+                unbind(ps)
+        _job = None
+
+
+def leave_job() -> None:
+    """End this process's part of the job at once, without the shutdown exchange (its peers are gone or
+    re-forming): the transport abandons its waits, the engine stops and fails what is pending. For an
+    elastic worker between two epochs; `init()` then joins the next."""
+    global _job
+    with _init_lock:
+        current = _job
+        if current is None:
+            return
+        current.engine.backend.abandon()
+        current.engine.shutdown(timeout=2.0)  # its exchange ends at once (abandoned); the thread closes the backend
+        # The failure hooks stay (the next epoch's init() points them at its engine): between epochs an
+        # uncaught error is still reported, and SIGUSR2 still writes the stacks (unisonrun --status).
         for ps in [*current.process_sets.values(), *current.rebound_sets]:
             if ps is not global_process_set:
                 unbind(ps)
@@ -347,6 +370,7 @@ def mpi_threads_supported() -> bool:
     mpi = current.mpi
     if mpi is None:
         how = {"torch": f"its {current.size} processes met at a torch store and run on gloo",
+               "elastic": f"its {current.size} processes are an elastic epoch on gloo",
                "single": "it is a single process"}.get(current.launch, "it runs without MPI")
         raise ValueError(f"MPI is not in use in this job: {how}. mpi_threads_supported() is about MPI's "
                          "thread level, which only a job launched by unisonrun or mpiexec has.")
@@ -358,24 +382,10 @@ def mpi_enabled() -> bool:
     return _get("mpi") is not None
 
 
-
-
 def gloo_enabled() -> bool:
     """Whether this job's data moves on torch's gloo (its ranks met at a torch store: torchrun,
     ``init_process_group("unison")`` started by mp.spawn, Lightning or Accelerate; docs/torch.md)."""
-    return _job is not None and _job.launch == "torch"
-
-
-
-
-
-
-
-
-
-
-
-
+    return _job is not None and _job.launch in ("torch", "elastic")
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -41,6 +41,7 @@ __all__ = ["GlooBackend", "GlooWorld"]
 _SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
 _MAX_SLEEP_SECONDS = 0.002
 HEARTBEAT_SECONDS = 0.5
+_PROBE_STEP_SECONDS = 0.01  # the liveness probe's wait looks this often whether the transport was abandoned
 _RETIRED: list[Any] = []  # closed backends' gloo groups (see GlooBackend.close)
 # same width, a type gloo has: for buffers that are only moved
 _STAND_INS = {np.dtype(np.uint64): np.int64, np.dtype(np.uint32): np.int32, np.dtype(np.uint16): np.float16,
@@ -144,7 +145,11 @@ class GlooBackend:
         """Raise AbortedError naming the peers whose heartbeat stopped (frozen or gone); return if all beat."""
         window = max(probe_window(self._world.peer_timeout_seconds), 2 * HEARTBEAT_SECONDS)
         before = self._counters()
-        time.sleep(window)
+        until = time.monotonic() + window
+        while time.monotonic() < until:  # abandoned meanwhile (an elastic epoch ended): no verdict needed
+            if self._abandoned:
+                raise Abandoned()
+            time.sleep(min(_PROBE_STEP_SECONDS, max(0.0, until - time.monotonic())))
         after = self._counters()
         lost = [r for r in sorted(before) if after[r] == before[r]]
         if not lost:

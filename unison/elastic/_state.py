@@ -1,10 +1,12 @@
-"""Horovod's elastic State classes and the ``run`` wrapper, on one launch per membership epoch.
+"""Horovod's elastic State classes and the ``run`` wrapper.
 
-Horovod resets a job in place (shutdown, init, restore). MPI cannot be initialized twice in one
-process, so in unison every reset is a new launch by the elastic driver: ``run`` restores the newest
-commit any host kept in shared memory when the launch begins, and ends the process (status
-`HOSTS_UPDATED_EXIT`) when ``commit()`` finds that the hosts changed. A failure propagates and ends
-the launch; the driver starts the next one on the hosts left.
+Horovod resets a job in place (shutdown, init, restore). Under unisonrun's elastic driver the workers
+do the same: each keeps its process across membership epochs (`_reform`: the job re-forms on gloo
+groups made from the driver's store), and at the start of every epoch ``run`` restores the newest
+commit any host kept in shared memory (new workers receive it from a survivor), then runs the reset
+callbacks. Where the driver relaunches every process instead (one MPI launch per epoch), ``run``
+restores when the launch begins, ends the process with status `HOSTS_UPDATED_EXIT` when ``commit()``
+finds that the hosts changed, and lets a failure end the launch.
 
 Example:
     >>> state = hvd.elastic.TorchState(model, optimizer, epoch=0)          # doctest: +SKIP
@@ -19,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import logging
 import sys
 import threading
 import time
@@ -28,11 +31,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import ConfigError, HorovodInternalError, HostsUpdatedInterrupt
-from . import _codec
+from . import _codec, _reform
 from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
 from .store import CommitId, StateStore
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn"]
+
+log = logging.getLogger("unison")
 
 _ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
 _ASK_AFTER_NO_ANSWER_SECONDS = 5.0  # after a question the driver did not answer, wait longer
@@ -73,6 +78,12 @@ class _Books:
     writer: threading.Thread | None = None
     write_error: BaseException | None = None
     writer_store: StateStore | None = None
+
+    def new_epoch(self) -> None:
+        """Forget what belonged to the epoch that ended: its host check and the driver's count of changes."""
+        self.known_updates = self.driver_updates = 0
+        self.asked_at = float("-inf")
+        self.pending_check = self.checked = None
 
 
 class State:
@@ -127,6 +138,12 @@ class State:
     def on_hosts_updated(self, timestamp: object = None, update_res: object = None) -> None:
         """Horovod's listener hook; unison's rank 0 asks the driver instead, so it does nothing."""
 
+    @property
+    def _host_messages(self) -> _HostMessages:
+        """Horovod's queue of the driver's host messages, as its elastic test scripts read it: ``empty()``
+        is False once the driver announced a change of hosts to this epoch (rank 0 asks the driver)."""
+        return _HostMessages(self)
+
     def commit(self) -> None:
         """Save the state (into this host's shared memory under the elastic driver), then check hosts.
 
@@ -156,13 +173,11 @@ class State:
             raise HostsUpdatedInterrupt(False)
         self._start_check()
 
-    def _start_check(self) -> None:
-        """Start broadcasting rank 0's count of announced host changes, read by the next check."""
-        from .._job.collectives import broadcast_async_
-
+    def _ask_driver(self) -> None:
+        """On rank 0, at most every 0.1 s: ask the driver how many host changes it announced to this epoch."""
         env = environment()
         books = self._books
-        if self._books.get_rank() == 0:
+        if books.get_rank() == 0:
             now = time.monotonic()
             if now - books.asked_at >= _ASK_EVERY_SECONDS:
                 books.asked_at = now
@@ -171,6 +186,13 @@ class State:
                     books.asked_at = now + _ASK_AFTER_NO_ANSWER_SECONDS
                 else:
                     books.driver_updates = answer
+
+    def _start_check(self) -> None:
+        """Start broadcasting rank 0's count of announced host changes, read by the next check."""
+        from .._job.collectives import broadcast_async_
+
+        books = self._books
+        self._ask_driver()
         count = np.array([books.driver_updates], dtype=np.int64)
         for other in list(_checking):
             other._resolve_check()
@@ -214,6 +236,11 @@ class State:
     def _settle(self) -> None:
         """Finish what the last commit left running (the host check's broadcast), on every rank at the end of `run`."""
         self._finish_check()
+
+    def _abandon(self) -> None:
+        """After a failed collective: forget the check in flight (its job is gone) without waiting for it."""
+        self._take_check()
+        _checking.clear()
 
     def save(self) -> None:
         raise NotImplementedError
@@ -269,8 +296,12 @@ class SnapshotState(State):
         if not env.writes_store(rank):
             return None
         books = self._books
-        if books.writer_store is None:  # the environment and the rank are fixed for this process's launch
-            books.writer_store = StateStore(env.store, env.host_of(rank))
+        host = env.host_of(rank)
+        if books.writer_store is not None and books.writer_store.path != StateStore(env.store, host).path:
+            books.writer_store.close()  # this worker now writes another host's store (a new epoch)
+            books.writer_store = None
+        if books.writer_store is None:  # kept while the epoch keeps this rank on this host
+            books.writer_store = StateStore(env.store, host)
         return books.writer_store
 
     def save(self) -> None:
@@ -308,6 +339,16 @@ class SnapshotState(State):
         """Finish the last commit's write and host check (every rank, at the end of `run`)."""
         super()._settle()
         self.finish_commit()
+
+    def _abandon(self) -> None:
+        """After a failed collective: forget the check in flight; let the last commit's write end (the
+        restore that follows reads the newest complete commit of any host, whether or not it did)."""
+        super()._abandon()
+        books = self._books
+        writer, books.writer = books.writer, None
+        if writer is not None:
+            writer.join()
+        books.write_error = None
 
     def finish_commit(self) -> None:
         """Wait until the last commit is in shared memory (a no-op unless commits are written in the background)."""
@@ -415,46 +456,87 @@ class ObjectState(SnapshotState):
 def run(func: Callable[..., _Result]) -> Callable[..., _Result]:
     """Decorate ``train(state, ...)`` for elastic training (``hvd.elastic.run`` of every framework).
 
-    Horovod passes its in-process reset (shutdown, init) to `run_fn`; unison relaunches instead, so
-    the reset it passes does nothing.
+    Horovod passes its in-process reset (shutdown, init) to `run_fn`; unison's workers re-form the job
+    themselves (`_reform`), so the reset it passes does nothing.
     """
     return run_fn(func, _no_reset)
 
 
 def _no_reset() -> None:
-    """Horovod resets in place (shutdown, init); unison relaunches instead, so nothing runs here."""
+    """Horovod's in-process reset (shutdown, init); unison's workers re-form the job themselves."""
+
+
+def _begin(state: State) -> None:
+    state._books.new_epoch()
+    if isinstance(state, SnapshotState):
+        state._begin()
+    else:
+        state.sync()
+        if environment().epoch > 0:
+            state.on_reset()
 
 
 def run_fn(func: Callable[..., _Result], reset: Callable[[], object]) -> Callable[..., _Result]:
     """Wrap `func(state, ...)` for elastic training (what ``hvd.elastic.run`` returns).
 
-    At the start of each launch the state takes the newest commit of any host, or rank 0's values
-    when there is none, and after the first launch the reset callbacks run. When the hosts change,
-    the process ends with status `HOSTS_UPDATED_EXIT` after its commit, and the driver relaunches. A
-    failure (``HorovodInternalError``, a rank lost) propagates: the launch ends and the driver starts
-    the next from the last commit. `reset` is Horovod's in-process reset; unison resets by relaunching,
-    so it is not called.
+    At the start of each epoch the state takes the newest commit of any host, or rank 0's values when
+    there is none, and after the first epoch the reset callbacks run. Under the elastic driver a
+    worker keeps its process: when the hosts change (after the commit that noticed it) or a collective
+    fails because a rank was lost (``HorovodInternalError``), the wrapper tells the driver, leaves the
+    epoch, joins the next one and calls `func` again from the restored commit; a worker the next
+    epoch has no place for ends with status 0. Where the driver relaunches every process instead, a
+    change of hosts ends the process with status `HOSTS_UPDATED_EXIT` and a failure propagates. Other
+    errors (the program's own, a mismatch between ranks) propagate. `reset` is Horovod's in-process
+    reset; unison re-forms the job itself, so it is not called.
     """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: object, **kwargs: object) -> _Result:
-        if isinstance(state, SnapshotState):
-            state._begin()
-        else:
-            state.sync()
-        try:
-            result = func(state, *args, **kwargs)
-            state._settle()
-            return result
-        except HostsUpdatedInterrupt:
-            state._settle()
-            if not environment().driver:
-                raise
-            sys.stdout.flush()
-            sys.stderr.flush()
-            raise SystemExit(HOSTS_UPDATED_EXIT) from None
+        _begin(state)
+        while True:
+            try:
+                result = func(state, *args, **kwargs)
+                state._settle()
+                return result
+            except HostsUpdatedInterrupt:
+                state._settle()
+                if not environment().driver:
+                    raise
+                worker = _reform.worker()
+                if worker is None:  # the driver relaunches every process
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    raise SystemExit(HOSTS_UPDATED_EXIT) from None
+                worker.report_stopped()
+            except Exception as exc:
+                worker = _reform.worker()
+                if worker is None or not _reform.resettable(exc, worker):
+                    raise
+                state._abandon()
+                log.info("epoch %d ended on this rank: %s: %s", worker.epoch, type(exc).__name__, exc)
+                worker.report_broken(_reform.lost_ranks(exc))
+            _reform.rejoin()
+            _begin(state)
 
     return wrapper
+
+
+class _HostMessages:
+    """Horovod's ``State._host_messages`` as its elastic test scripts use it: only ``empty()``."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def empty(self) -> bool:
+        """False once the driver announced a change of hosts this epoch has not acted on (rank 0 asks it)."""
+        books = self._state._books
+        if not environment().driver:
+            return True
+        self._state._ask_driver()
+        return books.driver_updates <= books.known_updates
+
+    def qsize(self) -> int:
+        return 0 if self.empty() else 1
 
 
 def settle_checks(timeout_seconds: float = 10.0) -> None:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import math
 import os
 import shlex
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,22 +46,24 @@ from ...elastic.membership import (
     Limits,
     Membership,
     Stop,
-    Wait,
     blame_hosts,
     error_of,
-    parse_discovery,
 )
 from ...errors import InvalidArgumentError, LaunchError
-from ..hosts.reach import Reach, address_seen_from, local_names, reach_of, run_on_hosts
+from ..hosts.reach import address_seen_from, reach_of
 from ..jobs import ElasticRecord
 from ..mpi.mpiexec import MpiExec, find_mpiexec
 from ..supervision.keeper import command as keeper_command
 from ..supervision.reaper import JobDirectory
 from ..supervision.relay import MarkerRelay
 from ..supervision.supervise import JobOutcome, exit_status, report, supervise
+from .discovery import Discovery, say, wait_for_hosts
 from .endpoint import Endpoint, driver_host
+from .hostcare import as_elastic_host, blacklisting, is_local, remove_remote_stores, store_directory
+from .hostcare import unreachable as _unreachable
 
 __all__ = ["ElasticOptions", "add_arguments", "as_elastic_host", "options_from", "run_elastic"]
+
 
 
 
@@ -86,6 +87,7 @@ class ElasticOptions:
     discovery_interval: float = 1.0
     fixed_hosts: tuple[Host, ...] = ()
     timeout_source: str = "--elastic-timeout"
+    relaunch: bool = False  # one mpiexec launch per epoch, every process anew (--elastic-relaunch)
 
 
 def elastic_timeout(given: float | None, environ: Mapping[str, str], name: str) -> tuple[float, str]:
@@ -136,6 +138,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "jitter after its n-th failure, at most B (default: it stays blacklisted)")
     group.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
                        help="how often the discovery script runs (default 1)")
+    group.add_argument("--elastic-relaunch", action="store_true",
+                       help="start every process anew for each membership epoch (one mpiexec launch each, "
+                       "MPI as the transport) instead of keeping the survivors' processes (gloo; needs torch)")
 
 
 def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ElasticOptions | None:
@@ -176,88 +181,22 @@ def options_from(args: argparse.Namespace, environ: Mapping[str, str] | None = N
     timeout, source = elastic_timeout(args.elastic_timeout, environ, "--elastic-timeout")
     return ElasticOptions(args.host_discovery_script,
                           Limits(min_np, args.max_np, args.reset_limit, cooldown),  # type: ignore[arg-type]
-                          args.slots_per_host, timeout, args.discovery_interval, fixed, source)
-
-
-class _Discovery:
-    """Runs the discovery script every interval in a thread; keeps the last good answer (`fixed`: no
-    script, these hosts always)."""
-
-    def __init__(self, script: str, slots: int | None, interval: float, on_hosts: object,
-                 fixed: tuple[Host, ...] = ()) -> None:
-        self.script, self.slots, self.interval, self.fixed = script, slots, interval, fixed
-        self.on_hosts = on_hosts
-        self.hosts: tuple[Host, ...] | None = None
-        self.error = ""
-        self.polls = 0
-        self.changed = threading.Event()
-        self._stop = threading.Event()
-        self._polling = threading.Lock()
-        self.poll()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="unison-elastic-discovery")
-        self.thread.start()
-
-    def poll(self) -> None:
-        with self._polling:
-            self._poll()
-
-    def _poll(self) -> None:
-        if self.fixed:
-            self._found(self.fixed)
-            return
-        try:
-            done = subprocess.run(shlex.split(self.script), capture_output=True, text=True,
-                                  timeout=max(10.0, self.interval * 10))
-            if done.returncode != 0:
-                raise LaunchError(f"the host discovery script exited with status {done.returncode}: "
-                                  f"{done.stderr.strip()[:300]}")
-            hosts = parse_discovery(done.stdout, self.slots)
-        except (OSError, subprocess.TimeoutExpired, LaunchError) as exc:
-            if str(exc) != self.error:
-                print(f"unisonrun: elastic: {exc} (keeping the hosts it printed last)", file=sys.stderr, flush=True)
-            self.error = str(exc)
-            return
-        self._found(hosts)
-
-    def _found(self, hosts: tuple[Host, ...]) -> None:
-        self.error = ""
-        self.polls += 1
-        if hosts != self.hosts:
-            self.hosts = hosts
-            self.changed.set()
-        callback = self.on_hosts
-        if callable(callback):
-            callback(hosts)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.poll()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def _is_local(name: str) -> bool:
-    return name in local_names()
-
-
-def _store_directory() -> JobDirectory:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return JobDirectory(f"unison-elastic-{os.getuid()}-", base=base, variable=ELASTIC_STORE_VARIABLE)
+                          args.slots_per_host, timeout, args.discovery_interval, fixed, source,
+                          relaunch=bool(getattr(args, "elastic_relaunch", False)))
 
 
 def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[str, str], *,
                mpi_args: str, launcher_exec: str, iface: str, env_names: Sequence[str],
                timeout: float | None, tag_output: bool = False, output_dir: str = "",
                on_launch: Callable[[str], None] | None = None) -> JobOutcome:
-    remote = bool(launcher_exec) or not all(_is_local(host.name) for host in epoch.hosts)
+    remote = bool(launcher_exec) or not all(is_local(host.name) for host in epoch.hosts)
     with JobDirectory("unisonrun-") as job, contextlib.ExitStack() as stack:
         if on_launch is not None:
             on_launch(str(job.path))
         epoch_env = dict(env)
         epoch_env[LAUNCHER_DIR_VARIABLE] = str(job.path)
         if remote:  # ranks and keepers on other hosts send their markers to the relay
-            names = [host.name for host in epoch.hosts if not _is_local(host.name)]
+            names = [host.name for host in epoch.hosts if not is_local(host.name)]
             relay = stack.enter_context(MarkerRelay(job.path, address_seen_from(names)))
             epoch_env[LAUNCHER_RELAY_VARIABLE] = relay.variable
         epoch_env[ELASTIC_EPOCH_VARIABLE] = str(epoch.number)
@@ -280,89 +219,48 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
                          keepers=True, grace_seconds=0.0)
 
 
-def _say(message: str) -> None:
-    print(f"unisonrun: elastic: {message}", file=sys.stderr, flush=True)
-
-
-PROBE_TIMEOUT_SECONDS = 10.0
-
-
-def _unreachable(epoch: Epoch, blamed: Sequence[str], reach: Reach, env: dict[str, str]) -> dict[str, str]:
-    """After a failed launch: the epoch's remote hosts (not already blamed) where mpiexec's launcher
-    cannot even run ``true`` now, each with what the launcher said."""
-    hosts = [host.name for host in epoch.hosts if not _is_local(host.name) and host.name not in blamed]
-    if not hosts or not reach.usable:
-        return {}
-    found = {}
-    answers = run_on_hosts(reach, hosts, "true", env, PROBE_TIMEOUT_SECONDS)
-    for answer in answers:
-        what = answer.describe(shlex.join(reach.command(answer.host, "true")))
-        if not answer.started:  # our own launcher program is missing: no host is to blame for that
-            _say(f"could not check whether {answer.host} is reachable: {what}")
-        elif not answer.ok:
-            found[answer.host] = what
-    said = {(a.returncode, a.output.replace(a.host, "HOST")) for a in answers}
-    if len(answers) > 1 and len(found) == len(answers) and len(said) == 1:
-        # Every host failing alike points at this host (its ssh keys, DNS, network), not at them.
-        _say(f"none of {', '.join(hosts)} could be reached, all alike ({found[hosts[0]]}); that looks like "
-             "a problem of this host, so none is blacklisted for it")
-        return {}
-    return found
-
-
-def _remove_remote_stores(hosts: Sequence[str], store: str, reach: Reach, env: dict[str, str]) -> None:
-    """Remove the job's store directory on each remote host that ran ranks (best effort, logged)."""
-    remote = [name for name in hosts if not _is_local(name)]
-    if not remote:
-        return
-    if not reach.usable:
-        _say(f"left the job's store {store} on {', '.join(remote)}: --mpi-args choose how mpiexec reaches "
-             "them, which the driver cannot follow; remove it there")
-        return
-    command = f"rm -rf -- {shlex.quote(store)}"
-    for answer in run_on_hosts(reach, remote, command, env, PROBE_TIMEOUT_SECONDS):
-        if not answer.ok:
-            _say(f"could not remove the job's store {store} on {answer.host}: "
-                 + answer.describe(shlex.join(reach.command(answer.host, command))))
-
-
-def as_elastic_host(epoch: Epoch, rank: int, why: str) -> str:
-    """`why` (a failed rank's reason) naming `rank` by the elastic host it ran as, not the machine's name.
-
-    Example:
-        >>> as_elastic_host(Epoch(3, (Host("127.0.0.1", 1), Host("localhost", 1))), 1,
-        ...                 "rank 1 (vm, pid 42) failed: ValueError: bad")
-        'rank 1 (localhost, pid 42) failed: ValueError: bad'
-    """
-    prefix = f"rank {rank} ("
-    if not why.startswith(prefix) or not 0 <= rank < epoch.np:
-        return why
-    machine, sep, rest = why[len(prefix):].partition(", pid ")
-    return f"{prefix}{epoch.host_of(rank)}{sep}{rest}" if sep and ")" not in machine else why
-
-
-def _blacklisting(membership: Membership, blamed: dict[str, str], now: float) -> str:
-    """The log's account of whom the driver blacklisted, for how long, and why."""
-    parts = []
-    for name, why in blamed.items():
-        left = membership.blacklist.get(name, now) - now
-        count = membership.blacklistings.get(name, 1)
-        duration = ("for good" if math.isinf(left) else
-                    f"for {left:.1f} s (failure {count} of this host; --blacklist-cooldown-range backs off)")
-        parts.append(f"{name} {duration} ({why})")
-    return "; blacklisting " + ", ".join(parts) if parts else ""
-
-
 def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str = "", mpi_args: str = "",
                 env_pairs: Sequence[tuple[str, str]] = (), launcher_exec: str = "", iface: str = "",
                 timeout: float | None = None, tag_output: bool = False, output_dir: str = "",
                 on_epoch: Callable[[Epoch], None] | None = None) -> int:
     """Run `program` elastically; return unisonrun's exit status.
 
-    `on_epoch` is called with each epoch before it starts (`unison.run` collects the last one's results).
+    The survivors of a membership change keep their processes (`inplace`) unless the job asks for one
+    launch per epoch: ``--elastic-relaunch``, or mpiexec's own options (``--mpi-args``,
+    ``--tag-output``, ``--output-filename``), or no torch to run gloo on (`in_place`). `on_epoch` is
+    called with each epoch before it starts (`unison.run` collects the last one's results).
     """
     if not program:
         raise LaunchError("No program given: unisonrun -np N --host-discovery-script S python train.py")
+    if in_place(options, mpi_args=mpi_args, tag_output=tag_output, output_dir=output_dir):
+        from .inplace import run_in_place
+
+        env = dict(os.environ)
+        env.update(env_pairs)
+        return run_in_place(options, program, env=env, launcher_exec=launcher_exec, iface=iface, timeout=timeout,
+                            on_epoch=on_epoch)
+    return _run_relaunching(options, program, mpiexec=mpiexec, mpi_args=mpi_args, env_pairs=env_pairs,
+                            launcher_exec=launcher_exec, iface=iface, timeout=timeout, tag_output=tag_output,
+                            output_dir=output_dir, on_epoch=on_epoch)
+
+
+def in_place(options: ElasticOptions, *, mpi_args: str = "", tag_output: bool = False, output_dir: str = "") -> bool:
+    """Whether the survivors keep their processes: no --elastic-relaunch, none of mpiexec's own
+    options, and torch installed (the workers' gloo groups and the driver's store are torch's).
+
+    Example:
+        >>> in_place(ElasticOptions("./discover.sh", Limits(1)), mpi_args="-l")
+        False
+    """
+    if options.relaunch or mpi_args or tag_output or output_dir:
+        return False
+    return importlib.util.find_spec("torch") is not None
+
+
+def _run_relaunching(options: ElasticOptions, program: Sequence[str], *, mpiexec: str, mpi_args: str,
+                     env_pairs: Sequence[tuple[str, str]], launcher_exec: str, iface: str, timeout: float | None,
+                     tag_output: bool, output_dir: str, on_epoch: Callable[[Epoch], None] | None) -> int:
+    """The driver that starts one mpiexec per epoch, every process anew."""
     found = find_mpiexec(mpiexec)
     reach = reach_of(launcher_exec, mpi_args)
     membership = Membership(options.limits)
@@ -380,13 +278,13 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             published[:] = [hosts]
             status.publish(hosts)
 
-    store = _store_directory()
+    store = store_directory()
     with store, contextlib.ExitStack() as cleanup:
         cleanup.callback(endpoint.close)
         status = ElasticRecord(str(store.path), program, membership, lock)
         store.remove_too(status.record)
         cleanup.callback(status.remove)
-        discovery = _Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
+        discovery = Discovery(options.discovery_script, options.slots_per_host, options.discovery_interval,
                                on_hosts, options.fixed_hosts)
         cleanup.callback(discovery.stop)
         started = time.monotonic()
@@ -397,22 +295,23 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
         # Hosts that may hold a store: every host of every epoch, less those found unreachable since
         # (a vanished host took its store with it; asking it again would only wait for a timeout).
         stores: dict[str, None] = {}
-        cleanup.callback(lambda: _remove_remote_stores(list(stores), str(store.path), reach, env))
+        cleanup.callback(lambda: remove_remote_stores(list(stores), str(store.path), reach, env))
         while True:
-            decision = _wait_for_hosts(options, membership, discovery, lock,
-                                       lambda message: status.publish(discovery.hosts, waiting=message))
+            decision = wait_for_hosts(options.elastic_timeout, options.timeout_source, options.discovery_interval,
+                                      membership, discovery, lock,
+                                      lambda message: status.publish(discovery.hosts, waiting=message))
             if isinstance(decision, Stop):
-                _say(decision.message)
+                say(decision.message)
                 return 1
             with lock:
                 membership.started(decision)
                 endpoint.begin(decision.number)
             stores.update(dict.fromkeys(host.name for host in decision.hosts))
-            local = all(_is_local(host.name) for host in decision.hosts)
-            remote_hosts = [host.name for host in decision.hosts if not _is_local(host.name)]
+            local = all(is_local(host.name) for host in decision.hosts)
+            remote_hosts = [host.name for host in decision.hosts if not is_local(host.name)]
             # KEY@HOST:PORT: rank 0 signs its questions with the key and checks the answers' signatures
             env[ELASTIC_DRIVER_VARIABLE] = endpoint.listen(driver_host(local, remote_hosts))
-            _say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
+            say(f"epoch {decision.number}: {decision.np} ranks on {decision.hosts_argument()}")
             if on_epoch is not None:
                 on_epoch(decision)
             remaining = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
@@ -432,7 +331,7 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             blamed: dict[str, str] = {}
             if outcome.returncode == HOSTS_UPDATED_EXIT and not outcome.failures:
                 ending = Ending.HOSTS_UPDATED
-                _say(f"epoch {decision.number} committed and stopped for a change of hosts")
+                say(f"epoch {decision.number} committed and stopped for a change of hosts")
             else:
                 outcome.failures = {rank: as_elastic_host(decision, rank, why) for rank, why in outcome.failures.items()}
                 report(outcome)
@@ -450,31 +349,9 @@ def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str
             failures += ending is Ending.FAILED
             status.publish(failures=failures)
             if ending is Ending.FAILED:
-                _say(f"epoch {decision.number} failed (exit status {exit_status(outcome)})"
-                     + _blacklisting(membership, blamed, now))
+                say(f"epoch {decision.number} failed (exit status {exit_status(outcome)})"
+                     + blacklisting(membership, blamed, now))
             if stop is not None:
-                _say(stop.message)
+                say(stop.message)
                 return 1
             discovery.poll()  # plan the next epoch on what discovery says now, not a poll ago
-
-
-def _wait_for_hosts(options: ElasticOptions, membership: Membership, discovery: _Discovery,
-                    lock: threading.Lock, on_wait: Callable[[str], None]) -> Epoch | Stop:
-    """The next epoch, once discovery offers --min-np slots; a Stop after --elastic-timeout."""
-    deadline = time.monotonic() + options.elastic_timeout
-    said = ""
-    while True:
-        with lock:
-            decision = membership.plan(discovery.hosts or (), time.monotonic())
-        if not isinstance(decision, Wait):
-            return decision
-        if time.monotonic() >= deadline:
-            return Stop(f"waited {options.elastic_timeout:g} s ({options.timeout_source}) for hosts: {decision.message}. "
-                        "Add hosts, or lower --min-np.")
-        if decision.message != said:
-            said = decision.message
-            _say(f"waiting for hosts: {decision.message}")
-            on_wait(decision.message)
-        discovery.changed.clear()
-        discovery.changed.wait(min(options.discovery_interval, max(0.0, deadline - time.monotonic())) + 0.01)
-
