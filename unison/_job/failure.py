@@ -87,6 +87,8 @@ FINALIZE_SECONDS = 10  # at exit after every rank arrived, MPI_Finalize gets thi
 MIN_AGREEMENT_SECONDS = 0.5  # a rank that reaches exit late still waits this long for its peers
 _POLL_SECONDS = 0.005
 TORCH_ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"  # torchrun's path for a worker's error (JSON)
+_MARKER_REPORT_CHARS = 48_000  # a stall report in rank 0's marker (the relay takes lines up to 64 KiB)
+_STALL_FEED_LOG = "unison.engine.stall_feed"  # where rank 0 logs the stall inspector's reports
 
 
 _ThreadingHook = Callable[[threading.ExceptHookArgs], object]
@@ -181,6 +183,7 @@ def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launch
     _state.flight_dir = default_directory(settings.flight_dir, _state.launcher_dir)
     _state.flight_written = False
     stack_dump.arm(_state.launcher_dir, rank)  # unisonrun --status asks for this rank's stacks
+    _quiet_stop_reports(_state.under_launcher)
     engine.on_stop = _on_engine_stop
     if _state.previous_excepthook is None:
         _state.previous_excepthook = sys.excepthook
@@ -224,6 +227,7 @@ def uninstall() -> None:
         _state.previous_excepthook = None
         _state.previous_threading_excepthook = None
     stack_dump.disarm()
+    _quiet_stop_reports(False)
     _state.engine = None
 
 
@@ -462,13 +466,30 @@ def _on_engine_stop(error: BaseException, waiting: bool) -> None:
         # own code past a stall is stopped this way too.
         _interrupt_main()
     if isinstance(error, StallError) and _state.rank == 0:
-        # rank 0 found the stall; the launcher reports this line, which names the stuck ranks.
-        details = "; ".join(line.strip() for line in str(error).splitlines()[1:])
+        # rank 0 found the stall; the launcher prints its report, which names the stuck ranks and where
+        # each rank is (and rank 0's log leaves it out: `_quiet_stop_reports`).
+        report = "\n".join(line.rstrip() for line in str(error).strip().splitlines())
+        if len(report) > _MARKER_REPORT_CHARS:
+            report = report[:_MARKER_REPORT_CHARS] + "\n... (cut here: the report is longer)"
         what = "deadlocked" if str(error).startswith(DEADLOCK_TITLE) else "stalled"
-        _write_marker(marker_name("failed", 0), f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}): "
-                                  f"{details}\n")
+        _write_marker(marker_name("failed", 0), f"the job {what} (found by rank 0, {_state.host}, pid {os.getpid()}):\n"
+                                  f"{report}\n")
     job_broken(str(error))
     _leave_flight_record(str(error))
+
+
+def _is_stop_report(record: logging.LogRecord) -> bool:
+    """A log filter: False for the stall inspector's report of a stop (`StallFeed.check` marks it)."""
+    return not getattr(record, "unison_stop_report", False)
+
+
+def _quiet_stop_reports(quiet: bool) -> None:
+    """Under unisonrun, rank 0 leaves the report of a stall that stops the job to the launcher, which
+    prints it once (from the marker); its warnings before that, which the launcher does not see, stay."""
+    logger = logging.getLogger(_STALL_FEED_LOG)
+    logger.removeFilter(_is_stop_report)
+    if quiet:
+        logger.addFilter(_is_stop_report)
 
 
 def _leave_flight_record(reason: str) -> None:

@@ -124,7 +124,7 @@ class StallFeed(Silent):
         if report is None:
             return
         if report.shutdown:
-            log.error("%s", report.text)
+            log.error("%s", report.text, extra={"unison_stop_report": True})  # under unisonrun, it prints it
             self._stop(report.text)
         else:
             log.warning("%s", report.text)
