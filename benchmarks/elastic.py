@@ -3,14 +3,18 @@
 Run: ``python benchmarks/elastic.py [--quick] [--out FILE]`` (writes ``benchmarks/results/elastic.json``).
 
 * recovery: 2 hosts x 1 slot (``localhost`` and ``127.0.0.1``, two names of this machine), an
-  11.5 M-parameter MLP with SGD momentum, a commit every step; rank 1 SIGKILLs itself; the time from
-  the kill to the first step completed after the relaunch, split into its phases (the old launch
-  ending, the new processes starting and importing, ``init()``, restoring the commit, the step).
-  ``recovery_raise``: the same, rank 1 raising an exception instead.
+  11.5 M-parameter MLP with SGD momentum, a commit every step, ``--min-np 1``; rank 1 SIGKILLs itself
+  (``recovery_raise``: raises an exception) at step 5; the time from the kill to the job's first
+  commit after it, and how many processes the job started in all. Measured side by side, alternated,
+  with the survivors keeping their processes (the default) and with ``--elastic-relaunch`` (one
+  mpiexec launch per epoch); each run records the load average. The relaunch runs also split their
+  recovery into phases (the new processes starting and importing, ``init()``, restoring the commit,
+  the step).
 * commit: ``state.commit()`` of that model and optimizer into the shared-memory store, against a
   memory copy of the same tensors (``clone``), in one process; medians.
 * steady state: 2 ranks, median step time without elastic (plain unisonrun, no state) and under the
-  elastic driver with a commit every step.
+  elastic driver with a commit every step: the survivors' kind (gloo) on two hosts and on one host
+  of 2 slots, and the relaunching kind (MPI) on two hosts.
 * scale-up: from the discovery script offering a second host to the first step completed on 2 ranks.
 
 ``--emulated`` runs recovery, steady state and scale-up across 2 emulated hosts instead
@@ -76,8 +80,13 @@ def mlp() -> Any:
 
 
 def worker(mode: str, out: Path, steps: int) -> None:
-    """One rank: train `steps` steps, logging when each ends (``mode``: plain, elastic)."""
+    """One rank: train `steps` steps, logging when each ends (``mode``: plain, elastic).
+
+    Each process writes ``log-<pid>.json``: when it started, imported, initialized, the epoch it
+    started in, and each step's end time and job size; with ``BENCH_LIVE_LOG=1`` after every step.
+    """
     started = time.time()
+    (out / f"started-{os.getpid()}").write_text(str(started))
     import torch
 
     import unison.torch as hvd
@@ -92,9 +101,9 @@ def worker(mode: str, out: Path, steps: int) -> None:
                                          named_parameters=model.named_parameters())
     data, target = torch.randn(32, 1024), torch.randn(32, 512)
     epoch = int(os.environ.get("UNISON_ELASTIC_EPOCH", "0"))
-    log = out / f"log-{epoch}-{hvd.rank()}.json"
+    log = out / f"log-{os.getpid()}.json"
     record: dict[str, Any] = {"started": started, "imported": imported, "initialized": initialized,
-                              "size": hvd.size(), "steps": []}
+                              "start_epoch": epoch, "rank": hvd.rank(), "restored": [], "steps": []}
 
     def step() -> None:
         optimizer.zero_grad()
@@ -105,7 +114,7 @@ def worker(mode: str, out: Path, steps: int) -> None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         for _ in range(steps):
             step()
-            record["steps"].append(time.time())
+            record["steps"].append((time.time(), hvd.size()))
         log.write_text(json.dumps(record))
         return
     state = hvd.elastic.TorchState(model, optimizer, step=0)
@@ -114,9 +123,9 @@ def worker(mode: str, out: Path, steps: int) -> None:
 
     @hvd.elastic.run
     def train(state: Any) -> None:
-        record["restored"] = time.time()
+        record["restored"].append(time.time())
         while state.step < steps:
-            if state.step == kill_at and hvd.rank() == 1 and epoch == 0:
+            if state.step == kill_at and hvd.rank() == 1 and not (out / "killed").exists():
                 (out / "killed").write_text(str(time.time()))
                 if os.environ.get("BENCH_FAIL") == "raise":
                     raise RuntimeError("the benchmark's failure")
@@ -124,7 +133,8 @@ def worker(mode: str, out: Path, steps: int) -> None:
             step()
             state.step += 1
             state.commit()
-            record["steps"].append(time.time())
+            record["steps"].append((time.time(), hvd.size()))
+            record["rank"] = hvd.rank()
             if live:  # recovery and scale-up read these as the job runs; the steady state writes at the end
                 log.write_text(json.dumps(record))
                 if hvd.rank() == 0:  # read while the job runs: whole or not at all
@@ -144,43 +154,64 @@ def _discovery(out: Path, hosts: list[str]) -> str:
 
 
 def _elastic(place: Place, out: Path, np: int, steps: int, env: dict[str, str],
-             min_np: int = 1) -> subprocess.Popen[str]:
+             min_np: int = 1, relaunch: bool = False) -> subprocess.Popen[str]:
     cmd = [*UNISONRUN, "-np", str(np), "--min-np", str(min_np), "--max-np", "2", *place.args,
+           *(["--elastic-relaunch"] if relaunch else []),
            "--host-discovery-script", f"cat {out / 'hosts'}", "--discovery-interval", "0.2",
            PYTHON, __file__, "--worker", "elastic", "--dir", str(out), "--steps", str(steps)]
     return subprocess.Popen(place.wrap(cmd), env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
 
-def _logs(out: Path) -> dict[tuple[int, int], dict[str, Any]]:
-    logs = {}
-    for path in out.glob("log-*.json"):
-        _, epoch, rank = path.stem.split("-")
-        logs[(int(epoch), int(rank))] = json.loads(path.read_text())
-    return logs
+def _logs(out: Path) -> list[dict[str, Any]]:
+    """Every process's log, in the order the processes started."""
+    return sorted((json.loads(path.read_text()) for path in out.glob("log-*.json")), key=lambda r: r["started"])
 
 
-def recovery(place: Place, steps: int, how: str = "kill") -> dict[str, float]:
+def recovery(place: Place, steps: int, how: str = "kill", relaunch: bool = False) -> dict[str, float]:
     """Recovery after rank 1 fails `how` (``kill``: SIGKILL; ``raise``: an uncaught exception)."""
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         _discovery(out, list(place.hosts))
-        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1", "BENCH_FAIL": how})
+        load = os.getloadavg()[0]
+        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1", "BENCH_FAIL": how},
+                        relaunch=relaunch)
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0 or not (out / "killed").exists():
             raise RuntimeError(f"the recovery run failed (exit status {proc.returncode}):\n{err}")
         killed = float((out / "killed").read_text())
         logs = _logs(out)
-        after = logs[(1, 0)]
-        before = logs[(0, 0)]
-        return {"kill_to_first_step_s": after["steps"][0] - killed,
-                "kill_to_new_processes_started_s": after["started"] - killed,
-                "imports_s": after["imported"] - after["started"],
-                "init_s": after["initialized"] - after["imported"],
-                "model_and_restore_s": after["restored"] - after["initialized"],
-                "first_step_s": after["steps"][0] - after["restored"],
-                "step_before_s": statistics.median(b - a for a, b in zip(before["steps"], before["steps"][1:])),
-                "size_after": after["size"]}
+        after = [t for record in logs for t, _ in record["steps"] if t > killed]
+        before = logs[0]["steps"]
+        result = {"kill_to_first_commit_s": min(after) - killed,
+                  "processes_started": len(list(out.glob("started-*"))),
+                  "step_before_s": statistics.median(b[0] - a[0] for a, b in zip(before, before[1:])),
+                  "size_after": logs[-1]["steps"][-1][1], "load_average": load}
+        if relaunch:
+            new = logs[-1]  # the relaunched process
+            result.update({"kill_to_new_process_started_s": new["started"] - killed,
+                           "imports_s": new["imported"] - new["started"],
+                           "init_s": new["initialized"] - new["imported"],
+                           "model_and_restore_s": new["restored"][0] - new["initialized"],
+                           "first_step_s": new["steps"][0][0] - new["restored"][0]})
+        else:
+            survivor = logs[0]
+            result["survivor_restored_after_kill_s"] = survivor["restored"][-1] - killed
+        return result
+
+
+def recoveries(place: Place, steps: int, how: str, repeats: int) -> dict[str, Any]:
+    """`recovery` with the survivors kept and with every process relaunched, `repeats` times each,
+    alternated (the machine is shared): every run's numbers and each side's medians."""
+    runs: dict[str, list[dict[str, float]]] = {"in_place": [], "relaunch": []}
+    for _ in range(repeats):
+        for side in runs:
+            runs[side].append(recovery(place, steps, how, relaunch=side == "relaunch"))
+    result: dict[str, Any] = {"runs": runs}
+    for side, results in runs.items():
+        result[f"{side}_kill_to_first_commit_median_s"] = statistics.median(r["kill_to_first_commit_s"] for r in results)
+        result[f"{side}_processes_started"] = sorted({int(r["processes_started"]) for r in results})
+    return result
 
 
 def _steady_once(place: Place, label: str, steps: int) -> list[float]:
@@ -195,38 +226,42 @@ def _steady_once(place: Place, label: str, steps: int) -> list[float]:
                 raise RuntimeError(done.stderr)
         else:
             # Two hosts (two writers), or one host with 2 slots (one writer).
-            _discovery(out, list(place.hosts) if label.endswith("2_hosts") else [f"{place.hosts[0]}:2"])
-            proc = _elastic(place, out, 2, steps, {}, min_np=2)
+            _discovery(out, list(place.hosts) if "2_hosts" in label else [f"{place.hosts[0]}:2"])
+            proc = _elastic(place, out, 2, steps, {}, min_np=2, relaunch=label.startswith("relaunch"))
             _, err = proc.communicate(timeout=300)
             if proc.returncode != 0:
                 raise RuntimeError(err)
-        stamps: list[float] = _logs(out)[(0, 0)]["steps"]
-        return stamps
+        zero = next(record for record in _logs(out) if record["rank"] == 0)
+        return [t for t, _ in zero["steps"]]
 
 
 def steady(place: Place, steps: int, repeats: int) -> dict[str, Any]:
     """Median step time of each configuration, `repeats` runs each, alternated (the machine is shared)."""
-    labels: tuple[str, ...] = ("plain", "commit_every_step_2_hosts", "commit_every_step_1_host")
-    if place is not LOCAL:  # plain runs across both hosts: only the 2-host configuration compares with it
-        labels = labels[:2]
+    labels: tuple[str, ...] = ("plain", "commit_every_step_2_hosts", "relaunch_commit_every_step_2_hosts",
+                               "commit_every_step_1_host")
+    if place is not LOCAL:  # plain runs across both hosts: only the 2-host configurations compare with it
+        labels = labels[:3]
     medians: dict[str, list[float]] = {label: [] for label in labels}
     skip = min(3, steps // 4)
+    loads = []
     for _ in range(repeats):
         for label in labels:
+            loads.append(os.getloadavg()[0])
             stamps = _steady_once(place, label, steps)
             medians[label].append(statistics.median(b - a for a, b in zip(stamps[skip:], stamps[skip + 1:])))
     result: dict[str, Any] = {f"{label}_step_s": values for label, values in medians.items()}
     for label in labels[1:]:
         result[f"{label}_ratio_per_run"] = [m / p for m, p in zip(medians[label], medians["plain"])]
         result[f"{label}_ratio_best"] = min(medians[label]) / min(medians["plain"])
+    result["load_averages"] = loads
     return result
 
 
-def scale_up(place: Place, steps: int) -> dict[str, float]:
+def scale_up(place: Place, steps: int, relaunch: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as name:
         out = Path(name)
         _discovery(out, [place.hosts[0]])
-        proc = _elastic(place, out, 1, steps, {"BENCH_LIVE_LOG": "1"})
+        proc = _elastic(place, out, 1, steps, {"BENCH_LIVE_LOG": "1"}, relaunch=relaunch)
         offered = 0.0
         while proc.poll() is None:
             progress = out / "progress"
@@ -236,8 +271,8 @@ def scale_up(place: Place, steps: int) -> dict[str, float]:
             time.sleep(0.02)
         if proc.returncode != 0 or not offered:
             raise RuntimeError(f"the scale-up run failed:\n{proc.communicate()[1]}")
-        grown = _logs(out)[(1, 0)]
-        return {"offered_to_first_step_on_2_s": grown["steps"][0] - offered, "size_after": grown["size"]}
+        grown = min(t for record in _logs(out) for t, size in record["steps"] if size == 2)
+        return {"offered_to_first_step_on_2_s": grown - offered, "processes_started": len(list(out.glob("started-*")))}
 
 
 def commit_cost(repeats: int) -> dict[str, float]:
@@ -293,19 +328,20 @@ def main() -> None:
     parser.add_argument("--worker", default="")
     parser.add_argument("--dir", default="")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=0, help="runs of each side (default 3, --quick 1)")
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, Path(args.dir), args.steps)
         return
     steps = 10 if args.quick else 20
     result: dict[str, Any] = {"load_average_before": os.getloadavg()}
-    repeats = 1 if args.quick else 3
+    repeats = args.repeats or (1 if args.quick else 3)
     runs: dict[str, Callable[[Place], Any]] = {
-        "recovery": lambda place: recovery(place, steps),
-        "recovery_raise": lambda place: recovery(place, steps, "raise"),
+        "recovery": lambda place: recoveries(place, steps, "kill", repeats),
+        "recovery_raise": lambda place: recoveries(place, steps, "raise", repeats),
         "commit": lambda place: commit_cost(3 if args.quick else 10),
         "steady": lambda place: steady(place, 2 * steps, repeats),
-        "scale_up": lambda place: scale_up(place, steps)}
+        "scale_up": lambda place: {"in_place": scale_up(place, steps), "relaunch": scale_up(place, steps, True)}}
     for name in args.only.split(","):
         result[name] = runs[name](LOCAL)
         print(name, json.dumps(result[name]), flush=True)

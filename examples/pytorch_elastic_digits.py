@@ -7,15 +7,15 @@ lines will do):
     unisonrun -np 2 --min-np 1 --max-np 2 --host-discovery-script "cat hosts.txt" \\
         python examples/pytorch_elastic_digits.py --kill-at 20
 
-The first launch runs 2 ranks, on ``localhost`` and ``127.0.0.1`` (``--max-np 2``: the third host
-waits). ``--kill-at N`` makes rank 1 of the first launch SIGKILL itself after N steps, once: here in
-the middle of epoch 0 (29 steps of 32 digits per rank). mpiexec reports the killed process, unisonrun
-names it (``rank 1 (127.0.0.1, pid P) ended without shutting unison down (killed by signal 9
-(SIGKILL))``), blacklists ``127.0.0.1`` and relaunches on ``localhost`` and the third host, which takes
-its place; training goes on from the last commit (a commit every step, ``--commit-every``). Each digit
-is trained on exactly once per epoch across the reset (the ``ElasticSampler``), and rank 0 prints the
-accuracy on all 1797 digits after each of the 5 epochs (``--epochs``). Add or remove lines in
-``hosts.txt`` while it runs to watch the job grow (up to ``--max-np``) and shrink at its next commit.
+The first membership epoch runs 2 ranks, on ``localhost`` and ``127.0.0.1`` (``--max-np 2``: the third
+host waits). ``--kill-at N`` makes rank 1 of the first epoch SIGKILL itself after N steps, once: here
+in the middle of epoch 0 (29 steps of 32 digits per rank). unisonrun names it (``rank 1 (127.0.0.1,
+pid P) ended without shutting unison down (killed by signal 9 (SIGKILL))``), blacklists ``127.0.0.1``
+and starts a new worker on the third host in its place; rank 0 keeps its process, the new worker
+receives the last commit from it (a commit every step, ``--commit-every``), and training goes on.
+Each digit is trained on exactly once per epoch across the reset (the ``ElasticSampler``), and rank 0
+prints the accuracy on all 1797 digits after each of the 5 epochs (``--epochs``). Add or remove lines
+in ``hosts.txt`` while it runs to watch the job grow (up to ``--max-np``) and shrink at its next commit.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="digits per rank per step (default 32)")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate per rank (scaled by the size)")
     parser.add_argument("--commit-every", type=int, default=1, help="commit every N steps (default 1)")
-    parser.add_argument("--kill-at", type=int, default=-1, help="rank 1 of the first launch dies after this many steps")
+    parser.add_argument("--kill-at", type=int, default=-1, help="rank 1 of the first epoch dies after this many steps")
     args = parser.parse_args()
 
     hvd.init()
@@ -51,9 +51,8 @@ def main() -> int:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9),
                                          named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
-    first_launch = os.environ.get("UNISON_ELASTIC_EPOCH", "0") == "0"
 
-    def on_reset() -> None:  # a new launch may have another size: keep the learning rate per rank
+    def on_reset() -> None:  # a new epoch may have another size: keep the learning rate per rank
         for group in optimizer.param_groups:
             group["lr"] = args.lr * hvd.size()
 
@@ -62,7 +61,8 @@ def main() -> int:
         while state.epoch < args.epochs:
             indices = list(state.train_sampler)  # after a reset: what this epoch has not yet trained on
             for batch in range((len(indices) + args.batch - 1) // args.batch):
-                if first_launch and hvd.rank() == 1 and state.steps == args.kill_at:
+                first_epoch = os.environ.get("UNISON_ELASTIC_EPOCH", "0") == "0"  # the membership epoch now
+                if first_epoch and hvd.rank() == 1 and state.steps == args.kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)  # a lost rank, as a preempted machine would be
                 index = torch.tensor(indices[batch * args.batch:(batch + 1) * args.batch])
                 optimizer.zero_grad()

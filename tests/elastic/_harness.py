@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,11 +43,13 @@ def _write_hosts(path: Path, hosts: Sequence[str]) -> None:
 
 def run(tmp_path: Path, hosts: Sequence[str], args: Sequence[str], env: dict[str, str] | None = None,
         schedule: Callable[[int, int], Sequence[str] | None] | None = None, timeout: float = 90,
-        wrap: Callable[[list[str]], list[str]] = list, program: str = TRAIN, discover: bool = True) -> Job:
+        wrap: Callable[[list[str]], list[str]] = list, program: str = TRAIN, discover: bool = True,
+        on_line: Callable[[str], None] | None = None) -> Job:
     """Start the job with `hosts` discovered; `schedule(commits, size)` may return new hosts as it runs.
 
     `wrap` turns unisonrun's command line into the one to run (e.g. inside an emulated host). Without
     `discover` there is no discovery script: `args` name the hosts (-H, an elastic job on fixed hosts).
+    `on_line` is called with each line unisonrun writes to stderr, as it comes (faults sent from outside).
     """
     hosts_file = tmp_path / "hosts"
     _write_hosts(hosts_file, hosts)
@@ -54,7 +57,18 @@ def run(tmp_path: Path, hosts: Sequence[str], args: Sequence[str], env: dict[str
     discovery = ["--host-discovery-script", f"cat {hosts_file}", "--slots-per-host", "1"] if discover else []
     cmd = [PYTHON, "-m", "unison.launcher", *args, *discovery, "--discovery-interval", "0.2", PYTHON, program]
     start = time.monotonic()
-    proc = subprocess.Popen(wrap(cmd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(wrap(cmd), env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = None
+    if on_line is not None:  # read stderr as it comes
+        def read() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append(line)
+                on_line(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
     try:
         while proc.poll() is None:
             if time.monotonic() - start > timeout:
@@ -67,7 +81,12 @@ def run(tmp_path: Path, hosts: Sequence[str], args: Sequence[str], env: dict[str
                     if new is not None:
                         _write_hosts(hosts_file, new)
             time.sleep(0.05)
-        _, stderr = proc.communicate(timeout=30)
+        if reader is not None:
+            proc.wait(timeout=30)
+            reader.join(30)
+            stderr = "".join(lines)
+        else:
+            _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import sys
@@ -32,77 +31,32 @@ import numpy as np
 
 from ..errors import ConfigError, HorovodInternalError, HostsUpdatedInterrupt
 from . import _codec, _reform
-from ._environment import HOSTS_UPDATED_EXIT, ask_driver, environment
+from ._books import BOOKS, Books
+from ._checks import HostChecks, settle_checks
+from ._environment import HOSTS_UPDATED_EXIT, environment
 from .store import CommitId, StateStore
 
-__all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn"]
+__all__ = ["HostsUpdatedInterrupt", "ObjectState", "SnapshotState", "State", "run", "run_fn", "settle_checks"]
 
 log = logging.getLogger("unison")
 
-_ASK_EVERY_SECONDS = 0.1  # rank 0 asks the driver at most this often; commits in between reuse the answer
-_ASK_AFTER_NO_ANSWER_SECONDS = 5.0  # after a question the driver did not answer, wait longer
 _HOST_COMMIT_WAIT_SECONDS = 5.0
-_UPDATES_NAME = "unison.elastic.host_updates"
-# The State whose host check is in flight in this process: the broadcast's one name is used by one
-# collective at a time, so a State starting its check first finishes another's (two States committing).
-_checking: list[State] = []
-# Where a State keeps its own bookkeeping in its __dict__: not an identifier, so no state value can
-# name it (values are attributes, and their names must be identifiers).
-_BOOKS = "unison elastic bookkeeping"
 
 _Result = TypeVar("_Result")
 
 
-@dataclasses.dataclass
-class _Books:
-    """A State's own bookkeeping, kept apart from the values the user puts in it (``epoch``, ``commits``, ...).
-
-    Horovod's State keeps its values as attributes, so any name a user chooses is an attribute; a
-    script that keeps a counter named ``commits`` (Horovod's own elastic scripts do) must not touch
-    unison's commit number, nor a value named ``_saved`` the last save.
-    """
-
-    bcast_object: Callable[..., object]  # kept for Horovod's interface; the launch's broadcast replaces it
-    get_rank: Callable[[], int]
-    names: list[str] = dataclasses.field(default_factory=list)  # the user's values, in order
-    reset_callbacks: list[Callable[[], object]] = dataclasses.field(default_factory=list)
-    commits: int = 0  # commits since the job began (carried across launches)
-    known_updates: int = 0
-    driver_updates: int = 0
-    asked_at: float = float("-inf")
-    pending_check: tuple[int, np.ndarray] | None = None  # the broadcast the next check reads
-    checked: int | None = None  # its value, when another State's check finished it first
-    saved: Any = None  # what the State's _capture returned, of its subclass's own shape
-    saved_in_store: bool = False
-    background_commits: bool = False  # TorchState: tensors change only in optimizer.step()
-    writer: threading.Thread | None = None
-    write_error: BaseException | None = None
-    writer_store: StateStore | None = None
-
-    def new_epoch(self) -> None:
-        """Forget what belonged to the epoch that ended: its host check and the driver's count of changes."""
-        self.known_updates = self.driver_updates = 0
-        self.asked_at = float("-inf")
-        self.pending_check = self.checked = None
-
-
-class State:
+class State(HostChecks):
     """What an elastic job keeps across resets: subclasses say how to save, restore and sync it.
 
     Horovod's interface: ``commit()`` saves and checks for host changes; ``restore()`` returns to the
     last save; ``sync()`` makes every rank hold rank 0's values; ``register_reset_callbacks`` names
-    functions called after each reset (in unison: at the start of every launch after the first).
+    functions called after each reset (at the start of every epoch after the first).
     The values a subclass keeps are attributes named as the user chose; unison's own bookkeeping
     (the commit number among it) lives apart from them, so a value of any name is only a value.
     """
 
     def __init__(self, bcast_object: Callable[..., object], get_rank: Callable[[], int]) -> None:
-        vars(self)[_BOOKS] = _Books(bcast_object, get_rank)
-
-    @property
-    def _books(self) -> _Books:
-        books: _Books = vars(self)[_BOOKS]
-        return books
+        vars(self)[BOOKS] = Books(bcast_object, get_rank)
 
     def _set_values(self, values: dict[str, object]) -> None:
         """Keep `values` as attributes (the user's names), after checking that no name hides the State's own."""
@@ -138,12 +92,6 @@ class State:
     def on_hosts_updated(self, timestamp: object = None, update_res: object = None) -> None:
         """Horovod's listener hook; unison's rank 0 asks the driver instead, so it does nothing."""
 
-    @property
-    def _host_messages(self) -> _HostMessages:
-        """Horovod's queue of the driver's host messages, as its elastic test scripts read it: ``empty()``
-        is False once the driver announced a change of hosts to this epoch (rank 0 asks the driver)."""
-        return _HostMessages(self)
-
     def commit(self) -> None:
         """Save the state (into this host's shared memory under the elastic driver), then check hosts.
 
@@ -156,91 +104,6 @@ class State:
 
     def _commit_state(self) -> None:
         self.save()
-
-    def check_host_updates(self) -> None:
-        """Raise `HostsUpdatedInterrupt` on every rank when the driver announced a host change.
-
-        Rank 0 asks the driver (at most every 0.1 s) and broadcasts its answer without waiting for
-        it; every rank reads that broadcast at its next check. The training step in between hides the
-        broadcast's latency, every rank still raises at the same call, and a change is acted on one
-        check after rank 0 learned of it.
-        """
-        if not environment().driver:
-            return
-        seen = self._finish_check()
-        if seen > self._books.known_updates:
-            self._books.known_updates = seen
-            raise HostsUpdatedInterrupt(False)
-        self._start_check()
-
-    def _ask_driver(self) -> None:
-        """On rank 0, at most every 0.1 s: ask the driver how many host changes it announced to this epoch."""
-        env = environment()
-        books = self._books
-        if books.get_rank() == 0:
-            now = time.monotonic()
-            if now - books.asked_at >= _ASK_EVERY_SECONDS:
-                books.asked_at = now
-                answer = ask_driver(env.driver, env.epoch)
-                if answer is None:  # no answer (up to 2 s lost): ask again only after a while
-                    books.asked_at = now + _ASK_AFTER_NO_ANSWER_SECONDS
-                else:
-                    books.driver_updates = answer
-
-    def _start_check(self) -> None:
-        """Start broadcasting rank 0's count of announced host changes, read by the next check."""
-        from .._job.collectives import broadcast_async_
-
-        books = self._books
-        self._ask_driver()
-        count = np.array([books.driver_updates], dtype=np.int64)
-        for other in list(_checking):
-            other._resolve_check()
-        books.pending_check = (broadcast_async_(count, 0, name=_UPDATES_NAME), count)
-        _checking[:] = [self]
-
-    def _take_check(self) -> tuple[int, np.ndarray] | None:
-        """This State's check broadcast (handle, buffer), if one runs; no longer in flight for the others."""
-        if _checking and _checking[0] is self:
-            _checking.clear()
-        pending, self._books.pending_check = self._books.pending_check, None
-        return pending
-
-    def _resolve_check(self) -> None:
-        """Wait for this State's check broadcast, if one runs, and keep its value for the next check."""
-        from .._job.submit import synchronize
-
-        pending = self._take_check()
-        if pending is not None:
-            synchronize(pending[0])
-            self._books.checked = int(pending[1][0])
-
-    def _drop_check(self, timeout_seconds: float) -> None:
-        """At shutdown: let the check broadcast in flight finish (every rank started it), but wait at
-        most `timeout_seconds` and never raise: the job is ending either way."""
-        from .._job.submit import release
-
-        pending = self._take_check()
-        if pending is not None:
-            try:
-                release(pending[0], timeout_seconds)
-            except Exception:  # noqa: BLE001  (the job already stopped: nothing left to wait for)
-                pass
-
-    def _finish_check(self) -> int:
-        """Rank 0's count from the previous check (this rank's known count when there was none)."""
-        self._resolve_check()
-        seen, self._books.checked = self._books.checked, None
-        return self._books.known_updates if seen is None else seen
-
-    def _settle(self) -> None:
-        """Finish what the last commit left running (the host check's broadcast), on every rank at the end of `run`."""
-        self._finish_check()
-
-    def _abandon(self) -> None:
-        """After a failed collective: forget the check in flight (its job is gone) without waiting for it."""
-        self._take_check()
-        _checking.clear()
 
     def save(self) -> None:
         raise NotImplementedError
@@ -521,27 +384,3 @@ def run_fn(func: Callable[..., _Result], reset: Callable[[], object]) -> Callabl
     return wrapper
 
 
-class _HostMessages:
-    """Horovod's ``State._host_messages`` as its elastic test scripts use it: only ``empty()``."""
-
-    def __init__(self, state: State) -> None:
-        self._state = state
-
-    def empty(self) -> bool:
-        """False once the driver announced a change of hosts this epoch has not acted on (rank 0 asks it)."""
-        books = self._state._books
-        if not environment().driver:
-            return True
-        self._state._ask_driver()
-        return books.driver_updates <= books.known_updates
-
-    def qsize(self) -> int:
-        return 0 if self.empty() else 1
-
-
-def settle_checks(timeout_seconds: float = 10.0) -> None:
-    """Called by ``shutdown()``: finish the host check a State left in flight, so that no rank leaves
-    while another still waits for that broadcast (a `commit()` outside ``hvd.elastic.run``, or a
-    ``hvd.shutdown()`` inside it)."""
-    for state in list(_checking):
-        state._drop_check(timeout_seconds)

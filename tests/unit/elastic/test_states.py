@@ -77,7 +77,7 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
     # yet): a second one under the same name raises, as the engine does.
     import unison._job.collectives
     import unison._job.submit
-    from unison.elastic import _state
+    from unison.elastic import _checks, _state
     from unison.elastic._environment import ElasticEnvironment
     from unison.errors import DuplicateNameError
 
@@ -97,9 +97,9 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
     changes = [0]
     monkeypatch.setattr(unison._job.collectives, "broadcast_async_", broadcast_async_)
     monkeypatch.setattr(unison._job.submit, "synchronize", synchronize)
-    monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
-    monkeypatch.setattr(_state, "ask_driver", lambda address, epoch: changes[0])
-    monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(_checks, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
+    monkeypatch.setattr(_checks, "ask_driver", lambda address, epoch: changes[0])
+    monkeypatch.setattr(_checks, "_ASK_EVERY_SECONDS", 0.0)
     model = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, step=0)
     data = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, position=0)
     for _ in range(3):
@@ -120,7 +120,7 @@ def test_two_states_checking_hosts_never_put_the_check_broadcast_in_flight_twice
 def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
     import unison._job.collectives
     import unison._job.submit
-    from unison.elastic import _state
+    from unison.elastic import _checks, _state
     from unison.elastic._environment import ElasticEnvironment
 
     asked: list[int] = []
@@ -132,14 +132,14 @@ def test_rank_zero_asks_an_unanswering_driver_again_only_after_a_while(monkeypat
 
     monkeypatch.setattr(unison._job.collectives, "broadcast_async_", lambda tensor, root_rank, name="": 1)
     monkeypatch.setattr(unison._job.submit, "synchronize", lambda handle: None)
-    monkeypatch.setattr(_state, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
-    monkeypatch.setattr(_state, "ask_driver", ask_driver)
-    monkeypatch.setattr(_state, "_ASK_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(_checks, "environment", lambda: ElasticEnvironment(driver="127.0.0.1:9"))
+    monkeypatch.setattr(_checks, "ask_driver", ask_driver)
+    monkeypatch.setattr(_checks, "_ASK_EVERY_SECONDS", 0.0)
     state = _state.ObjectState(lambda obj, root_rank=0: obj, lambda: 0, step=0)
     for _ in range(5):
         state.commit()  # no answer: the commits go on, and nobody asks again for 5 s
     assert asked == [0] and state._books.driver_updates == 0
-    monkeypatch.setattr(_state, "_ASK_AFTER_NO_ANSWER_SECONDS", 0.0)
+    monkeypatch.setattr(_checks, "_ASK_AFTER_NO_ANSWER_SECONDS", 0.0)
     state._books.asked_at = float("-inf")
     state.commit()
     assert asked == [0, 0] and state._books.driver_updates == 2
@@ -195,7 +195,7 @@ def test_a_store_open_to_others_stops_every_rank_naming_the_rank_and_the_directo
     # Rank 0's host directory is writable by others: nothing is unpickled from it, and what every rank
     # receives from the commit exchange makes each raise the same error.
     import unison._job.objects
-    from unison.elastic import _state
+    from unison.elastic import _checks, _state
     from unison.elastic._environment import ElasticEnvironment
     from unison.elastic.store import CommitId, StateStore
     from unison.errors import ConfigError

@@ -55,7 +55,8 @@ log = logging.getLogger("unison")
 _WORKER = re.compile(r"w[0-9]{1,9}")
 _WORD = re.compile(r"[A-Za-z0-9_.:,\[\]-]{1,1024}")
 _ASK_TIMEOUT_SECONDS = 2.0
-_ASK_EVERY_SECONDS = 0.02  # while waiting for the next epoch
+_FIRST_ASK_SECONDS = 0.01  # while waiting for the next epoch: asked again this soon, backing off to
+_MAX_ASK_SECONDS = 0.1  # this (a new worker takes seconds to start; a survivor's epoch is often ready at once)
 _DRIVER_SILENT_SECONDS = 30.0  # no answer from the driver this long: it is gone
 _STORE_PREFIX = "unison.elastic"
 _WATCH_SECONDS = 0.05  # how often the watcher looks for the end of its epoch
@@ -203,6 +204,7 @@ class ElasticWorker:
             StartupError: the driver did not answer for 30 s (it is gone).
         """
         silent_since = time.monotonic()
+        delay = _FIRST_ASK_SECONDS
         while True:
             reply = self._ask(f"JOIN {self.name} {self.epoch} {os.getpid()}")
             answer = _parse_answer(reply) if reply is not None else None
@@ -218,7 +220,8 @@ class ElasticWorker:
                                        f"not answer worker {self.name} for {_DRIVER_SILENT_SECONDS:.0f} s; it is gone.")
             else:
                 silent_since = time.monotonic()
-            time.sleep(_ASK_EVERY_SECONDS)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_ASK_SECONDS)
 
     def _enter(self, joined: Joined) -> None:
         with self._lock:
@@ -353,6 +356,7 @@ class ElasticLaunch(Launch):
         self.store: Any = None
         self._exchanges = 0
         self._backend: Backend | None = None
+        self._bound_seconds = 60.0  # how long the ranks wait for each other (UNISON_START_TIMEOUT_SECONDS)
 
     def __repr__(self) -> str:
         return f"<ElasticLaunch {self.worker.name} joined={self.joined}>"
@@ -398,9 +402,10 @@ class ElasticLaunch(Launch):
                                        f"{os.getpid()}) could not start: {text}", settings.launcher_dir,
                                        settings.launcher_relay)
             raise problem
+        self._bound_seconds = self._bound(settings)
         while True:
             try:
-                self._meet(self._bound(settings))
+                self._meet(self._bound_seconds)
                 agree_settings(self.exchange, settings)
                 self._backend = self._connect(settings)
                 return
@@ -447,7 +452,7 @@ class ElasticLaunch(Launch):
         self._exchanges += 1
         keys = [f"exchange/{self._exchanges}/{r}" for r in range(self.size)]
         self.store.set(keys[self.rank], payload)
-        self._wait_for(keys, time.monotonic() + 60.0)
+        self._wait_for(keys, time.monotonic() + self._bound_seconds)
         return [bytes(self.store.get(key)) for key in keys]
 
     def connect(self, settings: Settings, place: Place) -> Backend:
