@@ -195,7 +195,7 @@ def test_a_store_open_to_others_stops_every_rank_naming_the_rank_and_the_directo
     # Rank 0's host directory is writable by others: nothing is unpickled from it, and what every rank
     # receives from the commit exchange makes each raise the same error.
     import unison._job.objects
-    from unison.elastic import _checks, _state
+    from unison.elastic import _state
     from unison.elastic._environment import ElasticEnvironment
     from unison.elastic.store import CommitId, StateStore
     from unison.errors import ConfigError
