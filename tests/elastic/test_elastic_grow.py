@@ -48,8 +48,6 @@ train(state)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="unison/adapters/torch/optimizer.py registers its gradient hooks only "
-                   "when the job has several ranks when it is built; an elastic worker keeps it while the job grows")
 def test_a_job_started_on_one_rank_grows_and_reduces_with_the_optimizer_it_built(tmp_path: Path) -> None:
     program = tmp_path / "program.py"
     program.write_text(PROGRAM)

@@ -49,10 +49,10 @@ from ..._job.gradients import (
     sparse_name,
     sparsified_name,
 )
-from ..._job.runtime import job
+from ..._job.runtime import Job, job
 from ...compression import Exchange, payload_bytes
 from ...compression._exchange import lowrank_allreduce
-from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError
+from ...errors import GradientCountError, InvalidArgumentError, MissingGradientError, NotInitializedError
 from ...ops import CollectiveKind, ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from . import collectives as c
@@ -80,7 +80,7 @@ class _DistributedOptimizer:
         if self._unison_exchange is not Exchange.ALLREDUCE:
             groups = []  # sparsified and partial schemes handle each parameter on its own
         self._unison_op = policy.op
-        self._unison_process_set = process_set = policy.process_set
+        self._unison_process_set = policy.process_set
         self._unison_sparse_as_dense = policy.sparse_as_dense
         self._unison_missing = missing_grads
         self._unison_scaling = allreduce_scaling(policy)
@@ -110,16 +110,41 @@ class _DistributedOptimizer:
         self._unison_stats = {"steps": 0, "allreduces": 0, "grouped_allreduces": 0, "missing_filled": 0,
                               "partial_windows": 0, "wait_seconds": 0.0, "dense_bytes": 0,
                               "payload_bytes": 0}
-        set_members = current.set_members(process_set.process_set_id or 0) or ()
-        self._unison_enabled = current.size > 1 and current.rank in set_members
-        self._unison_adasum = policy.op is ReduceOp.ADASUM and current.size > 1
-        if self._unison_adasum:
-            core.check_adasum(process_set.process_set_id or 0, set_members, [])
+        self._unison_job: Job | None = None
+        self._unison_bind(current)
+        # As in Horovod, an elastic job hooks every parameter even at one rank: the job may grow while
+        # this optimizer lives on (its worker keeps its process), and the hooks act once it has grown.
+        self._unison_elastic = bool(current.settings.elastic_driver)
         self._unison_hooks = []
-        if self._unison_enabled:
+        if self._unison_enabled or self._unison_elastic:
             for p in self._unison_params:
                 self._unison_countdown[p] = backward_passes_per_step
                 self._unison_hooks.append(p.register_post_accumulate_grad_hook(self._unison_hook))
+
+    def _unison_bind(self, current: Job) -> None:
+        """Take the size and membership of `current` (the job), which an elastic job changes when it re-forms."""
+        self._unison_job = current
+        process_set = self._unison_process_set
+        set_members = current.set_members(process_set.process_set_id or 0) or ()
+        self._unison_enabled = current.size > 1 and current.rank in set_members
+        self._unison_adasum = self._unison_op is ReduceOp.ADASUM and current.size > 1
+        if self._unison_adasum:
+            core.check_adasum(process_set.process_set_id or 0, set_members, [])
+
+    def _unison_rebind(self) -> None:
+        """In an elastic job that re-formed since this optimizer last looked: bind to the new job, and start
+        a new accumulation window (what was in flight belonged to the job before)."""
+        if not self._unison_elastic:
+            return
+        try:
+            current = job()
+        except NotInitializedError:
+            return
+        if current is not self._unison_job:
+            self._unison_bind(current)
+            self._unison_handles, self._unison_group_handles, self._unison_group_ready = {}, {}, {}
+            self._unison_new_window()
+            self._synchronized = False
 
     def statistics(self) -> dict[str, float]:
         """Counters: steps, allreduces and grouped allreduces launched, missing gradients filled,
@@ -130,6 +155,9 @@ class _DistributedOptimizer:
     # -- the hook ----------------------------------------------------------------------------------
 
     def _unison_hook(self, p: torch.Tensor) -> None:
+        self._unison_rebind()
+        if not self._unison_enabled:
+            return  # an elastic job at one rank (hooked for when it grows): nothing to reduce
         count = self._unison_countdown.get(p)
         if count is None:
             # torch hands a hook's return value to the hooks registered after it on the parameter
@@ -278,6 +306,7 @@ class _DistributedOptimizer:
         Parameters whose gradient never arrived on this rank are reduced as zeros (so no rank
         hangs); with ``missing_grads="error"`` an error naming them is raised afterwards.
         """
+        self._unison_rebind()
         if not self._unison_enabled:
             self._synchronized = True
             return
@@ -374,6 +403,7 @@ class _DistributedOptimizer:
         """Wait for this step's gradients (unless already synchronized), then take the wrapped
         optimizer's step. Unlike Horovod, a step() after synchronize() never reduces twice; outside
         ``skip_synchronize()`` it warns once per optimizer, with Horovod's words."""
+        self._unison_rebind()
         if self._should_synchronize:
             if not self._synchronized:
                 self.synchronize()
@@ -418,6 +448,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; refuses while reductions into them are in flight or due."""
+        self._unison_rebind()
         if self._unison_handles or self._unison_group_handles or self._unison_deferred:
             raise GradientCountError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
