@@ -102,6 +102,11 @@ def test_a_stall_names_where_the_missing_rank_is_and_where_the_others_wait(tmp_p
                      rf"its main thread is at _scenario\.py:{SLEEP} in <module>", done.output), done.output
     assert f"rank 0: its main thread waits at _scenario.py:{STEP} in <module>" in done.output, done.output
     assert "innermost frame first" not in done.output  # stacks only on request
+    # each rank's own line says where it stopped and what happened in a few words (not the report's title)
+    reporter = "unisonrun" if launcher == "unisonrun" else "rank 0"
+    for rank, line in ((0, STEP), (1, SLEEP)):
+        assert re.search(rf"^unison: rank {rank} \([^)]*\) stopped at _scenario\.py:{line} in <module>: StallError: the "
+                         rf"job stalled; {reporter} reports it\.$", done.output, re.M), done.output
     assert_no_strays(tmp_path, 2)
 
 
@@ -139,6 +144,33 @@ def test_a_ddp_mismatch_names_each_rank_s_call_and_what_made_it(tmp_path: Path, 
                      rf"rank \[0\]; _ddp_scenario\.py:{DDP_EXTRA} in <module> on rank \[1\]\.", done.output), done.output
     assert "last collectives" not in done.output  # the message names both calls: no records for it
     assert_no_strays(tmp_path, 2)
+
+
+FSDP_PROGRAM = """
+import sys, torch, torch.distributed as dist
+import unison.torch
+from torch.distributed.fsdp import fully_shard
+torch.set_num_threads(1)
+dist.init_process_group("unison")
+width = 9 if dist.get_rank() == 1 else 8  # rank 1 builds its middle layer wider
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, width), torch.nn.Linear(width, 2))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+model(torch.randn(4, 8)).sum().backward()
+"""
+
+
+def test_an_fsdp_mismatch_names_the_module_whose_all_gather_differs(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    program = tmp_path / "fsdp_job.py"
+    program.write_text(FSDP_PROGRAM)
+    done = run_job(unisonrun("-np", "2", PYTHON, str(program)), deadline=120)
+    assert done.returncode == 1, done.output
+    forward = next(n for n, line in enumerate(FSDP_PROGRAM.splitlines(), 1) if "backward()" in line)
+    assert re.search(r"Mismatched ALLGATHER tensor shapes for 'allgather\.torch\.pg\.\d+': .* on rank \[0\]; .* on "
+                     rf"rank \[1\]\. .* Called at fsdp_job\.py:{forward} in <module> \(FSDP's all-gather of module '1'\) on "
+                     r"ranks \[0, 1\]\.", done.output), done.output
 
 
 def test_a_rank_that_raises_leaves_the_records_in_unisonrun_s_output_directory(tmp_path: Path) -> None:

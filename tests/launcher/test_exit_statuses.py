@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,14 +25,24 @@ def test_a_rank_that_calls_sys_exit_4_ends_the_job_with_status_4_and_is_named(tm
     ours = [line for line in done.output.splitlines() if line.startswith("unisonrun:")]
     assert len(ours) == 1 and ours[0].startswith("unisonrun: rank 1 (") and ours[0].endswith(
         "exited with status 4 after shutting unison down."), done.output
+    # Rank 0, stopped waiting in its allreduce, says so in one line (no traceback): unisonrun reports it.
+    assert "Traceback" not in done.output, done.output
+    assert re.search(r"^unison: rank 0 \([^)]*\) stopped at _statuses_program\.py:\d+ in <module>: ShutdownError: "
+                     r"rank\(s\) \[1\] shut unison down \(or exited\) while this rank had collectives pending; "
+                     r"unisonrun reports it\.$", done.output, re.M), done.output
     assert done.seconds < BOUND_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
 
 
 def test_under_plain_mpiexec_the_statuses_are_ored(tmp_path: Path) -> None:
-    """What docs/launcher.md says plain mpiexec gives for the same job (it has no way to tell)."""
+    """What docs/launcher.md says plain mpiexec gives for the same job (it has no way to tell); rank 0, the
+    lowest rank stopped by rank 1's exit, says why in one line."""
     done = run_job([MPIEXEC, "-n", "2", PYTHON, PROGRAM, str(tmp_path), "exit4"])
     assert done.returncode == 5, done.output
+    assert "Traceback" not in done.output, done.output
+    assert re.search(r"^unison: rank 0 \([^)]*\) stopped at _statuses_program\.py:\d+ in <module>: ShutdownError: "
+                     r"unison has been shut down: rank\(s\) \[1\] called shutdown\(\) \(or exited\)", done.output,
+                     re.M), done.output
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:

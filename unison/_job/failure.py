@@ -67,7 +67,7 @@ from .exit_watch import ExitWatch, watcher_text
 from .flight_file import default_directory, write_record
 from .stop_report import SHARED_ERRORS, Role, decide, role_of, shared_error
 from .summary import describe, parse_reason, user_where, without_unison_frames
-from .torch_error_file import error_file_data, write_error_file
+from .torch_error_file import after_the_cause, error_file_data, write_error_file
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -394,9 +394,14 @@ def _leave_error_file(exc: BaseException, role: Role, line: str) -> None:
     if not path or _state.error_file_written or _state.forked:
         return
     _state.error_file_written = True
-    consequence = role is Role.CONSEQUENCE  # stopped because another rank failed: after the cause
-    if consequence:
+    engine = _state.engine or _state.last_engine
+    stop = engine.stop_error if engine is not None else None
+    stalled = isinstance(stop or exc, StallError)
+    consequence = after_the_cause(role, _state.rank, str(exc), stalled)
+    if role is Role.CONSEQUENCE:
         callstack = line or f"{type(exc).__name__}: {exc}"
+        if stalled and not consequence:  # rank 0 found the stall: its report, which rank 0 alone logged
+            callstack = "\n".join(part.rstrip() for part in str(stop or exc).strip().splitlines()) + "\n" + callstack
     else:
         callstack = "".join(traceback.format_exception(type(exc), exc, without_unison_frames(exc.__traceback__)))
         if line:

@@ -12,20 +12,30 @@ the facts and prints what `decide` returns.
 | its own (``ValueError``, ...) | traceback | traceback and ``unison: <reason>; stopping every rank.`` | the same |
 | raised on every rank of a collective (``MismatchError``) | one line | traceback and one line | one line |
 | the job's stop (``AbortedError``, ``JobInterrupt``, ``StallError``) | one line | one line; the full reason when rank 0 is the reporter | one line |
+| peers shut unison down (``ShutdownError``: ``rank(s) [1] called shutdown() (or exited)``) | one line | one line, the full reason (the lowest rank that got it reports it) | the same |
+
+The ranks of one shared error are named odd one out first (`odd_order`): unisonrun lists them so, and
+under torchrun that rank's error file is the first failure (`unison._job.torch_error_file`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
+from collections.abc import Mapping
 
-from ..errors import AbortedError, JobInterrupt, MismatchError, StallError
-from ..protocol.stall import DEADLOCK_TITLE
+from ..errors import AbortedError, JobInterrupt, MismatchError, ShutdownError, StallError
+from ..protocol.stall import DEADLOCK_TITLE, STALL_TITLE
 from .summary import CALLBACK_PREFIX, parse_reason
 
-__all__ = ["SHARED_ERRORS", "Role", "Said", "decide", "role_of", "shared_error", "stop_words"]
+__all__ = ["SHARED_ERRORS", "Role", "Said", "decide", "odd_order", "role_of", "shared_error", "stop_words"]
 
 SHARED_ERRORS = frozenset({"MismatchError"})  # raised on every rank of the collective, with one message
+# The ShutdownError of a rank whose peers shut unison down (or exited) while it had collectives pending
+# (`unison.engine.actions`): a consequence of their end, not this rank's own error.
+_PEER_SHUTDOWN = re.compile(r"^unison has been shut down: rank\(s\) \[(?P<ranks>\d+(?:, \d+)*)\] called shutdown\(\)")
+_SITE = re.compile(r"^(?P<file>.+?):(?P<line>\d+) in (?P<function>\S+)")
 
 
 class Role(enum.Enum):
@@ -55,7 +65,36 @@ def role_of(exc: BaseException) -> Role:
         return Role.SHARED
     if isinstance(exc, (AbortedError, StallError, JobInterrupt)):
         return Role.CONSEQUENCE
+    if isinstance(exc, ShutdownError) and _PEER_SHUTDOWN.match(str(exc)):
+        return Role.CONSEQUENCE
     return Role.OWN
+
+
+def odd_order(sites: Mapping[int, str]) -> list[int]:
+    """The ranks of one shared error, odd one out first, from each rank's call site (rank -> site, '' unknown).
+
+    First the ranks whose call site the fewest ranks share; among as many, when every site is in one
+    function of one file, the rank whose call comes first (in straight-line code, the extra call the
+    other ranks went past; within a loop that need not hold, and the sites say which call each made);
+    then by rank. A site reads ``file:line in function``, maybe followed by its callers and origin.
+
+    Example:
+        >>> odd_order({0: "a.py:82 in main", 1: "a.py:81 in main (DDP bucket 0)", 2: "a.py:82 in main"})
+        [1, 0, 2]
+    """
+    parsed: dict[int, tuple[str, int, str] | None] = {}
+    for rank, site in sites.items():
+        match = _SITE.match(site.split(" <- ")[0]) if site else None
+        parsed[rank] = (match["file"], int(match["line"]), match["function"]) if match else None
+    sharing = {rank: sum(1 for other in parsed.values() if other == here) for rank, here in parsed.items()}
+    places = {(here[0], here[2]) for here in parsed.values() if here is not None}
+    one_function = len(places) == 1 and None not in parsed.values()
+
+    def key(rank: int) -> tuple[int, int, int]:
+        here = parsed[rank]
+        return sharing[rank], here[1] if one_function and here is not None else 0, rank
+
+    return sorted(parsed, key=key)
 
 
 def shared_error(exc: BaseException) -> str:
@@ -85,13 +124,17 @@ def stop_words(reason: str) -> tuple[str, int | None]:
     """A job stop's reason in a few words, and the rank that reports it in full itself (None: rank 0).
 
     A rank's own failure (``rank R (...) failed: T: ...``) is reported by rank R, unless every rank of a
-    collective raised it; a stall, a deadlock, a lost peer are rank 0's to report.
+    collective raised it; a stall, a deadlock, a lost peer are rank 0's to report; ranks that shut
+    unison down (or exited) while others had collectives pending say nothing, so the lowest rank that
+    did not reports it.
 
     Example:
         >>> stop_words("rank 3 (h, pid 9) failed: ValueError: bad at train.py:5 in main")
         ('rank 3 (h, pid 9) failed (ValueError)', 3)
         >>> stop_words("Deadlock: every rank that ...\\n  rank 0 waits for allreduce.x")
         ('the job deadlocked', None)
+        >>> stop_words("unison has been shut down: rank(s) [0, 2] called shutdown() (or exited) while ...")
+        ('rank(s) [0, 2] shut unison down (or exited) while this rank had collectives pending', 1)
     """
     parsed = parse_reason(reason.strip().splitlines()[0] if reason.strip() else "")
     if parsed is not None:
@@ -99,6 +142,14 @@ def stop_words(reason: str) -> tuple[str, int | None]:
     text = reason.strip()
     if text.startswith(DEADLOCK_TITLE):
         return "the job deadlocked", None
+    if text.startswith(STALL_TITLE):
+        return "the job stalled", None
+    peers = _PEER_SHUTDOWN.match(text)
+    if peers is not None:
+        gone = {int(rank) for rank in peers["ranks"].split(", ")}
+        reporter = next(rank for rank in range(len(gone) + 1) if rank not in gone)  # the lowest rank left
+        return f"rank(s) [{peers['ranks']}] shut unison down (or exited) while this rank had collectives pending", \
+            reporter
     first = text.splitlines()[0] if text else "the job stopped"
     return first, None
 
@@ -137,7 +188,7 @@ def decide(role: Role, *, rank: int, who: str, where: str, error: str, reason: s
     words, reporter = stop_words(reason)
     if under_launcher:
         return Said(False, f"unison: {who} stopped{at}: {error}: {words}; unisonrun reports it.")
-    if reporter is None and rank == 0 and not logged:
+    if (reporter == rank or reporter is None and rank == 0) and not logged:
         full = " ".join(part.strip() for part in reason.strip().splitlines())
         return Said(False, f"unison: {who} stopped{at}: {error}: {full}")
     return Said(False, f"unison: {who} stopped{at}: {error}: {words}; rank {0 if reporter is None else reporter} "

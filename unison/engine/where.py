@@ -3,7 +3,9 @@
 A frame is the user's when it is neither unison's, nor a framework's internals (torch, TensorFlow,
 Keras, tf_keras under site-packages, autograph's generated files), nor the standard library's (a
 thread's start, ``runpy``): the place a report names is the
-user's own line (``train.py:41 in step``, and its caller's), not a collective's insides. `call_site` is read once per
+user's own line (``train.py:41 in step``, and its caller's), not a collective's insides. The caller
+shown is one outside any installed package: a test runner's or a trainer's loop that called the
+user's function (pytest's ``pytest_pyfunc_call``) is not the user's line. `call_site` is read once per
 request that goes to the coordinator (a call seen for the first time or changed, never a call the
 response cache answers), so it costs nothing in the steady state; `main_thread` is read only in the
 cycles where rank 0's stall feed asks every rank where it is (once a second while something waits).
@@ -24,7 +26,8 @@ from types import FrameType
 
 from .handles import Handle
 
-__all__ = ["STACK_FRAMES", "USER_FRAMES", "Origin", "add_origin", "call_site", "internal", "main_thread", "place"]
+__all__ = ["STACK_FRAMES", "USER_FRAMES", "Origin", "add_origin", "call_site", "installed", "internal", "main_thread",
+           "place"]
 
 STACK_FRAMES = 40  # frames of the main thread's stack kept, innermost first
 USER_FRAMES = 2  # user frames a place shows: the call's and its caller's
@@ -70,6 +73,17 @@ def internal(filename: str) -> bool:
     return any(parts[i + 1] in _FRAMEWORKS for i in installed)
 
 
+@functools.lru_cache(maxsize=4096)
+def installed(filename: str) -> bool:
+    """Whether a frame's file belongs to an installed package (under site-packages or dist-packages).
+
+    Example:
+        >>> installed("/opt/venv/lib/python3.11/site-packages/_pytest/python.py"), installed("/home/me/train.py")
+        (True, False)
+    """
+    return any(part in _INSTALL_DIRS for part in os.path.abspath(filename).split(os.sep)[:-1])
+
+
 def place(frame: FrameType) -> str:
     """``file:line in function`` of `frame` (the file's base name)."""
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
@@ -88,11 +102,13 @@ def _user_frame(frame: FrameType | None) -> tuple[FrameType | None, list[FrameTy
 
 def _places(user: FrameType | None) -> str:
     """``file:line in f`` of `user` and of up to `USER_FRAMES` - 1 user frames outside it, joined by
-    `` <- `` (innermost first; the frameworks' frames between them left out)."""
+    `` <- `` (innermost first; the frameworks' frames between them left out, and, after `user`, those
+    of installed packages: a test runner that called the user's test is not the user's code)."""
     shown: list[str] = []
     frame = user
     while frame is not None and len(shown) < USER_FRAMES:
-        if not internal(frame.f_code.co_filename):
+        filename = frame.f_code.co_filename
+        if not internal(filename) and not (shown and installed(filename)):
             shown.append(place(frame))
         frame = frame.f_back
     return " <- ".join(shown)

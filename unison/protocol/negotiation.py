@@ -9,6 +9,7 @@ disagreement into an error response naming the ranks grouped by value, never a h
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..ops import CollectiveKind
@@ -16,7 +17,7 @@ from .messages import Request, Response, ResponseKind
 from .names import kind_conflict, split_name, unnamed_drift, unnamed_index
 from .partition import split_counts
 
-__all__ = ["Coordinator", "CoordinatorStatistics", "join_conflict", "reducescatter_rows"]
+__all__ = ["Coordinator", "CoordinatorStatistics", "join_conflict", "reducescatter_rows", "sites_of"]
 
 _WORLD_KINDS = frozenset(
     {CollectiveKind.ADD_PROCESS_SET, CollectiveKind.REMOVE_PROCESS_SET}
@@ -94,6 +95,29 @@ def _sites_text(sites: Mapping[int, str]) -> str:
     if not groups:
         return ""
     return " Called at " + "; ".join(f"{site} on {_fmt_ranks(ranks)}" for site, ranks in groups.items()) + "."
+
+
+_SITES_START = " Called at "
+_SITE_GROUP = re.compile(r"(?P<site>.+?) on ranks? \[(?P<ranks>\d+(?:, \d+)*)\](?:; |\.(?=\s|$))")
+
+
+def sites_of(message: str) -> dict[int, str]:
+    """Each rank's call site in a message that `_sites_text` ended (rank -> site); {} when it names none.
+
+    The message may be quoted inside a longer text (torch's autograd re-raises a DDP hook's error as text).
+
+    Example:
+        >>> sites_of("Mismatched x." + _sites_text({0: "t.py:5 in main", 1: "t.py:4 in main", 2: "t.py:5 in main"}))
+        {0: 't.py:5 in main', 2: 't.py:5 in main', 1: 't.py:4 in main'}
+    """
+    start = message.rfind(_SITES_START)
+    if start < 0:
+        return {}
+    sites: dict[int, str] = {}
+    for group in _SITE_GROUP.finditer(message[start + len(_SITES_START):]):
+        for rank in group["ranks"].split(", "):
+            sites[int(rank)] = group["site"]
+    return sites
 
 
 def _shape_text(shape: Sequence[int]) -> str:

@@ -47,12 +47,13 @@ from ..errors import ConfigError
 from .names import split_name, unnamed_index
 from .places import Place, origin_of
 
-__all__ = ["DEADLOCK_TITLE", "StallInspector", "StallReport", "StallStatistics"]
+__all__ = ["DEADLOCK_TITLE", "STALL_TITLE", "StallInspector", "StallReport", "StallStatistics"]
 
 _SHUTDOWN_VARIABLE = "UNISON_STALL_SHUTDOWN_TIME_SECONDS"
 _CHECK_VARIABLE = "UNISON_STALL_CHECK_TIME_SECONDS"
 _DEADLOCK_VARIABLE = "UNISON_DEADLOCK_SECONDS"
 DEADLOCK_TITLE = "Deadlock:"  # how a deadlock report starts (the StallError every rank raises carries it)
+STALL_TITLE = "Stall:"  # how a stall report starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,7 +347,7 @@ class StallInspector:
         count = len(waiting)
         lines = [
             (
-                f"Stall: {count} {'tensor has' if count == 1 else 'tensors have'} waited more than "
+                f"{STALL_TITLE} {count} {'tensor has' if count == 1 else 'tensors have'} waited more than "
                 f"{self._check_seconds:g} s for ranks that have not submitted "
                 f"{'it' if count == 1 else 'them'} (this may mean ranks run different code paths "
                 "or one rank is stuck):"

@@ -9,9 +9,12 @@ import pytest
 from unison._job import stop_report
 from unison._job.stop_report import Role, decide, role_of, shared_error, stop_words
 from unison._job.summary import describe, parse_reason, without_unison_frames
+from unison._job.torch_error_file import after_the_cause
 from unison.errors import AbortedError, JobInterrupt, MismatchError, ShutdownError, StallError
 
 WHO = "rank 2 (h, pid 7)"
+PEERS_GONE = ("unison has been shut down: rank(s) [0, 1] called shutdown() (or exited) while this rank still had "
+              "collectives pending. A rank that finishes early, or fails, stops the job for everyone.")
 
 
 def said(role: Role, rank: int = 2, *, launcher: bool = False, reason: str = "", aborted: str = "",
@@ -33,6 +36,9 @@ def test_each_error_has_its_role() -> None:
         "MismatchError")
     for error in (AbortedError("x"), StallError("x"), JobInterrupt("x")):
         assert role_of(error) is Role.CONSEQUENCE
+    # a peer's shutdown (or exit) stopped this rank's pending collectives: its end is the peer's doing
+    assert role_of(ShutdownError(PEERS_GONE)) is Role.CONSEQUENCE
+    assert role_of(ShutdownError("unison has been shut down; no more collectives can run.")) is Role.OWN
 
 
 def test_a_ranks_own_error_prints_its_traceback_and_its_line_only_without_the_launcher() -> None:
@@ -54,6 +60,9 @@ def test_a_shared_error_is_reported_by_the_launcher_or_rank_0_and_pointed_to_by_
     ("rank 1 (h, pid 9) failed: ValueError: bad at t.py:3 in f", "rank 1 (h, pid 9) failed (ValueError)", 1),
     ("rank 1 (h, pid 9) failed: MismatchError: m at t.py:3 in f", "rank 1 (h, pid 9) failed (MismatchError)", None),
     ("Deadlock: every rank ...\n  rank 0 waits for x", "the job deadlocked", None),
+    ("Stall: 1 tensor has waited more than 2 s for ranks ... stuck):\n  rank 1 has not submitted: x", "the job stalled",
+     None),
+    (PEERS_GONE, "rank(s) [0, 1] shut unison down (or exited) while this rank had collectives pending", 2),
     ("rank 1 stopped answering: rank 0 waited 10 s", "rank 1 stopped answering: rank 0 waited 10 s", None),
 ])
 def test_a_stop_in_few_words_and_who_reports_it(reason: str, words: str, reporter: int | None) -> None:
@@ -76,6 +85,35 @@ def test_a_stopped_rank_prints_one_line_and_rank_0_the_full_reason_when_it_repor
     stall = said(Role.CONSEQUENCE, rank=0, reason="Deadlock: x\n  rank 0 waits", logged=True, error="StallError")
     assert stall == stop_report.Said(False, "unison: rank 0 (h, pid 7) stopped at t.py:8 in main: StallError: the job "
                                             "deadlocked; rank 0 reports it.")
+
+
+def test_the_lowest_rank_a_peer_s_shutdown_stopped_reports_it_in_full() -> None:
+    # ranks 0 and 1 exited; ranks 2 and 3 raised ShutdownError: rank 2 says why, rank 3 points to it
+    full = said(Role.CONSEQUENCE, rank=2, reason=PEERS_GONE, error="ShutdownError")
+    assert full == stop_report.Said(False, f"unison: {WHO} stopped at t.py:8 in main: ShutdownError: {PEERS_GONE}")
+    assert said(Role.CONSEQUENCE, rank=3, reason=PEERS_GONE, error="ShutdownError").line.endswith(
+        "ShutdownError: rank(s) [0, 1] shut unison down (or exited) while this rank had collectives pending; rank 2 "
+        "reports it.")
+    assert said(Role.CONSEQUENCE, rank=2, reason=PEERS_GONE, error="ShutdownError", launcher=True).line.endswith(
+        "while this rank had collectives pending; unisonrun reports it.")
+
+
+@pytest.mark.parametrize(("sites", "order"), [
+    ({0: "a.py:82 in main <- a.py:96 in <module>", 1: "a.py:81 in main <- a.py:96 in <module> (DDP bucket 0)"}, [1, 0]),
+    ({0: "a.py:5 in f", 1: "a.py:9 in f", 2: "a.py:5 in f"}, [1, 0, 2]),  # the one site the fewest share
+    ({0: "a.py:9 in f", 1: "b.py:5 in g"}, [0, 1]),  # two functions: the line says nothing, the rank decides
+    ({0: "", 1: "a.py:5 in f"}, [0, 1]),  # a rank without a site
+])
+def test_the_odd_one_out_comes_first(sites: dict[int, str], order: list[int]) -> None:
+    assert stop_report.odd_order(sites) == order
+
+
+def test_under_torchrun_the_odd_one_out_of_a_mismatch_and_rank_0_of_a_stall_come_first() -> None:
+    message = "Mismatched x. Every rank... Called at t.py:5 in main on ranks [0, 2]; t.py:4 in main on rank [1]."
+    assert [after_the_cause(Role.SHARED, rank, message, False) for rank in range(3)] == [True, False, True]
+    assert [after_the_cause(Role.CONSEQUENCE, rank, "Stall: ...", True) for rank in range(2)] == [False, True]
+    assert [after_the_cause(Role.CONSEQUENCE, rank, PEERS_GONE, False) for rank in (2, 3)] == [True, True]
+    assert not after_the_cause(Role.OWN, 1, "ValueError: x", False)
 
 
 def _raised() -> BaseException:

@@ -34,6 +34,29 @@ def test_unison_s_and_the_frameworks_files_are_not_the_users() -> None:
     assert where.internal(threading.__file__)  # a thread's own start
 
 
+def _installed_function(package_file: str, source: str) -> Any:
+    namespace: dict[str, Any] = {"where": where}
+    exec(compile(source, f"/opt/venv/lib/python3.11/site-packages/{package_file}", "exec"), namespace)
+    return next(value for name, value in namespace.items() if callable(value) and name != "where")
+
+
+def test_a_caller_in_an_installed_package_is_left_out_of_the_place() -> None:
+    # pytest calls a test function from its own files: the place is the test's line, then the user's
+    # next frame outward (here this test), never pytest's `pytest_pyfunc_call`.
+    runner = _installed_function("_pytest/python.py", "def pytest_pyfunc_call(test):\n    return test()\n")
+    site = runner(_submit_like)
+    assert site.startswith("test_where.py:") and " in _submit_like <- test_where.py:" in site, site
+    assert site.endswith(" in test_a_caller_in_an_installed_package_is_left_out_of_the_place"), site
+    assert "python.py" not in site
+
+
+def test_the_innermost_place_may_be_an_installed_package_s_when_it_made_the_call() -> None:
+    # a trainer's loop (Lightning's, say) that calls the collective itself is the best place there is
+    step = _installed_function("trainer/loop.py", "def backward_step():\n    return where.call_site()\n")
+    site = step()
+    assert site.startswith("loop.py:2 in backward_step <- test_where.py:"), site
+
+
 def test_an_origin_names_what_made_the_call_and_a_failing_one_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(where, "_origins", [])
     seen: list[tuple[int, str]] = []
