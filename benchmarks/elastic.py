@@ -42,6 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 UNISONRUN = [PYTHON, "-m", "unison.launcher"]
+_KILL_AT = 5  # recovery: rank 1 fails after this many committed steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +113,10 @@ def worker(mode: str, out: Path, steps: int) -> None:
 
     if mode == "plain":
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        for _ in range(steps):
+        for number in range(1, steps + 1):
             step()
-            record["steps"].append((time.time(), hvd.size()))
-        log.write_text(json.dumps(record))
+            record["steps"].append((time.time(), hvd.size(), number))
+        _write(log, json.dumps(record))
         return
     state = hvd.elastic.TorchState(model, optimizer, step=0)
     kill_at = int(os.environ.get("BENCH_KILL_AT", "-1"))
@@ -133,16 +134,23 @@ def worker(mode: str, out: Path, steps: int) -> None:
             step()
             state.step += 1
             state.commit()
-            record["steps"].append((time.time(), hvd.size()))
+            record["steps"].append((time.time(), hvd.size(), state.step))
             record["rank"] = hvd.rank()
             if live:  # recovery and scale-up read these as the job runs; the steady state writes at the end
-                log.write_text(json.dumps(record))
+                _write(log, json.dumps(record))
                 if hvd.rank() == 0:  # read while the job runs: whole or not at all
                     (out / "progress.tmp").write_text(f"{state.step} {hvd.size()}")
                     os.replace(out / "progress.tmp", out / "progress")
 
     train(state)
-    log.write_text(json.dumps(record))
+    _write(log, json.dumps(record))
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path` whole (a process killed while it writes leaves the previous text)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def _discovery(out: Path, hosts: list[str]) -> str:
@@ -174,19 +182,21 @@ def recovery(place: Place, steps: int, how: str = "kill", relaunch: bool = False
         out = Path(name)
         _discovery(out, list(place.hosts))
         load = os.getloadavg()[0]
-        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": "5", "BENCH_LIVE_LOG": "1", "BENCH_FAIL": how},
+        proc = _elastic(place, out, 2, steps, {"BENCH_KILL_AT": str(_KILL_AT), "BENCH_LIVE_LOG": "1", "BENCH_FAIL": how},
                         relaunch=relaunch)
         _, err = proc.communicate(timeout=300)
         if proc.returncode != 0 or not (out / "killed").exists():
             raise RuntimeError(f"the recovery run failed (exit status {proc.returncode}):\n{err}")
         killed = float((out / "killed").read_text())
         logs = _logs(out)
-        after = [t for record in logs for t, _ in record["steps"] if t > killed]
-        before = logs[0]["steps"]
-        result = {"kill_to_first_commit_s": min(after) - killed,
+        # The first commit after the kill: of the step the killed rank never took (an earlier step's
+        # commit may still be on its way when the kill comes).
+        after = [(t, size) for record in logs for t, size, number in record["steps"] if number > _KILL_AT]
+        before = logs[0]["steps"][:_KILL_AT]
+        result = {"kill_to_first_commit_s": min(after)[0] - killed,
                   "processes_started": len(list(out.glob("started-*"))),
                   "step_before_s": statistics.median(b[0] - a[0] for a, b in zip(before, before[1:])),
-                  "size_after": logs[-1]["steps"][-1][1], "load_average": load}
+                  "size_after": max(after)[1], "load_average": load}
         if relaunch:
             new = logs[-1]  # the relaunched process
             result.update({"kill_to_new_process_started_s": new["started"] - killed,
@@ -194,8 +204,8 @@ def recovery(place: Place, steps: int, how: str = "kill", relaunch: bool = False
                            "init_s": new["initialized"] - new["imported"],
                            "model_and_restore_s": new["restored"][0] - new["initialized"],
                            "first_step_s": new["steps"][0][0] - new["restored"][0]})
-        else:
-            survivor = logs[0]
+        else:  # the process that stepped on after the kill, in its own process
+            survivor = next(record for record in logs if any(n > _KILL_AT for _, _, n in record["steps"]))
             result["survivor_restored_after_kill_s"] = survivor["restored"][-1] - killed
         return result
 
@@ -232,7 +242,7 @@ def _steady_once(place: Place, label: str, steps: int) -> list[float]:
             if proc.returncode != 0:
                 raise RuntimeError(err)
         zero = next(record for record in _logs(out) if record["rank"] == 0)
-        return [t for t, _ in zero["steps"]]
+        return [t for t, _, _ in zero["steps"]]
 
 
 def steady(place: Place, steps: int, repeats: int) -> dict[str, Any]:
@@ -271,7 +281,7 @@ def scale_up(place: Place, steps: int, relaunch: bool = False) -> dict[str, floa
             time.sleep(0.02)
         if proc.returncode != 0 or not offered:
             raise RuntimeError(f"the scale-up run failed:\n{proc.communicate()[1]}")
-        grown = min(t for record in _logs(out) for t, size in record["steps"] if size == 2)
+        grown = min(t for record in _logs(out) for t, size, _ in record["steps"] if size == 2)
         return {"offered_to_first_step_on_2_s": grown - offered, "processes_started": len(list(out.glob("started-*")))}
 
 
@@ -354,8 +364,13 @@ def main() -> None:
                     print("emulated hosts:", name, json.dumps(result["emulated_hosts"][name]), flush=True)
     result["load_average_after"] = os.getloadavg()
     print("load average before", result["load_average_before"], "after", result["load_average_after"])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # The sections run now replace theirs; the others keep what an earlier run measured.
+    kept = json.loads(out.read_text()) if out.exists() else {}
+    if args.emulated:
+        result["emulated_hosts"] = {**kept.get("emulated_hosts", {}), **result["emulated_hosts"]}
+    out.write_text(json.dumps({**kept, **result}, indent=1))
 
 
 if __name__ == "__main__":

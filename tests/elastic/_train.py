@@ -191,7 +191,7 @@ def main() -> None:
     result = {"rank": hvd.rank(), "size": hvd.size(), "epoch": int(launch), "pid": os.getpid(),
               "last_epoch": int(os.environ.get("UNISON_ELASTIC_EPOCH", "0")),
               "commits": state.statistics()["commits"], "history": state.history, "weight": weight,
-              "momentum": momentum, "resets": resets,
+              "momentum": momentum, "resets": resets, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "values": {name: getattr(state, name) for name in extra}}
     (out / f"result-{hvd.rank()}.json").write_text(json.dumps(result))
 

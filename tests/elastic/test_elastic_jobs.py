@@ -40,6 +40,8 @@ def test_a_failed_rank_leaves_the_survivors_going_on_from_the_last_commit(tmp_pa
     assert sorted(pids) == ["0-0", "0-1", "1-1"], pids  # three processes in all: the survivor was not restarted
     survivor, newcomer = job.results
     assert survivor["pid"] == pids["0-0"] and newcomer["pid"] == pids["1-1"]
+    # the workers' idle OpenMP threads sleep instead of spinning (they took the cores gloo needs)
+    assert survivor["omp_wait_policy"] == newcomer["omp_wait_policy"] == "passive"
     assert survivor["resets"] == newcomer["resets"] == [2]  # the reset callbacks ran once, at size 2
     ran = ["finally-0-0", "finally-1-1"] + (["finally-0-1"] if failure == "ELASTIC_RAISE" else [])
     assert sorted(p.name for p in tmp_path.glob("finally-*")) == sorted(ran)  # the raising rank runs its own
@@ -78,8 +80,9 @@ def test_hosts_added_then_removed_by_discovery(tmp_path: Path) -> None:
         return None
 
     job = run(tmp_path, HOSTS[:2], ["-np", "2", "--min-np", "2", "--max-np", "3"], schedule=schedule,
-              env={"ELASTIC_SAMPLES": "36", "ELASTIC_STEP_SECONDS": "0.1"})
+              env={"ELASTIC_SAMPLES": "36", "ELASTIC_STEP_SECONDS": "0.1", "OMP_WAIT_POLICY": "active"})
     check_committed(job, samples=36, epochs=2, size=2)
+    assert {r["omp_wait_policy"] for r in job.results} == {"active"}  # the job's own setting stays
     assert job.stderr.count("committed and stopped for a change of hosts") == 2, job.stderr
     assert f"epoch 1: 3 ranks on {HOSTS[0]}:1,{HOSTS[1]}:1,{HOSTS[2]}:1" in job.stderr
     assert f"epoch 2: 2 ranks on {HOSTS[0]}:1,{HOSTS[2]}:1" in job.stderr
