@@ -1,6 +1,6 @@
 """Two revisions of unison on the same benchmarks, their runs alternated: did a change cost speed?
 
-Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch,latency]``
+Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch,latency,call_cpu]``
 
 Each revision is checked out into a temporary git worktree (``--after`` defaults to this working
 tree as it is). Each side runs its own benchmark scripts (they read private modules, which a change
@@ -13,7 +13,8 @@ The numbers compared are each benchmark's own ratios, measured side by side insi
 already cancel much of the machine's noise: for ``allreduce``, unison's median time over raw
 mpi4py's per case; for ``train_torch``, unison's samples/s over torch DDP's and over plain mpi4py
 calls, per model; for ``latency`` (calls back to back), unison's median call over raw mpi4py's and over
-gloo's, and each unison side's worst round p90/p50. A benchmark script newer than the older revision runs
+gloo's, and each unison side's worst round p90/p50; for ``call_cpu``, one process's CPU per call on each
+rank, in microseconds (the one number that is not a ratio). A benchmark script newer than the older revision runs
 from this tree with that revision's package. The table gives each ratio's median over the rounds on each side and after/before.
 The JSON (``benchmarks/results/revisions.json``) keeps every round, the load average and CPU steal.
 """
@@ -66,8 +67,15 @@ def latency_ratios(results: dict) -> Ratios:
     return out
 
 
+def call_cpu_numbers(results: dict) -> Ratios:
+    """One process's CPU per call in microseconds, per side and rank (lower is better; not a ratio: both
+    sides run in the same alternation, so a busy spell hits them alike)."""
+    return {f"call_cpu {side}, {who} CPU us/call": value
+            for side, per_rank in results["cpu_us_per_call"].items() for who, value in per_rank.items()}
+
+
 BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios,
-                                                   "latency": latency_ratios}
+                                                   "latency": latency_ratios, "call_cpu": call_cpu_numbers}
 
 
 def checkout(rev: str, path: Path) -> Path:

@@ -10,7 +10,7 @@ diverge. The reader shows the last collectives that ran on every rank, then each
 Example::
 
     $ python -m unison.launcher.flight /tmp/unisonrun-flight-x1y2
-    flight records of ranks [0, 1] (of 2), written 0.1 s apart; the job stopped: Deadlock: every rank ...
+    flight records of ranks [0, 1] (of 2), written 0.1 s apart; the job deadlocked
     the last 3 collectives every rank ran (oldest first):
       allreduce.grad.0  [4] float64  _scenario.py:66 in <module>
       ...
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .._job.flight_file import FORMAT
+from .._job.stop_report import stop_words
 
 __all__ = ["Divergence", "diverge", "load", "main", "render"]
 
@@ -111,7 +112,7 @@ def render(records: Mapping[int, Mapping[str, Any]], last: int = 10) -> str:
     reason = next((str(records[rank].get("reason")) for rank in ranks if records[rank].get("reason")), "")
     found = diverge(records)
     lines = [f"flight records of ranks {ranks} (of {size}), written {max(written) - min(written):.1f} s apart"
-             + (f"; the job stopped: {reason}" if reason else "")]
+             + (f"; {stop_words(reason)[0]}" if reason else "")]
     shown = found.ran[-last:] if last > 0 else []
     if shown:
         lines.append(f"the last {len(shown)} collectives every rank ran (oldest first):")

@@ -38,6 +38,7 @@ def test_what_ran_lines_up_from_the_last_back_and_each_rank_s_pending_calls_foll
     assert {rank: [e["name"] for e in tail] for rank, tail in found.tails.items()} == {
         0: ["g.4"], 1: ["noname.1"], 2: ["g.4"]}
     text = render(records_, last=1)
+    assert text.splitlines()[0] == "flight records of ranks [0, 1, 2] (of 3), written 0.0 s apart; the job deadlocked"
     assert "the last 1 collectives every rank ran (oldest first):\n  g.3 [4] float32" in text
     assert "  ranks [0, 2]: g.4 [4] float32, pending 2.5 s, at t.py:9 in main" in text
     assert "  rank 1: noname.1 [1] float32, pending 2.5 s" in text
