@@ -8,9 +8,11 @@ import and the backend's name. Each rank trains on its shard (rows rank::world_s
 ``DistributedDataParallel``; every collective runs through unison's engine, so a rank that issues a
 different collective at the same point (try ``--desync``: rank 1 all_reduces one extra metric in
 epoch 3) fails on every rank at once, instead of waiting for a watchdog, with a MismatchError that
-gives each call's shape and the ranks that made it (``[2] on rank [0]; [3] on rank [1]``). unisonrun
-reports it once and names each rank's line of this script, rank 1's extra call first; under plain
-mpiexec rank 0 reports it and every other rank prints its own line. Rank 0 prints the loss and the
+gives each call's shape and the ranks that made it (``[2] on rank [0]; [3] on rank [1]``) and the line
+of this script where each rank made its call (``Called at pytorch_ddp_digits.py:L in main <- ... on
+rank [0]; ...``, rank 1's line the extra call's). unisonrun reports it once and names each rank's
+line, rank 1's extra call first; under plain mpiexec rank 0 reports it and every other rank prints its
+own line; torchrun names rank 1 as the "Root Cause". Rank 0 prints the loss and the
 accuracy over the whole test set each epoch. With
 ``--device cuda`` each rank trains on the GPU numbered by its local rank, and DDP's gradients go
 through unison's GPU data plane (NCCL).

@@ -61,6 +61,10 @@ def test_unisonrun_reports_a_ddp_desync_once_and_names_the_extra_call_first(n: i
     assert all(f"pytorch_ddp_digits.py:{COMMON} in main" in x for x in ours[2:]), ours
     assert done.output.count(MESSAGE) - sum(MESSAGE in x for x in done.output.splitlines() if ENGINE_LOG.match(x)) == 1
     assert "Traceback" not in done.output, done.output
+    # the message names both calls, as the example's docstring says
+    others = "rank [0]" if n == 2 else "ranks [0, 2]"
+    assert (f"Called at pytorch_ddp_digits.py:{COMMON} in main <- pytorch_ddp_digits.py:{MAIN} in <module> on {others}; "
+            f"pytorch_ddp_digits.py:{EXTRA} in main <- pytorch_ddp_digits.py:{MAIN} in <module> on rank [1].") in ours[0]
 
 
 def test_under_plain_mpiexec_rank_0_reports_a_ddp_desync_and_rank_1_points_to_it() -> None:
