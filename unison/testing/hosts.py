@@ -52,6 +52,17 @@ MPI_TCP_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 _live: dict[str, EmulatedHosts] = {}
 
+
+def _nsswitch() -> str:
+    """This machine's nsswitch.conf with host names looked up in /etc/hosts only."""
+    try:
+        lines = Path("/etc/nsswitch.conf").read_text().splitlines()
+    except OSError:
+        lines = []
+    kept = [line for line in lines if not line.lstrip().startswith("hosts:")]
+    return "\n".join([*kept, "hosts: files"]) + "\n"
+
+
 _LAUNCHER_EXEC = """#!/bin/sh
 # Hydra's ssh launcher calls: SCRIPT [ssh options] HOST COMMAND...; start COMMAND in HOST's namespace.
 while [ $# -gt 0 ]; do
@@ -183,6 +194,9 @@ class EmulatedHosts:
             etc = NETNS_ETC / ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
+            # No name server is reachable from a namespace: lookups that reached for one failed (torch's
+            # c10d warned at every store connection that it could not name the peer's address).
+            (etc / "nsswitch.conf").write_text(_nsswitch())
         self._dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         cases = "\n".join(f"  {h}|{a}) ns={n} ;;" for h, a, n in
                           zip(self.hostnames, self.addresses, self.namespaces))

@@ -41,7 +41,7 @@ from ..._contract import (
 )
 from ..._job.launch.elastic import format_answer
 from ...config import load_settings
-from ...elastic.membership import Ending, Epoch, Membership, Stop, blame_hosts, error_of
+from ...elastic.membership import Ending, Epoch, Host, Membership, Stop, blame_hosts, error_of
 from ...elastic.roster import Assignment, Leave, Roster, assign
 from ...errors import ConfigError
 from ..hosts.reach import Reach, address_seen_from
@@ -115,9 +115,18 @@ def how_ended(code: int) -> str:
         return f"killed by signal {-code}"
 
 
+def _exit_code(worker: Worker) -> int | None:
+    """How `worker`'s program ended (None while it runs): on another host, as the worker's bootstrap there
+    reported it (the command that reached the host ends its own way: ssh with 255 for a killed program)."""
+    if worker.returncode is None or worker.local:
+        return worker.returncode
+    ended = worker.markers().ended
+    return next(iter(ended.values()))[1] if ended else worker.returncode
+
+
 def _why(worker: Worker, rank: int) -> str:
     """Why `worker` (rank `rank` of the running epoch), which ended, failed."""
-    code = worker.returncode if worker.returncode is not None else 0
+    code = _exit_code(worker) or 0
     markers = worker.markers()
     if markers.failed:  # its own error (the newest, if it held several ranks over the epochs)
         newest = max(markers.failed, key=lambda r: markers.written_ns.get(("failed", r), 0))
@@ -206,7 +215,7 @@ class InPlaceDriver:
             self.status = ElasticRecord(str(store.path), self.program, self.membership, self.lock)
             store.remove_too(self.status.record)
             cleanup.callback(self.status.remove)
-            cleanup.callback(lambda: remove_remote_stores(list(self.stores), str(store.path), self.reach, self.env))
+            cleanup.callback(lambda: remove_remote_stores(self._stores(), str(store.path), self.reach, self.env))
             self.discovery = Discovery(self.options.discovery_script, self.options.slots_per_host,
                                        self.options.discovery_interval, self._on_hosts, self.options.fixed_hosts)
             cleanup.callback(self.discovery.stop)
@@ -270,7 +279,7 @@ class InPlaceDriver:
                 if worker.name not in chosen:
                     self.roster.dismiss(worker.name, f"not a member of epoch {decision.number}")
             self.roster.begin(decision, chosen)
-        self.stores.update(dict.fromkeys(host.name for host in decision.hosts))
+            self.stores.update(dict.fromkeys(host.name for host in decision.hosts))
 
     def _worker_env(self, decision: Epoch, rank: int, host: str) -> dict[str, str]:
         hosts = decision.hosts_argument()
@@ -337,10 +346,10 @@ class InPlaceDriver:
                     print(f"unisonrun: {_why(worker, worker.start_rank)}", file=sys.stderr, flush=True)
                 continue
             if worker.name in watch.failures:
-                watch.failures[worker.name].code = worker.returncode
+                watch.failures[worker.name].code = _exit_code(worker)
                 watch.failures[worker.name].raised = False
-            elif worker.returncode == 0 and worker.markers().finished:
-                watch.finished.add(worker.name)
+            elif worker.returncode == 0 and (worker.markers().finished or not worker.markers().started):
+                watch.finished.add(worker.name)  # done; or a program that ended well without unison
             elif worker.name in self.left:
                 # It ended on an error that its epoch's failure caused (a program without hvd.elastic.run
                 # stopped by a lost peer): not its host's fault; a new worker takes its place.
@@ -349,7 +358,7 @@ class InPlaceDriver:
                 self.named.add(worker.name)
                 watch.consequences.add(worker.name)
             else:
-                watch.failures[worker.name] = _Failure(rank, _why(worker, rank), worker.returncode)
+                watch.failures[worker.name] = _Failure(rank, _why(worker, rank), _exit_code(worker))
         with self.lock:
             watch.stopped = self.roster.all_stopped()
             lost = [w for w in self.roster.lost_workers() if w not in watch.failures]
@@ -403,13 +412,21 @@ class InPlaceDriver:
         exiting = [workers.workers[name] for name, f in failures.items() if f.raised]
         if exiting:
             threading.Timer(RAISED_GRACE_SECONDS, workers.kill, (exiting,)).start()
+        # A remote worker that ended before it joined: its host may be unreachable (the command that starts
+        # it failed). Only those hosts are probed before the next epoch; a survivor's host that vanished
+        # ends its worker, which names it.
+        unjoined = {decision.host_of(f.rank) for name, f in failures.items()
+                    if not workers.workers[name].local and not workers.workers[name].markers().started}
+        others = [host.name for host in decision.hosts if host.name not in unjoined]
+        away = unreachable(decision, others, self.reach, self.env) if unjoined else {}
+        named = {rank: why for rank, why in named.items() if decision.host_of(rank) not in away}
         for line in report_lines(named):
             print(line, file=sys.stderr, flush=True)
-        by_rank = blame_hosts(decision, named, {})
-        away = unreachable(decision, list(by_rank), self.reach, self.env)
         blamed = blame_hosts(decision, named, away)
-        for name in away:
-            self.stores.pop(name, None)
+        with self.lock:
+            for name in away:
+                self.stores.pop(name, None)
+        self._forget_vanished([name for name in blamed if name not in away])
         workers.kill([w for w in workers.alive() if w.host in blamed])
         first = next(iter(failures.values()), None)
         committed = self.endpoint.statistics()["answered"] > asked  # not under the lock (see `_changed`)
@@ -433,6 +450,26 @@ class InPlaceDriver:
             say(stop.message)
             return 1
         return None
+
+    def _stores(self) -> list[str]:
+        """The hosts that may hold the job's store now."""
+        with self.lock:
+            return list(self.stores)
+
+    def _forget_vanished(self, hosts: Sequence[str]) -> None:
+        """In the background: drop from the stores to remove at the end those of `hosts` that cannot be
+        reached any more (they took their store with them)."""
+        if not any(not is_local(name) for name in hosts):
+            return
+
+        def probe() -> None:
+            epoch = Epoch(-1, tuple(Host(name, 1) for name in hosts))
+            gone = unreachable(epoch, (), self.reach, self.env)
+            with self.lock:
+                for name in gone:
+                    self.stores.pop(name, None)
+
+        threading.Thread(target=probe, name="unison-elastic-probe", daemon=True).start()
 
     # -- stopping -----------------------------------------------------------------------------------
 

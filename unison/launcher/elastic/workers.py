@@ -24,21 +24,68 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..._contract import LAUNCHER_DIR_VARIABLE, LAUNCHER_RELAY_VARIABLE
-from ..hosts.reach import Reach, local_names
+from ..._contract import LAUNCHER_DIR_VARIABLE, LAUNCHER_RELAY_VARIABLE, marker_name
+from ..hosts.reach import Reach, address_seen_from, local_names
 from ..supervision.blame import Markers, read_markers
 from ..supervision.deaths import DeathWatch
 from ..supervision.relay import MarkerRelay
 
 __all__ = ["Worker", "Workers"]
 
-# Run on the worker's host by this Python: read the environment (one JSON line), become the program.
-_BOOTSTRAP = ("import json,os,sys\n"
-              "e=json.loads(sys.stdin.readline())\n"
-              "d=e.pop('__cwd__','')\n"
-              "try:\n os.chdir(d)\nexcept OSError:\n pass\n"
-              "n=os.open(os.devnull,os.O_RDONLY);os.dup2(n,0)\n"
-              "os.execvpe(sys.argv[1],sys.argv[1:],e)\n")
+# Run on the worker's host by this Python, as ``python -c _BOOTSTRAP CONTRACT PROGRAM...``: read the
+# environment (one JSON line), then run the program as a child and tell the driver how it ended (an
+# ``ended`` marker over the worker's relay, as unisonrun's keeper does for a rank of an mpiexec launch):
+# the driver sees only how the command that reached the host ended (ssh: 255 for a killed program). It
+# ignores the interrupts the driver sends the worker's process group (the program gets them and ends as
+# it will); the program dies with it. Without the contract module at CONTRACT it becomes the program.
+_BOOTSTRAP = f"""\
+import json, os, signal, sys
+env = json.loads(sys.stdin.readline())
+try:
+    os.chdir(env.pop("__cwd__", ""))
+except OSError:
+    pass
+marker = env.pop("__ended__", "")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+program = sys.argv[2:]
+contract = None
+if marker and env.get("{LAUNCHER_RELAY_VARIABLE}"):
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("unison_contract", sys.argv[1])
+        contract = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(contract)
+    except Exception:
+        contract = None
+if contract is None:
+    os.execvpe(program[0], program, env)
+parent = os.getpid()
+child = os.fork()
+if child == 0:
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        os.execvpe(program[0], program, env)
+    except OSError as exc:
+        sys.stderr.write("unisonrun: cannot run %r: %s\\n" % (program[0], exc.strerror))
+    os._exit(127)
+for ignored in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(ignored, signal.SIG_IGN)
+code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+contract.send_marker(env["{LAUNCHER_RELAY_VARIABLE}"], marker, "%d %d\\n" % (child, code))
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(parent, -code)
+sys.exit(128 - code if code < 0 else code)
+"""
+_CONTRACT = str(Path(__file__).resolve().parents[2] / "_contract.py")
 _KILL_TIMEOUT_SECONDS = 10.0
 
 
@@ -108,10 +155,12 @@ class Workers:
         if local:
             proc = subprocess.Popen(self.program, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         else:
-            relay = MarkerRelay(directory, self.advertised)
+            # where the worker's host reaches this one (the relay's address is all it gets)
+            relay = MarkerRelay(directory, self.advertised or address_seen_from([host]))
             env[LAUNCHER_RELAY_VARIABLE] = relay.variable
             env["__cwd__"] = os.getcwd()
-            command = shlex.join([sys.executable, "-c", _BOOTSTRAP, *self.program])
+            env["__ended__"] = marker_name("ended", number)
+            command = shlex.join([sys.executable, "-c", _BOOTSTRAP, _CONTRACT, *self.program])
             proc = subprocess.Popen(self.reach.command(host, command), start_new_session=True,
                                     stdin=subprocess.PIPE)
             assert proc.stdin is not None
