@@ -463,11 +463,10 @@ class InPlaceDriver:
             return
 
         def probe() -> None:
-            epoch = Epoch(-1, tuple(Host(name, 1) for name in hosts))
-            gone = unreachable(epoch, (), self.reach, self.env)
-            with self.lock:
-                for name in gone:
-                    self.stores.pop(name, None)
+            for name in hosts:  # one by one: several failing alike is no sign of this host's trouble here
+                if unreachable(Epoch(-1, (Host(name, 1),)), (), self.reach, self.env):
+                    with self.lock:
+                        self.stores.pop(name, None)
 
         threading.Thread(target=probe, name="unison-elastic-probe", daemon=True).start()
 

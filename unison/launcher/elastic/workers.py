@@ -4,7 +4,7 @@ Where the survivors of a membership change keep their processes, the driver star
 itself (no mpiexec): on this host as its child, in a session of its own; on another host through
 mpiexec's way of reaching it (``--launcher-exec``, else ``ssh``), with the worker's environment sent on
 the remote command's standard input (keys never appear on a command line) to a few lines of Python
-that set it and become the program. Each worker is named ``w<N>`` and gets its own marker directory
+that set it, run the program as their child and report how it ended (`_BOOTSTRAP`). Each worker is named ``w<N>`` and gets its own marker directory
 ``<job>/w<N>`` (``UNISON_LAUNCHER_DIR``; on another host a marker relay of its own writes there), so
 that its markers stay its own whatever ranks it holds over the epochs. Deaths come in the order the
 kernel saw them (`DeathWatch`); a remote worker's death is that of the local command that reached it.
