@@ -117,7 +117,7 @@ def how_ended(code: int) -> str:
 
 def _exit_code(worker: Worker) -> int | None:
     """How `worker`'s program ended (None while it runs): on another host, as the worker's bootstrap there
-    reported it (the command that reached the host ends its own way: ssh with 255 for a killed program)."""
+    reported it (the command that reached the host ends its own way: a shell with 137 for a program killed by SIGKILL)."""
     if worker.returncode is None or worker.local:
         return worker.returncode
     ended = worker.markers().ended

@@ -35,7 +35,7 @@ __all__ = ["Worker", "Workers"]
 # Run on the worker's host by this Python, as ``python -c _BOOTSTRAP CONTRACT PROGRAM...``: read the
 # environment (one JSON line), then run the program as a child and tell the driver how it ended (an
 # ``ended`` marker over the worker's relay, as unisonrun's keeper does for a rank of an mpiexec launch):
-# the driver sees only how the command that reached the host ended (ssh: 255 for a killed program). It
+# the driver sees only how the command that reached the host ended (a shell: 137 for a SIGKILL). It
 # ignores the interrupts the driver sends the worker's process group (the program gets them and ends as
 # it will); the program dies with it. Without the contract module at CONTRACT it becomes the program.
 _BOOTSTRAP = f"""\
