@@ -68,8 +68,9 @@ def test_troubleshooting_says_the_same_statuses() -> None:
     text = _flat(TROUBLESHOOTING)
     assert ("`unisonrun` exits 0 when every rank succeeded, 1 when a rank raised, the job stalled or deadlocked, "
             "or a rank froze; n when a rank exited with status n while the job ran, also after shutting unison "
-            "down (`sys.exit(4)`: `unisonrun: rank 1 (...) exited with status 4 after shutting unison down.`); "
-            "128 + N when a rank was killed by signal N (137: SIGKILL, often the OOM killer); 124 after "
+            "down (`sys.exit(4)`: `unisonrun: rank 1 (...) exited with status 4 after shutting unison down.`, and "
+            "each rank that still waited in a collective says in one line `ShutdownError: rank(s) [1] shut unison "
+            "down (or exited) while this rank had collectives pending`); 128 + N when a rank was killed by signal N (137: SIGKILL, often the OOM killer); 124 after "
             "`--timeout`; 130 after Ctrl-C; 143 after SIGTERM to unisonrun; 2 when the job could not start.") in text
 
 
