@@ -55,16 +55,18 @@ def _outcome_directory(directory: Path) -> Path:
 def main(directory: Path) -> int:
     """Run the job in `directory` on this rank; return the process exit status."""
     job = _load(directory)
-    out = _outcome_directory(directory)
+    # The epoch is read when the call ends: an elastic job's survivor keeps its process (and this call)
+    # through every epoch it re-forms in, and its outcome belongs to the epoch it ended in.
     try:
         result = job["fn"](*job["args"], **job["kwargs"])
     except SystemExit as exc:
+        out = _outcome_directory(directory)
         if exc.code != HOSTS_UPDATED_EXIT or out == directory:
             return _failed(out, exc)
         return HOSTS_UPDATED_EXIT
     except BaseException as exc:  # noqa: BLE001 - reported to the caller, then the job is stopped
-        return _failed(out, exc)
-    _write(out, result_file(_rank()), result)
+        return _failed(_outcome_directory(directory), exc)
+    _write(_outcome_directory(directory), result_file(_rank()), result)
     return 0
 
 
