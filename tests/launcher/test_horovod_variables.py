@@ -24,7 +24,7 @@ NAMES = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK
 PROGRAM = """\
 import json, os, sys
 values = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
-open(os.path.join(sys.argv[1], "rank-" + os.environ["PMI_RANK"] + ".json"), "w").write(json.dumps(values))
+open(os.path.join(sys.argv[1], "rank-" + os.environ["HOROVOD_RANK"] + ".json"), "w").write(json.dumps(values))
 """
 
 
