@@ -88,6 +88,7 @@ class _Watch:
     """What the driver saw of the running epoch so far."""
 
     began: float
+    first_joined: float | None = None  # when the first member joined (the others' bound counts from then)
     looked_at: float = float("-inf")  # when the members' failed markers were read last
     finished: set[str] = dataclasses.field(default_factory=set)
     failures: dict[str, _Failure] = dataclasses.field(default_factory=dict)
@@ -363,8 +364,12 @@ class InPlaceDriver:
             watch.stopped = self.roster.all_stopped()
             lost = [w for w in self.roster.lost_workers() if w not in watch.failures]
             reported = bool(self.roster.broken_reports)
+            if watch.first_joined is None and any(name in self.roster.joined for name in self.roster.members):
+                watch.first_joined = now
+            # As the ranks of a launch wait in init() for each other: a member is late once it has not joined
+            # UNISON_START_TIMEOUT_SECONDS after the first did (what a program does before init() is its own).
             late = ([name for name in self.roster.members if name not in self.roster.joined]
-                    if now - watch.began > self.join_seconds else [])
+                    if watch.first_joined is not None and now - watch.first_joined > self.join_seconds else [])
         for name in lost:
             worker = workers.workers[name]
             rank = self.roster.rank_of(name) or 0
@@ -376,7 +381,8 @@ class InPlaceDriver:
             rank = self.roster.rank_of(name) or 0
             watch.failures.setdefault(name, _Failure(
                 rank, f"rank {rank} ({worker.host}, pid {worker.pid or worker.proc.pid}) did not join epoch "
-                f"{decision.number} within {self.join_seconds:g} s (UNISON_START_TIMEOUT_SECONDS): frozen or stuck; "
+                f"{decision.number} within {self.join_seconds:g} s of the first rank that did (UNISON_START_TIMEOUT_SECONDS): "
+                "frozen or stuck; "
                 "stopped it."))
         if reported and watch.broken_since is None:
             watch.broken_since = now
