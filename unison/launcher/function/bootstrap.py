@@ -61,6 +61,8 @@ def main(directory: Path) -> int:
         result = job["fn"](*job["args"], **job["kwargs"])
     except SystemExit as exc:
         out = _outcome_directory(directory)
+        if out != directory and exc.code in (0, None):
+            return 0  # an elastic worker the job goes on without (its host left)
         if exc.code != HOSTS_UPDATED_EXIT or out == directory:
             return _failed(out, exc)
         return HOSTS_UPDATED_EXIT
