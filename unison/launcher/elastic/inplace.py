@@ -46,6 +46,7 @@ from ...elastic.roster import Assignment, Leave, Roster, assign
 from ...errors import ConfigError
 from ..hosts.reach import Reach, address_seen_from
 from ..jobs import ElasticRecord
+from ..supervision.blame import how_ended
 from ..supervision.keeper import horovod_variables
 from ..supervision.reaper import JobDirectory
 from ..supervision.reports import report_lines
@@ -62,7 +63,7 @@ from .hostcare import (
 )
 from .workers import Worker, Workers
 
-__all__ = ["BROKEN_GRACE_SECONDS", "InPlaceDriver", "how_ended", "run_in_place"]
+__all__ = ["BROKEN_GRACE_SECONDS", "InPlaceDriver", "run_in_place"]
 
 _POLL_SECONDS = 0.01
 _MARKERS_EVERY_SECONDS = 0.25  # how often live members' failed markers are read (at every poll after a report)
@@ -99,21 +100,6 @@ class _Watch:
 
 class _Interrupted(Exception):
     """Ctrl-C or SIGTERM reached the driver while it waited for hosts."""
-
-
-def how_ended(code: int) -> str:
-    """How a process with exit code `code` (-N: signal N) ended, in words.
-
-    Example:
-        >>> how_ended(1), how_ended(-9)
-        ('exited with status 1', 'killed by signal 9 (SIGKILL)')
-    """
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        return f"killed by signal {-code} ({signal.Signals(-code).name})"
-    except ValueError:
-        return f"killed by signal {-code}"
 
 
 def _exit_code(worker: Worker) -> int | None:
