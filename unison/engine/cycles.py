@@ -34,7 +34,7 @@ from .autotuning import Autotuning
 from .executor import Executor
 from .flight import DONE, FAILED, FlightRecord
 from .handles import Entry, Handle
-from .observer import CycleObserver, observe_all
+from .observer import SILENT, CycleObserver, observe_all
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
 from .slow_path import SlowPath
@@ -96,6 +96,7 @@ class Cycles:
                                lambda: self.observer, stats)
         self.on_response: Callable[[Response], None] | None = None
         self.started = 0.0
+        self.became: Entry | None = None  # the entry the last `steady` call became, if any
         self.progress = False
         self.detail = False
 
@@ -193,10 +194,14 @@ class Cycles:
                driver: Callable[[Handle, float | None], None]) -> Entry | None:
         """`solo` for a blocking call that made no entry yet (`Engine.run_steady`): None once its result is
         in `output`; else, the summary having asked for more than this slot, the entry it became, which
-        waits for a later cycle like any other."""
+        waits for a later cycle like any other (kept as `became` too, for a caller whose cycle ran
+        through `Engine._guarded_cycle`)."""
         self._stats["cycles"] += 1
         now = self.started = time.monotonic()
-        self.observer.cycle_started(now)
+        observer = self.observer
+        watched = observer is not SILENT  # nothing watches most ranks: no calls to say so
+        if watched:
+            observer.cycle_started(now)
         work = self.work
         work.invalid = 0
         words = words_for(self.cache.num_slots)
@@ -213,23 +218,24 @@ class Cycles:
             response = self.cache.get(slot)
             if self.on_response is not None:
                 self.on_response(response)
-            observer = self.observer
-            observer.executing(response)
+            if watched:
+                observer.executing(response)
             try:
                 self.executor.run_single(response, source, output)
             except Exception as exc:  # noqa: BLE001 - the caller's error, as a failed entry's would be
-                entry = Entry(request, source, output, Handle(request.name, driver))
+                entry = self.became = Entry(request, source, output, Handle(request.name, driver))
                 failure = HorovodInternalError(f"{response.kind} of {list(response.names)} failed: {exc}")
                 failure.__cause__ = exc
                 entry.handle.fail(failure)
             finally:
-                observer.executed(response)
+                if watched:
+                    observer.executed(response)
             self.flight.append((request, now, now, DONE if entry is None else FAILED))
             self.queue.release(request.name)
             self.progress = True
             return entry
         self.flight.submitted(request, now)
-        entry = Entry(request, source, output, Handle(request.name, driver))
+        entry = self.became = Entry(request, source, output, Handle(request.name, driver))
         entry.slot = slot
         work.entries[request.name] = entry
         matrix = None

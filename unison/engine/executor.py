@@ -183,7 +183,7 @@ class Executor:
         """The steady state's one-tensor allreduce, from what was kept of its response (`_single`)."""
         response, op, set_id, pre, post, dtype, nbytes = plan
         self._stats["bytes"] += nbytes
-        out = output.reshape(-1)
+        out = output if output.ndim == 1 else output.reshape(-1)
         if output is not source:
             if pre == 1.0:
                 np.copyto(out, source.reshape(-1))

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..backends.base import Abandoned, Backend
 from ..config import Settings
@@ -256,7 +256,7 @@ class Engine:
         submits as usual; True once the result is in `output`; or the entry the call became when its
         cycle turned into a whole one (the caller waits for its handle).
         """
-        if self._device_seen or self.parameters.cycle_time_seconds:
+        if self._device_seen or self.autotuning.parameters.cycle_time_seconds:
             return False
         lock = self._cycle_lock
         if not lock.acquire(False):
@@ -273,15 +273,13 @@ class Engine:
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
             self.cache.count_hit()
             self._stats["driven_cycles"] += 1
-            became: list[Entry | None] = [None]
-
-            def cycle() -> None:
-                became[0] = self._cycles.steady(request, source, output, slot, blocked, self.drive)
-
-            self._guarded_cycle(cycle)
-            if self._state is not EngineState.RUNNING and became[0] is None and self._stop_error is not None:
+            cycles = self._cycles
+            cycles.became = None
+            self._guarded_cycle(cycles.steady, request, source, output, slot, blocked, self.drive)
+            became = cycles.became
+            if self._state is not EngineState.RUNNING and became is None and self._stop_error is not None:
                 raise self._stopped_error()  # the cycle failed: its error, as a pending call gets it
-            return True if became[0] is None else became[0]
+            return True if became is None else became
         finally:
             lock.release()
 
@@ -422,15 +420,15 @@ class Engine:
                 finally:
                     self.backend.close()
 
-    def _guarded_cycle(self, cycle: Callable[[], None]) -> bool:
-        """Run one cycle (the cycle lock held); return whether it made progress. A failure stops the
+    def _guarded_cycle(self, cycle: Callable[..., object], *args: Any) -> bool:
+        """Run one cycle, ``cycle(*args)`` (the cycle lock held); return whether it made progress. A failure stops the
         engine: every waiter gets the error, whichever thread ran the cycle. On the main thread a SIGINT
         waits for the cycle's end (`handles.main_thread_cycle`): peers cannot finish a cycle left half way."""
         main = threading.get_ident() == _MAIN_THREAD
         if main:
             enter_main_cycle()
         try:
-            cycle()
+            cycle(*args)
         except Abandoned:
             self._stop(ShutdownError("unison was shut down while peers did not respond."))
         except AbortedError as exc:  # the transport learned that the job is being aborted

@@ -70,3 +70,43 @@ def test_signatures_that_never_recur_do_not_accumulate() -> None:
     for i in range(1000):
         names.next(("shape", i))
     assert len(names._last) <= 4 * 8 + 1 and len(names._history) <= 16
+
+
+class _Plain:
+    """The naming rule written out plainly (every call hashed, the period checked afresh): what
+    `CallNames` must name alike, whatever shortcuts it takes while a period holds."""
+
+    def __init__(self, max_period: int, min_window: int) -> None:
+        self.max_period, self.min_window = max_period, min_window
+        self.history: list[object] = []
+        self.period = self.window = 0
+
+    def next(self, signature: object) -> str:
+        call = len(self.history)
+        name = f"p{self.window}.{call % self.window}" if self.period else str(call)
+        self.history.append(signature)
+        if self.period and self.history[call - self.period] == signature:
+            return name
+        self.period = 0
+        earlier = [at for at in range(max(0, call - self.max_period), call) if self.history[at] == signature]
+        if earlier:
+            period = call - earlier[-1]
+            if call + 1 >= 2 * period and all(self.history[call - i] == self.history[call - i - period]
+                                              for i in range(period)):
+                self.period = period
+                self.window = period * -(-self.min_window // period)
+        return name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_names_match_the_plain_rule_through_changes_of_program(seed: int) -> None:
+    import random
+
+    draw = random.Random(seed)
+    program: list[object] = []
+    while len(program) < 3000:  # stretches of repeating units, broken by stray calls and new units
+        unit = [("allreduce", draw.randrange(6)) for _ in range(draw.randint(1, 12))]
+        program += unit * draw.randint(1, 30) + [("extra", draw.randrange(3))] * draw.randint(0, 2)
+    names, plain = CallNames(max_period=16, min_window=8, prefix="g."), _Plain(16, 8)
+    for signature in program:
+        assert names.next(signature) == "g." + plain.next(signature)

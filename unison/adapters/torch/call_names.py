@@ -15,6 +15,7 @@ same on every rank. Pure: unit-tested without torch.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
 
 __all__ = ["MAX_PERIOD", "MIN_WINDOW", "CallNames"]
@@ -24,7 +25,7 @@ MIN_WINDOW = 16  # calls before a name recurs (at most MIN_WINDOW + MAX_PERIOD n
 
 
 class CallNames:
-    """The name of each next call of one group.
+    """The name of each next call of one group (`prefix` leads every name).
 
     Example:
         >>> names = CallNames(min_window=4)
@@ -34,21 +35,32 @@ class CallNames:
         ('p4.0', 'p4.1', 'p4.2', '7')
     """
 
-    def __init__(self, max_period: int = MAX_PERIOD, min_window: int = MIN_WINDOW) -> None:
+    def __init__(self, max_period: int = MAX_PERIOD, min_window: int = MIN_WINDOW, prefix: str = "") -> None:
         self.max_period = max_period
         self.min_window = max(1, min_window)
+        self.prefix = prefix
         self.calls = 0
         self.period = 0  # 0: none found yet
         self.window = 0  # the smallest multiple of the period of at least min_window calls
-        self._history: list[Hashable] = []  # the last 2 * max_period signatures
-        self._last: dict[Hashable, int] = {}  # signature -> the last call that had it
+        self._history: deque[Hashable] = deque(maxlen=2 * max_period)  # the last signatures
+        # signature -> the last call that had it; kept up only while no period holds (a call in the
+        # period then costs no hashing of its signature), and rebuilt from the history when one breaks
+        self._last: dict[Hashable, int] = {}
+        self._names: dict[int, list[str]] = {}  # window -> the names of its calls
 
     def __repr__(self) -> str:
         return f"<CallNames calls={self.calls} period={self.period}>"
 
     def next(self, signature: Hashable) -> str:
         """The name of the next call (decided before `signature` is looked at), then record it."""
-        name = f"p{self.window}.{self.calls % self.window}" if self.period else str(self.calls)
+        window = self.window
+        if self.period:
+            names = self._names.get(window)
+            if names is None:
+                names = self._names[window] = [f"{self.prefix}p{window}.{i}" for i in range(window)]
+            name = names[self.calls % window]
+        else:
+            name = f"{self.prefix}{self.calls}"
         self._record(signature)
         return name
 
@@ -65,7 +77,8 @@ class CallNames:
         history = list(self._history)
         history[call - first] = signature
         calls = self.calls
-        self.calls, self.period, self.window, self._history, self._last = first, 0, 0, [], {}
+        self.calls, self.period, self.window, self._last = first, 0, 0, {}
+        self._history.clear()
         for entry in history:
             self._record(entry)
         assert self.calls == calls
@@ -75,18 +88,23 @@ class CallNames:
 
     def _record(self, signature: Hashable) -> None:
         call = self.calls
-        self._history.append(signature)
-        self.calls += 1
-        if len(self._history) > 2 * self.max_period:
-            del self._history[: len(self._history) - 2 * self.max_period]
+        history = self._history
+        period = self.period
+        if period and call >= period:
+            then = history[-period]
+            if then is signature or then == signature:  # the period holds
+                history.append(then)  # the same object: the next comparison is by identity
+                self.calls = call + 1
+                return
+            self.period = 0  # it broke: where each signature was last is read back from the history
+            self._last = {entry: at for at, entry in enumerate(history, call - len(history))}
+        history.append(signature)
+        self.calls = call + 1
         previous = self._last.get(signature)
         self._last[signature] = call
         if len(self._last) > 4 * self.max_period:  # signatures that never recur (varying shapes)
             oldest = call - self.max_period
             self._last = {key: seen for key, seen in self._last.items() if seen >= oldest}
-        if self.period and call >= self.period and self._at(call - self.period) == signature:
-            return  # the period holds
-        self.period = 0
         if previous is None:
             return
         period = call - previous

@@ -26,9 +26,12 @@ BITWISE: dict[dist.ReduceOp.RedOpType, Callable[[torch.Tensor, torch.Tensor], to
     _RED.BAND: torch.bitwise_and, _RED.BOR: torch.bitwise_or, _RED.BXOR: torch.bitwise_xor}
 
 
-def _op(reduce_op: _TorchOp) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
-    """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp."""
-    kind = getattr(reduce_op, "op", reduce_op)
+def _op(reduce_op: _TorchOp, kind: Any = None
+        ) -> tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float]:
+    """unison's op (or a local bitwise fold) and the premultiplier of a torch ReduceOp (`kind`: its
+    ``.op``, where the caller read it already)."""
+    if kind is None:
+        kind = getattr(reduce_op, "op", reduce_op)
     known = _PLAIN.get(kind)
     if known is not None:  # every op but PREMUL_SUM, whose factor is the op object's own
         return known
@@ -63,14 +66,21 @@ def _premul_factor(reduce_op: _TorchOp) -> float:
 
 
 def _sig(tensors: Sequence[torch.Tensor]) -> tuple[tuple[tuple[int, ...], torch.dtype, str], ...]:
-    """What a call's tensors are, for `CallNames`: shape, dtype and device of each."""
-    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tensors)
+    """What a call's tensors are, for `CallNames`: shape (a ``torch.Size``, which compares and hashes as
+    the tuple), dtype and device type of each. Read on every call: ``Tensor.device`` makes an object, so
+    a host tensor's is not asked for."""
+    if len(tensors) == 1:
+        t = tensors[0]
+        return ((t.shape, t.dtype, "cpu" if t.is_cpu else t.device.type),)
+    return tuple((t.shape, t.dtype, "cpu" if t.is_cpu else t.device.type) for t in tensors)
 
 
-def _op_key(reduce_op: _TorchOp | None) -> tuple[str | float, ...]:
+def _op_key(reduce_op: _TorchOp | None, kind: Any = None) -> tuple[str | float, ...]:
+    """What a reduce op is, for `CallNames` (`kind`: its ``.op``, where the caller read it already)."""
     if reduce_op is None:
         return ()
-    kind = getattr(reduce_op, "op", reduce_op)
+    if kind is None:
+        kind = getattr(reduce_op, "op", reduce_op)
     key = _KEYS.get(kind)
     if key is None:
         key = (str(kind), _op(reduce_op)[2] if kind == _RED.PREMUL_SUM else 1.0)

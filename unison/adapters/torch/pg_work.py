@@ -132,13 +132,14 @@ class UnisonWork(dist._Work):
 
 class DoneWork(dist._Work):
     """The work of a call that finished before it was returned (the steady state's allreduce, run on the
-    calling thread): nothing to wait for; a future, when torch asks for one, already done."""
+    calling thread): nothing to wait for; a future, when torch asks for one, already done.
 
-    def __init__(self, outputs: _Outputs, what: str) -> None:
-        super().__init__()
-        self._outputs = outputs
-        self._what = what
-        self._future: torch.futures.Future[_Outputs] | None = None
+    Made with no ``__init__`` of its own and its outputs set after (`steady_work`): a Python ``__init__``
+    over torch's C++ one costs more than the rest of the work's making, on every call in a loop."""
+
+    _what = "allreduce"
+    _future: torch.futures.Future[_Outputs] | None = None
+    _outputs: _Outputs
 
     def __repr__(self) -> str:
         return f"<DoneWork {self._what}>"
@@ -165,21 +166,23 @@ class DoneWork(dist._Work):
         return self._outputs
 
 
-def steady_work(tensor: torch.Tensor, reduce_op: Any, name: str, process_set: ProcessSet,
+def steady_work(tensor: torch.Tensor, reduce_op: Any, kind: Any, name: str, process_set: ProcessSet,
                 work_of: Callable[[str, Sequence[Call[Any]], Callable[[list[Any]], _Outputs]], UnisonWork],
                 ) -> UnisonWork | DoneWork | None:
     """The steady state's allreduce of a group: one host tensor, the same call as before under `name`, its
     cycle run on this thread while the engine is idle (`unison._job.submit.steady_request`,
     `Engine.run_steady`); a `DoneWork` then, or, where its cycle became a whole one, the work (made by
-    `work_of`) of the entry it became. None, having sent nothing, where the call goes the usual way."""
-    if (tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.dtype in _HALF
+    `work_of`) of the entry it became. None, having sent nothing, where the call goes the usual way.
+    `kind` is the op's ``.op``. Each check here is one a call in a loop pays: ``Tensor.device`` makes an
+    object and ``detach`` a tensor, so neither is asked for where a flag answers."""
+    if (not tensor.is_cpu or tensor.layout != torch.strided or tensor.dtype in _HALF
             or not tensor.is_contiguous()):
         return None
-    op, bitwise, factor = _op(reduce_op)
+    op, bitwise, factor = _op(reduce_op, kind)
     if bitwise is not None or op is None:
         return None
     current = _runtime._job
-    array = tensor.detach().numpy()
+    array = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     request = steady_request(current, array, name, op, factor, 1.0, process_set, True)
     if current is None or request is None:
         return None
@@ -188,7 +191,9 @@ def steady_work(tensor: torch.Tensor, reduce_op: Any, name: str, process_set: Pr
         return None
     outputs = [tensor]
     if started is True:
-        return DoneWork(outputs, "allreduce")
+        done = DoneWork()
+        done._outputs = outputs
+        return done
     return work_of("allreduce", [Call([started.handle], list)], lambda results: outputs)
 
 

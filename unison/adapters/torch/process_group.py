@@ -111,7 +111,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._completer = _Completer(label)
         self._group_name = self._group_desc = ""
-        self._names = CallNames()
+        self._names = CallNames(prefix=f"torch.{label}.")
         self._naming = threading.local()  # the call this thread named last: (index, name), for _work
         self._in_flight: dict[str, UnisonWork] = {}  # name -> the last work under it
         self.buckets = Buckets()  # DDP's bucket numbers, for the sites of calls read afresh (`call_sites`)
@@ -154,7 +154,7 @@ class UnisonProcessGroup(dist.ProcessGroup):
         """The next call's name (`CallNames`), once the last call under that name has finished here."""
         with self._lock:
             call = self._names.calls
-            name = f"torch.{self._label}.{self._names.next(signature)}"
+            name = self._names.next(signature)
             earlier = self._in_flight.pop(name, None)
         self._naming.last = (call, name)  # per thread: DDP's device threads and the main thread both call
         if earlier is not None:
@@ -192,9 +192,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: Sequence[torch.Tensor],
                   opts: dist.AllreduceOptions | None = None) -> UnisonWork | DoneWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        name = self._name(("allreduce", _sig(tensors), _op_key(op)))
+        kind = getattr(op, "op", op)
+        name = self._name(("allreduce", _sig(tensors), _op_key(op, kind)))
         if len(tensors) == 1:
-            done = steady_work(tensors[0], op, name, self._set, self._work)
+            done = steady_work(tensors[0], op, kind, name, self._set, self._work)
             if done is not None:
                 return done
         return self._allreduce(list(tensors), op, name, "allreduce")
