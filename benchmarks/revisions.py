@@ -1,6 +1,6 @@
 """Two revisions of unison on the same benchmarks, their runs alternated: did a change cost speed?
 
-Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch,latency,call_cpu]``
+Run: ``python benchmarks/revisions.py --before REV [--after REV] [--rounds 3] [--benchmarks allreduce,train_torch,latency,call_cpu,torch_distributed]``
 
 Each revision is checked out into a temporary git worktree (``--after`` defaults to this working
 tree as it is). Each side runs its own benchmark scripts (they read private modules, which a change
@@ -14,7 +14,9 @@ already cancel much of the machine's noise: for ``allreduce``, unison's median t
 mpi4py's per case; for ``train_torch``, unison's samples/s over torch DDP's and over plain mpi4py
 calls, per model; for ``latency`` (calls back to back), unison's median call over raw mpi4py's and over
 gloo's, and each unison side's worst round p90/p50; for ``call_cpu``, one process's CPU per call on each
-rank, in microseconds (the one number that is not a ratio). A benchmark script newer than the older revision runs
+rank, in microseconds (the one number that is not a ratio); for ``torch_distributed`` (named only on
+request: it takes minutes), DDP's samples/s on the unison backend over gloo's per model, and the 4 KiB
+``dist.all_reduce`` on unison over gloo. A benchmark script newer than the older revision runs
 from this tree with that revision's package. The table gives each ratio's median over the rounds on each side and after/before.
 The JSON (``benchmarks/results/revisions.json``) keeps every round, the load average and CPU steal.
 """
@@ -74,8 +76,21 @@ def call_cpu_numbers(results: dict) -> Ratios:
             for side, per_rank in results["cpu_us_per_call"].items() for who, value in per_rank.items()}
 
 
+def torch_distributed_ratios(results: dict) -> Ratios:
+    """DDP's samples/s on the unison backend over gloo's, per model (higher is better), and the 4 KiB
+    ``dist.all_reduce``'s median on unison over gloo's (lower is better)."""
+    out: Ratios = {f"torch_distributed {model}, unison/gloo DDP samples/s": r["unison_over_gloo"]
+                   for model, r in results["models"].items()}
+    small = results["allreduce_4kib_median_seconds"]
+    out["torch_distributed dist.all_reduce 4 KiB, unison/gloo time"] = small["unison"] / small["gloo"]
+    return out
+
+
 BENCHMARKS: dict[str, Callable[[dict], Ratios]] = {"allreduce": allreduce_ratios, "train_torch": train_torch_ratios,
-                                                   "latency": latency_ratios, "call_cpu": call_cpu_numbers}
+                                                   "latency": latency_ratios, "call_cpu": call_cpu_numbers,
+                                                   "torch_distributed": torch_distributed_ratios}
+# Run unless --benchmarks names them: DDP on the unison backend takes 5 minutes a run on 2 cores.
+NOT_BY_DEFAULT = ("torch_distributed",)
 
 
 def checkout(rev: str, path: Path) -> Path:
@@ -114,7 +129,9 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="the older revision (any git revision)")
     parser.add_argument("--after", help="the newer revision (default: this working tree as it is)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each benchmark on each side")
-    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    parser.add_argument("--benchmarks", default=",".join(n for n in BENCHMARKS if n not in NOT_BY_DEFAULT),
+                        help=f"comma-separated, of {', '.join(BENCHMARKS)} (default: all but "
+                             f"{', '.join(NOT_BY_DEFAULT)})")
     parser.add_argument("--quick", action="store_true", help="pass --quick to the benchmarks (smoke run)")
     parser.add_argument("--output", default=str(HERE / "results" / "revisions.json"))
     args = parser.parse_args()
