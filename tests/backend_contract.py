@@ -80,6 +80,24 @@ def check_chunk_size_changes_no_result(backend: Backend) -> None:
         backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=lambda chunk, seen=seen: seen.append(chunk.size))
         np.testing.assert_array_equal(buf, expected)
         assert sum(seen) == 1000
+    # many chunks (a transport may have several in flight): each seen once, reduced, in order; a type
+    # reduced in a wider copy (16-bit integers on gloo) too
+    backend.set_chunk_bytes(64)
+    for dtype in (np.float64, np.int16):
+        buf = (_values(rank, 1000) % 100).astype(dtype)
+        whole = sum((_values(r, 1000) % 100).astype(dtype) for r in range(size))
+        pieces: list[tuple[int, int]] = []  # (start, size) of each chunk, as after_chunk saw them
+
+        def reduced_in_order(chunk: np.ndarray, buf: np.ndarray = buf, whole: np.ndarray = whole,
+                             pieces: list[tuple[int, int]] = pieces) -> None:
+            start = (chunk.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // buf.itemsize
+            np.testing.assert_array_equal(chunk, whole[start:start + chunk.size])
+            pieces.append((start, chunk.size))
+
+        backend.allreduce_(buf, ReduceOp.SUM, 0, after_chunk=reduced_in_order)
+        assert [start for start, _ in pieces] == list(np.cumsum([0] + [n for _, n in pieces])[:-1])
+        assert sum(n for _, n in pieces) == 1000
+    backend.set_chunk_bytes(4 * 1024 * 1024)
 
 
 def check_allreduce_pieces(backend: Backend) -> None:

@@ -17,6 +17,7 @@ and the wait raises `AbortedError` naming it, as the MPI transport's liveness pr
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["GlooBackend", "GlooWorld"]
 
 _SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
+# A large allreduce's chunks started at once: gloo runs them on its threads side by side (one after
+# another, each waited for, a 46 MB allreduce took 83 ms against 43 ms for one call of torch's gloo).
+_IN_FLIGHT = 4
 _MAX_SLEEP_SECONDS = 0.002
 HEARTBEAT_SECONDS = 0.5
 _PROBE_STEP_SECONDS = 0.01  # the liveness probe's wait looks this often whether the transport was abandoned
@@ -214,23 +218,34 @@ class GlooBackend:
 
     def allreduce_(self, buf: np.ndarray, op: ReduceOp, process_set_id: int,
                    after_chunk: Callable[[np.ndarray], None] | None = None) -> None:
+        """Reduce `buf` in chunks, `_IN_FLIGHT` of them started at a time (gloo's threads run them side by
+        side), finished in order: `after_chunk` sees each chunk once it is reduced, in order."""
         group = self._groups[process_set_id]
         step = self._chunk_elements(buf)
         options = self._dist.AllreduceOptions()
         options.reduceOp = self._ops[op]
         wider = _WIDER.get(buf.dtype)
+        started: collections.deque[tuple[Work, np.ndarray, np.ndarray | None]] = collections.deque()
         for start in range(0, buf.size, step):
             chunk = buf[start:start + step]
-            if wider is None:
-                self._wait(group.allreduce([self._tensor(chunk)], options))
-            else:  # reduced in a wider copy, written back with the narrow type's wrap-around
-                widened = chunk.astype(wider)
-                self._wait(group.allreduce([self._tensor(widened)], options))
-                chunk[...] = widened.astype(buf.dtype)
-            self._stats["data_calls"] += 1
-            if after_chunk is not None:
-                after_chunk(chunk)
+            # reduced in a wider copy where needed, written back with the narrow type's wrap-around
+            widened = None if wider is None else chunk.astype(wider)
+            started.append((group.allreduce([self._tensor(chunk if widened is None else widened)], options),
+                            chunk, widened))
+            if len(started) == _IN_FLIGHT:
+                self._finish_chunk(*started.popleft(), after_chunk)
+        while started:
+            self._finish_chunk(*started.popleft(), after_chunk)
         self._stats["data_bytes"] += buf.nbytes
+
+    def _finish_chunk(self, work: Work, chunk: np.ndarray, widened: np.ndarray | None,
+                      after_chunk: Callable[[np.ndarray], None] | None) -> None:
+        self._wait(work)
+        if widened is not None:
+            chunk[...] = widened.astype(chunk.dtype)
+        self._stats["data_calls"] += 1
+        if after_chunk is not None:
+            after_chunk(chunk)
 
     def allreduce_pieces_(self, buf: np.ndarray, combine: Callable[[np.ndarray], np.ndarray],
                           process_set_id: int) -> None:

@@ -92,8 +92,8 @@ class CallNames:
         period = self.period
         if period and call >= period:
             then = history[-period]
-            if then is signature or then == signature:  # the period holds
-                history.append(then)  # the same object: the next comparison is by identity
+            if then is signature or then == signature:  # the period holds: no hashing, no lookups
+                history.append(then)
                 self.calls = call + 1
                 return
             self.period = 0  # it broke: where each signature was last is read back from the history
