@@ -96,7 +96,6 @@ class Cycles:
                                lambda: self.observer, stats)
         self.on_response: Callable[[Response], None] | None = None
         self.started = 0.0
-        self.became: Entry | None = None  # the entry the last `steady` call became, if any
         self.progress = False
         self.detail = False
 
@@ -194,8 +193,7 @@ class Cycles:
                driver: Callable[[Handle, float | None], None]) -> Entry | None:
         """`solo` for a blocking call that made no entry yet (`Engine.run_steady`): None once its result is
         in `output`; else, the summary having asked for more than this slot, the entry it became, which
-        waits for a later cycle like any other (kept as `became` too, for a caller whose cycle ran
-        through `Engine._guarded_cycle`)."""
+        waits for a later cycle like any other."""
         self._stats["cycles"] += 1
         now = self.started = time.monotonic()
         observer = self.observer
@@ -223,7 +221,7 @@ class Cycles:
             try:
                 self.executor.run_single(response, source, output)
             except Exception as exc:  # noqa: BLE001 - the caller's error, as a failed entry's would be
-                entry = self.became = Entry(request, source, output, Handle(request.name, driver))
+                entry = Entry(request, source, output, Handle(request.name, driver))
                 failure = HorovodInternalError(f"{response.kind} of {list(response.names)} failed: {exc}")
                 failure.__cause__ = exc
                 entry.handle.fail(failure)
@@ -235,7 +233,7 @@ class Cycles:
             self.progress = True
             return entry
         self.flight.submitted(request, now)
-        entry = self.became = Entry(request, source, output, Handle(request.name, driver))
+        entry = Entry(request, source, output, Handle(request.name, driver))
         entry.slot = slot
         work.entries[request.name] = entry
         matrix = None

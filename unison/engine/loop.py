@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from ..backends.base import Abandoned, Backend
 from ..config import Settings
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "EngineState", "EngineStatistics", "open_tune_log"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")  # what a cycle returns (`Engine._guarded_cycle`)
 
 _MAX_BACKOFF_SECONDS = 1e-3
 _FIRST_BACKOFF_SECONDS = 50e-6
@@ -244,7 +245,7 @@ class Engine:
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
             self.cache.count_hit()  # as a cycle's admission counts it
             self._stats["driven_cycles"] += 1
-            self._guarded_cycle(lambda: self._cycles.solo(entry, slot, blocked))
+            self._guarded_cycle(self._cycles.solo, entry, slot, blocked)
             return True
         finally:
             lock.release()
@@ -273,10 +274,7 @@ class Engine:
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
             self.cache.count_hit()
             self._stats["driven_cycles"] += 1
-            cycles = self._cycles
-            cycles.became = None
-            self._guarded_cycle(cycles.steady, request, source, output, slot, blocked, self.drive)
-            became = cycles.became
+            became = self._guarded_cycle(self._cycles.steady, request, source, output, slot, blocked, self.drive)
             if self._state is not EngineState.RUNNING and became is None and self._stop_error is not None:
                 raise self._stopped_error()  # the cycle failed: its error, as a pending call gets it
             return True if became is None else became
@@ -305,7 +303,8 @@ class Engine:
                 if handle._done or self._state is not EngineState.RUNNING:
                     return
                 self._stats["driven_cycles"] += 1
-                progress = self._guarded_cycle(self._cycles.driven)
+                self._guarded_cycle(self._cycles.driven)
+                progress = self._cycles.progress
             finally:
                 lock.release()
             if handle._done or (deadline is not None and time.monotonic() >= deadline):
@@ -420,15 +419,16 @@ class Engine:
                 finally:
                     self.backend.close()
 
-    def _guarded_cycle(self, cycle: Callable[..., object], *args: Any) -> bool:
-        """Run one cycle, ``cycle(*args)`` (the cycle lock held); return whether it made progress. A failure stops the
-        engine: every waiter gets the error, whichever thread ran the cycle. On the main thread a SIGINT
-        waits for the cycle's end (`handles.main_thread_cycle`): peers cannot finish a cycle left half way."""
+    def _guarded_cycle(self, cycle: Callable[..., T], *args: Any) -> T | None:
+        """Run one cycle, ``cycle(*args)`` (the cycle lock held); return what it returned, None where it
+        failed (whether it made progress: ``self._cycles.progress``). A failure stops the engine: every
+        waiter gets the error, whichever thread ran the cycle. On the main thread a SIGINT waits for the
+        cycle's end (`handles.main_thread_cycle`): peers cannot finish a cycle left half way."""
         main = threading.get_ident() == _MAIN_THREAD
         if main:
             enter_main_cycle()
         try:
-            cycle(*args)
+            return cycle(*args)
         except Abandoned:
             self._stop(ShutdownError("unison was shut down while peers did not respond."))
         except AbortedError as exc:  # the transport learned that the job is being aborted
@@ -448,7 +448,7 @@ class Engine:
         finally:
             if main and leave_main_cycle():
                 raise KeyboardInterrupt  # held while the cycle ran (`handles.defer_interrupt`)
-        return self._cycles.progress
+        return None
 
     def _wait_for_work(self) -> None:
         """Sleep until there is work, or until the idle interval passed without any."""
