@@ -56,6 +56,38 @@ def test_abandon_ends_a_wait_for_a_peer_that_never_comes() -> None:
         hvd.barrier()
 
 
+def test_close_waits_for_a_heartbeat_inside_the_store() -> None:
+    """A daemon thread inside torch's C++ when the interpreter finalizes aborts the process (SIGABRT,
+    "terminate called without an active exception"): close() lets the heartbeat's store call end first."""
+    import dataclasses
+    import threading
+    from datetime import timedelta
+
+    from unison.adapters.torch.process_group import job_store
+
+    store, rank, size = job_store(timedelta(seconds=60))
+    if size < 2:
+        pytest.skip("a heartbeat beats only with peers")
+    world = GlooWorld(store, rank, size, 60.0, peer_timeout_seconds=30.0)
+    backend = create_backend("gloo", world, load_settings())
+    entered = threading.Event()
+
+    class SlowStore:  # the heartbeat's add blocks in torch's C++ (a wait for a key nobody sets) for 1 s
+        def add(self, key: str, value: int) -> int:
+            if value:
+                entered.set()
+                store.wait([f"unison.test.never.{rank}"], timedelta(seconds=1))
+            return store.add(key, value)
+
+    try:
+        backend._world = dataclasses.replace(world, store=SlowStore())
+        assert entered.wait(10), "the heartbeat never beat"
+    finally:
+        backend.close()
+    assert not backend._beating.is_alive()
+    hvd.barrier()
+
+
 def _listening(port: int) -> set[str]:
     """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on `port`."""
     from pathlib import Path

@@ -45,6 +45,7 @@ _SPIN_SECONDS = 0.0002  # a wait spins this long before it starts to sleep
 _IN_FLIGHT = 4
 _MAX_SLEEP_SECONDS = 0.002
 HEARTBEAT_SECONDS = 0.5
+_CLOSE_JOIN_SECONDS = 2.0  # a heartbeat's store call that outlasts this (the store is gone) is left behind
 _PROBE_STEP_SECONDS = 0.01  # the liveness probe's wait looks this often whether the transport was abandoned
 _RETIRED: list[Any] = []  # closed backends' gloo groups (see GlooBackend.close)
 # same width, a type gloo has: for buffers that are only moved
@@ -92,8 +93,10 @@ class GlooBackend:
         self._stats = {"control_calls": 0, "data_calls": 0, "data_bytes": 0, "wait_seconds": 0.0}
         self._beats = 0
         self._closed = threading.Event()
+        self._beating: threading.Thread | None = None
         if world.peer_timeout_seconds > 0 and world.size > 1:
-            threading.Thread(target=self._heartbeat, name="unison-gloo-heartbeat", daemon=True).start()
+            self._beating = threading.Thread(target=self._heartbeat, name="unison-gloo-heartbeat", daemon=True)
+            self._beating.start()
 
     def __repr__(self) -> str:
         return f"<GlooBackend rank={self.rank} size={self.size} sets={sorted(self._groups)}>"
@@ -333,6 +336,11 @@ class GlooBackend:
 
     def close(self) -> None:
         self._closed.set()
+        # A daemon thread still inside torch's C++ (the heartbeat's store call) when the interpreter
+        # finalizes is unwound through code that cannot be, and the process ends with SIGABRT
+        # ("terminate called without an active exception"): the heartbeat ends before the process does.
+        if self._beating is not None and self._beating is not threading.current_thread():
+            self._beating.join(_CLOSE_JOIN_SECONDS)
         # A gloo group's destructor waits for its pending work, which may involve a frozen peer:
         # the groups are kept until the process ends instead (a broken job ends with os._exit).
         _RETIRED.extend(self._groups.values())
