@@ -89,6 +89,20 @@ def _op_key(reduce_op: _TorchOp | None, kind: Any = None) -> tuple[str | float, 
     return key
 
 
+def _op_and_key(reduce_op: _TorchOp, kind: Any) -> tuple[
+        tuple[ReduceOp | None, Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, float],
+        tuple[str | float, ...]]:
+    """`_op` and `_op_key` of one op (`kind`: its ``.op``) in one lookup: the group's allreduce asks for
+    both on every call, and each lookup hashes torch's enum through Python."""
+    both = _BOTH.get(kind)
+    if both is None:
+        return _op(reduce_op, kind), _op_key(reduce_op, kind)
+    return both
+
+
+_BOTH = {kind: (plain, (str(kind), 1.0)) for kind, plain in _PLAIN.items()}
+
+
 def _point_to_point(call: str) -> UnisonNotImplementedError:
     return UnisonNotImplementedError(
         f"dist.{call} (and isend, irecv, batch_isend_irecv) is not available on the unison backend: unison runs "

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from ..._job import runtime as _runtime
 from ..._job.calls import Call
 from ..._job.submit import steady_request
-from .pg_ops import _op
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -166,19 +165,19 @@ class DoneWork(dist._Work):
         return self._outputs
 
 
-def steady_work(tensor: torch.Tensor, reduce_op: Any, kind: Any, name: str, process_set: ProcessSet,
+def steady_work(tensor: torch.Tensor, resolved: tuple[Any, Any, float], name: str, process_set: ProcessSet,
                 work_of: Callable[[str, Sequence[Call[Any]], Callable[[list[Any]], _Outputs]], UnisonWork],
                 ) -> UnisonWork | DoneWork | None:
     """The steady state's allreduce of a group: one host tensor, the same call as before under `name`, its
     cycle run on this thread while the engine is idle (`unison._job.submit.steady_request`,
     `Engine.run_steady`); a `DoneWork` then, or, where its cycle became a whole one, the work (made by
     `work_of`) of the entry it became. None, having sent nothing, where the call goes the usual way.
-    `kind` is the op's ``.op``. Each check here is one a call in a loop pays: ``Tensor.device`` makes an
+    `resolved` is the op as `pg_ops._op` gives it. Each check here is one a call in a loop pays: ``Tensor.device`` makes an
     object and ``detach`` a tensor, so neither is asked for where a flag answers."""
     if (not tensor.is_cpu or tensor.layout != torch.strided or tensor.dtype in _HALF
             or not tensor.is_contiguous()):
         return None
-    op, bitwise, factor = _op(reduce_op, kind)
+    op, bitwise, factor = resolved
     if bitwise is not None or op is None:
         return None
     current = _runtime._job

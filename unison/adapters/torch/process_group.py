@@ -70,6 +70,7 @@ from .pg_ops import (
     _copy_back,
     _keep_at_root,
     _op,
+    _op_and_key,
     _op_key,
     _point_to_point,
     _sig,
@@ -192,10 +193,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: Sequence[torch.Tensor],
                   opts: dist.AllreduceOptions | None = None) -> UnisonWork | DoneWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        kind = getattr(op, "op", op)
-        name = self._name(("allreduce", _sig(tensors), _op_key(op, kind)))
+        resolved, key = _op_and_key(op, getattr(op, "op", op))
+        name = self._name(("allreduce", _sig(tensors), key))
         if len(tensors) == 1:
-            done = steady_work(tensors[0], op, kind, name, self._set, self._work)
+            done = steady_work(tensors[0], resolved, name, self._set, self._work)
             if done is not None:
                 return done
         return self._allreduce(list(tensors), op, name, "allreduce")
