@@ -144,3 +144,48 @@ def test_the_gpu_route_benchmark_runs_on_a_fake_device(tmp_path: Path) -> None:
     results = json.loads(out.read_text())
     assert results["plane_mpi_direct_responses"] > 0  # the GPU route was taken end to end
     assert results["gpu_step_ms"] > 0 and results["host_step_ms"] > 0
+
+
+def test_latency_binds_each_rank_to_a_core_and_counts_rounds_that_shared_one(tmp_path: Path) -> None:
+    """Two ranks bound to two cores never share one; placed by the OS, the rounds that did are counted."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    for extra, name in (((), "bound.json"), (("--no-bind",), "placed.json")):
+        done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(ROOT / "benchmarks" / "latency.py"),
+                               "--no-torch", "--calls", "120", "--rounds", "2", "--output", str(tmp_path / name),
+                               *extra], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    bound = json.loads((tmp_path / "bound.json").read_text())
+    placed = json.loads((tmp_path / "placed.json").read_text())
+    assert sorted(bound["bound_to_cores"]) == sorted(os.sched_getaffinity(0))[:2]
+    assert placed["bound_to_cores"] == [None, None]
+    for results in (bound, placed):
+        assert {"hvd.allreduce 4 KiB", "mpi4py Allreduce 64 KiB", "Python loop, no communication"} <= results["sides"].keys()
+        for side in results["sides"].values():
+            assert 0 <= side["rounds_sharing_a_core"] <= 2 and len(side["round_p50_us"]) == 2
+    assert all(side["rounds_sharing_a_core"] == 0 for side in bound["sides"].values())
+
+
+def test_bind_to_core_pins_the_threads_there_are_and_those_started_later() -> None:
+    code = ("import os, sys, threading; sys.path.insert(0, sys.argv[1]); from machine import bind_to_core, "
+            "current_core\nseen, go = [], threading.Event()\n"
+            "def look(): go.wait(); seen.append(sorted(os.sched_getaffinity(0)))\n"
+            "before = threading.Thread(target=look); before.start()\n"
+            "core = bind_to_core(1); go.set(); before.join(); after = threading.Thread(target=look); after.start()\n"
+            "after.join(); print(core, current_core(), *seen, sorted(os.sched_getaffinity(0)), bind_to_core(4096))")
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    second = sorted(os.sched_getaffinity(0))[1] if len(os.sched_getaffinity(0)) > 1 else None
+    if second is None:
+        assert done.stdout.split()[0] == "None"
+        return
+    assert done.stdout.split() == [str(second), str(second), *[f"[{second}]"] * 3, "None"]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from machine import shared_a_core
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert shared_a_core([[0, 0, 1], [1, 1, 1]]) and not shared_a_core([[0, 1], [1, 0]])
+    assert not shared_a_core([[None, None], [None, None]])  # no reading: no verdict
