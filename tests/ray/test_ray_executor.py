@@ -227,25 +227,30 @@ def test_a_current_placement_group_without_room_for_every_worker_is_named(cluste
 
     @ray.remote(num_cpus=0)
     class Driver:
-        def start(self) -> str:
-            job = RayExecutor(settings(placement_group_timeout_s=3), num_workers=3)
+        def start(self) -> tuple[str, float]:
+            job = RayExecutor(settings(placement_group_timeout_s=60), num_workers=3)
+            began = time.monotonic()
             try:
                 job.start()
             except PlacementGroupTimeoutError as exc:
-                return str(exc)
+                return str(exc), time.monotonic() - began
             finally:
                 job.shutdown()
-            return "started"
+            return "started", time.monotonic() - began
 
     where = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_capture_child_tasks=True)
     driver = Driver.options(scheduling_strategy=where).remote()
     try:
-        message = ray.get(driver.start.remote(), timeout=120)
+        message, took = ray.get(driver.start.remote(), timeout=120)
     finally:
         ray.kill(driver)
         ray.util.remove_placement_group(group)
-    assert message.startswith("1 of 3 workers did not start within 3 s (placement_group_timeout_s) in the "
-                              "placement group this executor runs in: it has no room for {'CPU': 1} more."), message
+    # Refused from the group's bundles, before any worker starts: not after the 60 s placement timeout.
+    assert message.startswith("The placement group this executor runs in has room for 2 of its 3 workers: its "
+                              "bundles "), message
+    assert message.endswith("hold 2 of {'CPU': 1}. Give the group a bundle per worker, or pass "
+                            "use_current_placement_group=False."), message
+    assert took < 30, took
     assert resources_back(cluster)
 
 

@@ -5,20 +5,22 @@ Three ways, as in Horovod: ``num_workers`` packs the workers into a group of one
 host on distinct nodes (``STRICT_SPREAD``); and an executor made inside a placement group (a Ray
 Tune trial, a driver actor) puts its workers in that group, unless ``use_current_placement_group``
 is False. A group Ray cannot place within ``placement_group_timeout_s`` is removed again, and the
-error says what was asked and what the cluster has.
+error says what was asked and what the cluster has; a current group whose bundles cannot hold every
+worker is refused before any worker starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import PlacementGroupTimeoutError
 from ._worker import BaseHorovodWorker
 
-__all__ = ["PlacementGroupTimeoutError", "Placement", "Request", "timeout_message", "visible_devices"]
+__all__ = ["PlacementGroupTimeoutError", "Placement", "Request", "room_in", "timeout_message", "visible_devices"]
 
 log = logging.getLogger("unison.ray")
 
@@ -72,6 +74,22 @@ def timeout_message(request: Request, timeout_s: float, available: Mapping[str, 
             "else ask for fewer workers or less per worker, or raise placement_group_timeout_s.")
 
 
+def room_in(bundles: Sequence[Mapping[str, float]], per_worker: Mapping[str, float]) -> int:
+    """How many workers of `per_worker` the `bundles` hold at most (each worker inside one bundle).
+
+    >>> room_in([{"CPU": 1}, {"CPU": 2.5, "GPU": 1}], {"CPU": 1})
+    3
+    >>> room_in([{"CPU": 4}], {"CPU": 1, "GPU": 1})
+    0
+    """
+    def fits(bundle: Mapping[str, float]) -> int:
+        # 1e-9: Ray keeps resources as fixed-point decimals; 0.3 * 3 must fit in 0.9.
+        counts = [math.floor(bundle.get(name, 0.0) / amount + 1e-9) for name, amount in per_worker.items() if amount]
+        return min(counts) if counts else 1
+
+    return sum(fits(bundle) for bundle in bundles)
+
+
 def visible_devices(nodes: Sequence[str], gpu_ids: Sequence[Sequence[int]]) -> list[str]:
     """Each worker's ``CUDA_VISIBLE_DEVICES``: every GPU Ray gave the workers of its node, so that
     the workers of one node see each other's devices (Horovod's choice, for CUDA IPC).
@@ -112,6 +130,13 @@ class Placement:
         if current is not None:
             log.info("Found the placement group this executor runs in: its workers go there "
                      "(use_current_placement_group=False makes a group of their own).")
+            room = room_in(current.bundle_specs, self.request.per_worker)
+            if room < self.request.num_workers:
+                raise PlacementGroupTimeoutError(
+                    f"The placement group this executor runs in has room for {room} of its "
+                    f"{self.request.num_workers} workers: its bundles {current.bundle_specs} hold {room} of "
+                    f"{self.request.per_worker}. Give the group a bundle per worker, or pass "
+                    "use_current_placement_group=False.")
             self.group = current
         else:
             self.group = ray.util.placement_group(self.request.bundles(), strategy=self.request.strategy)

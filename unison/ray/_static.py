@@ -111,19 +111,20 @@ class StaticAdapter:
 
     def _wait_started(self, workers: Sequence[Any]) -> None:
         """Return once every worker answers; raise when some did not start within the placement timeout
-        (in a placement group the executor did not make, which may hold fewer bundles than workers)."""
+        (slow to start, or in a placement group the executor did not make whose room others hold)."""
         import ray
 
         pings = [worker.hostname.remote() for worker in workers]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.placement.timeout_s)
         if len(ready) < len(pings):
+            why = ("its bundles hold them all, so other tasks hold their room or the workers start slowly"
+                   if not self.placement.created_group else "the group is reserved, so the workers start slowly")
             where = ("the placement group this executor runs in" if not self.placement.created_group
                      else "their placement group")
             raise PlacementGroupTimeoutError(
                 f"{len(pings) - len(ready)} of {len(pings)} workers did not start within "
-                f"{self.placement.timeout_s:g} s (placement_group_timeout_s) in {where}: it has no room for "
-                f"{self.request.per_worker} more. Give the group a bundle per worker, or pass "
-                "use_current_placement_group=False.")
+                f"{self.placement.timeout_s:g} s (placement_group_timeout_s) in {where}: {why}. Raise "
+                "placement_group_timeout_s, or free the group's room.")
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], object]] | None = None) -> list[Any]:
         """``fn(executable)`` on every worker; the values in rank order."""

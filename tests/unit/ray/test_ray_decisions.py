@@ -11,7 +11,7 @@ from unison.ray._discovery import slots_of
 from unison.ray._elastic import in_ray_words
 from unison.ray._layout import place, rank_variables
 from unison.ray._outcomes import failed_ranks, failure_message
-from unison.ray._placement import Request, timeout_message, visible_devices
+from unison.ray._placement import Request, room_in, timeout_message, visible_devices
 from unison.ray._static import common_variables
 from unison.ray._worker import Outcome
 
@@ -65,6 +65,15 @@ def test_the_timeout_message_says_what_was_asked_and_what_is_free() -> None:
     assert text.startswith("Placement group creation timed out after 5 s: 2 workers need CPU 2 (on distinct "
                            "nodes, bundles [{'CPU': 1}] * 2, STRICT_SPREAD), but the cluster has CPU 4 available")
     assert "raise placement_group_timeout_s" in text
+
+
+def test_the_room_a_group_has_counts_whole_workers_per_bundle() -> None:
+    assert room_in([{"CPU": 1.0}] * 2, {"CPU": 1}) == 2
+    assert room_in([{"CPU": 2.5, "GPU": 1.0}, {"CPU": 1.0}], {"CPU": 1}) == 3
+    assert room_in([{"CPU": 4.0, "GPU": 1.0}], {"CPU": 1, "GPU": 1}) == 1
+    assert room_in([{"CPU": 4.0}], {"CPU": 1, "GPU": 0.5}) == 0
+    assert room_in([{"CPU": 0.9}], {"CPU": 0.3}) == 3
+    assert room_in([{"CPU": 1.0}] * 3, {}) == 3
 
 
 def test_workers_of_a_node_see_every_gpu_of_the_node() -> None:
