@@ -258,19 +258,25 @@ class ElasticAdapter:
 
     def _started(self, workers: Sequence[Any], names: Sequence[str], hosts: Sequence[str]) -> list[Outcome] | None:
         """None when every worker started within ``placement_group_timeout_s``; else each rank's `Outcome`
-        (a worker that did not start fails, blaming its host)."""
+        (a worker that did not start fails, blaming its host). A host no Ray node stands for fails at
+        once: its worker could never start, and waiting for it would only make the others' start a race."""
         import ray
 
-        pings = [worker.hostname.remote() for worker in workers]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.settings.placement_group_timeout_s)
-        if len(ready) == len(pings):
+        nodes = ray.cluster_resources()
+        missing = {host for host in hosts if f"node:{host}" not in nodes}
+        pings = {index: worker.hostname.remote() for index, worker in enumerate(workers) if hosts[index] not in missing}
+        ready, _ = (ray.wait(list(pings.values()), num_returns=len(pings), timeout=self.settings.placement_group_timeout_s)
+                    if pings else ([], []))
+        if not missing and len(ready) == len(pings):
             return None
-        waited = self.settings.placement_group_timeout_s
-        return [Outcome("ok") if ping in ready else
+        waited, started = self.settings.placement_group_timeout_s, set(ready)
+        return [Outcome("ok") if pings.get(index) in started else
+                Outcome("failed", cause=True, reason=f"{name}: no Ray node stands for that host (no alive node has "
+                        f"the resource node:{host})") if host in missing else
                 Outcome("failed", cause=True, reason=f"{name}: its worker did not start within {waited:g} s "
                         f"(placement_group_timeout_s): Ray has no free room on that host (a node with the resource "
                         f"node:{host} and {self.cpus_per_worker:g} CPUs free)")
-                for ping, name, host in zip(pings, names, hosts)]
+                for index, (name, host) in enumerate(zip(names, hosts))]
 
     def _remove_store(self, path: str) -> None:
         """Remove `path` here and on every other node that ran workers (best effort, 10 s at most)."""
