@@ -168,9 +168,8 @@ class Executor:
 
     def run_single(self, response: Response, source: np.ndarray, output: np.ndarray) -> None:
         """Run a one-tensor host allreduce of `source` into `output` (the steady state's own call: no
-        entry was made for it, `unison.engine.cycles.Cycles.steady`)."""
-        self._stats["responses"] += 1
-        self._stats["tensors"] += 1
+        entry was made for it, `unison.engine.cycles.Cycles.steady`, which counts it as a response of one
+        tensor: `Cycles.steady_calls`)."""
         plan = self._single.get(id(response))
         if plan is None or plan[0] is not response:
             self._allreduce(response, [Entry(Request(response.names[0], response.kind, self.rank), source, output,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -63,6 +64,8 @@ T = TypeVar("T")  # what a cycle returns (`Engine._guarded_cycle`)
 _MAX_BACKOFF_SECONDS = 1e-3
 _FIRST_BACKOFF_SECONDS = 50e-6
 _MAIN_THREAD = threading.main_thread().ident
+# the engine's counters that a steady call which ran alone adds one to (`Cycles.steady_calls`)
+_STEADY_COUNTS = frozenset({"cycles", "fast_cycles", "driven_cycles", "cache_hits_executed", "responses"})
 _CACHEABLE = Kind.ALLREDUCE
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCESCATTER)  # what autotune scores
 
@@ -187,13 +190,17 @@ class Engine:
     def statistics(self) -> EngineStatistics:
         """A snapshot of the counters of the engine and of its cache, executor, backend and coordinator."""
         queued, held = self._queue.counts()
+        steady = self._cycles.steady_calls  # each counted once (`Cycles.steady_calls`)
+        counts = {key: value + steady if key in _STEADY_COUNTS else value for key, value in self._stats.items()}
+        cache, executor = self.cache.statistics(), self.executor.statistics()
         return EngineStatistics(
-            **self._stats,
+            **counts,
             rows_gathered=self._cycles.status.rows_gathered,
             queued=queued,
             held=held,
-            cache=self.cache.statistics(),
-            executor=self.executor.statistics(),
+            cache=dataclasses.replace(cache, hits=cache.hits + steady),
+            executor=dataclasses.replace(executor, responses=executor.responses + steady,
+                                         tensors=executor.tensors + steady),
             backend=dict(self.backend.statistics()),
             coordinator=None if self.coordinator is None else self.coordinator.statistics(),
             stall=None if self.stall is None else self.stall.statistics(),
@@ -272,8 +279,6 @@ class Engine:
             if unbatched is None:
                 return False
             blocked = unbatched and threading.get_ident() == _MAIN_THREAD
-            self.cache.count_hit()
-            self._stats["driven_cycles"] += 1
             became = self._guarded_cycle(self._cycles.steady, request, source, output, slot, blocked, self.drive)
             if self._state is not EngineState.RUNNING and became is None and self._stop_error is not None:
                 raise self._stopped_error()  # the cycle failed: its error, as a pending call gets it
