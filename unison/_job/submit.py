@@ -287,7 +287,7 @@ def steady_allreduce(tensor: np.ndarray, name: str, op: ReduceOp, prescale: floa
     request = steady_request(current, tensor, name, op, prescale, postscale, process_set, in_place)
     if current is None or request is None:
         return None
-    output = tensor if in_place else np.empty_like(tensor)
+    output = tensor if in_place else np.empty(tensor.shape, tensor.dtype)  # C-contiguous, as steady_request asks
     started = current.engine.run_steady(request, tensor, output)
     if started is False:
         return None

@@ -6,7 +6,8 @@ each cycle), what a cycle does (``cycles.py``: exchange, decide, act), the statu
 submission queue framework threads fill (``queue.py``), this rank's pending work against the response
 cache (``pending.py``), the executor that packs, reduces and unpacks buffers (``executor.py``), the
 autotuner's run-time side (``autotuning.py``), and what watches the cycles without steering them
-(``observer.py``): rank 0's timeline writer (``timeline.py``) and stall feed (``stall_feed.py``). Every
+(``observer.py``): rank 0's timeline writer (``timeline.py``); rank 0's stall feed (``stall_feed.py``)
+takes the cycles' votes. Every
 decision they act on comes from `unison.protocol`, pure code unit-tested without MPI; which action a
 response of each kind takes is the table in ``protocol/dispatch.py``.
 

@@ -93,6 +93,13 @@ class Autotuning:
         """Whether rank 0 has decided a change that the next cycle's responses must carry."""
         return self._due is not None
 
+    def quiet(self) -> bool:
+        """Whether the tuner neither measures nor has a change due, and keeps the response cache on: a
+        cycle may then be the steady state's alone (`unison.engine.cycles.Cycles.solo_ready`, one call
+        for `measuring`, `due` and the cache's setting on every steady call)."""
+        return (self._due is None and (self._meter is None or self.state is not AutotuneState.TUNING)
+                and self.parameters.cache_enabled)
+
     def take_due(self) -> Response | None:
         """Rank 0: the TUNE response to append to this cycle's responses, once; None when none is due."""
         if self._due is None:

@@ -34,7 +34,7 @@ from .autotuning import Autotuning
 from .executor import Executor
 from .flight import DONE, FAILED, FlightRecord
 from .handles import Entry, Handle
-from .observer import SILENT, CycleObserver, observe_all
+from .observer import SILENT, CycleObserver
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
 from .slow_path import SlowPath
@@ -94,7 +94,7 @@ class Cycles:
         if stall_feed is not None:
             stall_feed.places_of = self.status.take_places
         self.flight = FlightRecord()
-        self.observer: CycleObserver = observe_all(stall_feed)
+        self.observer: CycleObserver = SILENT  # rank 0's timeline, while it writes one (`Engine.set_timeline`)
         self.slow = SlowPath(backend, coordinator, autotuning, lambda: self.observer)
         self.actions = Actions(rank, process_sets, backend, cache, executor, self.work, queue.release, stop,
                                lambda: self.observer, stats)
@@ -109,8 +109,8 @@ class Cycles:
     def solo_ready(self) -> bool:
         """Whether a cycle now could be the steady state's (`solo`), given one cached allreduce."""
         work = self.work
-        return not (work.entries or work.joined or self.slow.news or self.detail or self.autotuning.due
-                    or self.autotuning.measuring or not self.cache_on() or not self.status.reduces)
+        return (not (work.entries or work.joined or self.slow.news or self.detail or not self.status.reduces
+                     or not self.cache.capacity) and self.autotuning.quiet())
 
     def cache_on(self) -> bool:
         """Whether the response cache is in use (a setting, and the autotuner may turn it off)."""
@@ -171,8 +171,7 @@ class Cycles:
         entry.slot = slot
         work.entries[entry.request.name] = entry
         work.invalid = 0
-        words = words_for(self.cache.num_slots)
-        foreign = work.foreign()
+        foreign, words = work.solo_votes()
         summary = self.status.reduce_solo(slot, foreign, blocked, words)
         if solo_runs(summary, slot):
             if self.stall_feed is not None and self.stall_feed.due(now):
@@ -205,8 +204,7 @@ class Cycles:
             observer.cycle_started(now)
         work = self.work
         work.invalid = 0
-        words = words_for(self.cache.num_slots)
-        foreign = work.foreign()
+        foreign, words = work.solo_votes()
         summary = self.status.reduce_solo(slot, foreign, blocked, words)
         entry = None
         if solo_runs(summary, slot):

@@ -508,7 +508,7 @@ class Engine:
     def set_timeline(self, timeline: Timeline | None) -> None:
         """Start (or with None, stop) writing the timeline; rank 0 only."""
         old, self.timeline = self.timeline, timeline
-        self._cycles.observer = observe_all(self._stall_feed, timeline)
+        self._cycles.observer = observe_all(timeline)
         if timeline is None:
             self.executor.activity = None
         else:

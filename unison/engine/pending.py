@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from ..ops import Kind
 from ..protocol.cache import CacheState, ResponseCache
+from ..protocol.cycle import words_for
 from ..protocol.messages import Request
 from .handles import Entry
 
@@ -43,7 +44,7 @@ class PendingWork:
         self.invalid = 0
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
         self._foreign_version = -1
-        self._foreign_mask = 0
+        self._solo_votes = (0, 0)  # `solo_votes` at `_foreign_version`
 
     def __repr__(self) -> str:
         return f"<PendingWork entries={len(self.entries)} unsent={len(self._unsent)} joined={self.joined}>"
@@ -112,6 +113,11 @@ class PendingWork:
 
     def foreign(self) -> int:
         """Cache slots of process sets this rank is not in (it votes for them, never blocks them)."""
+        return self.solo_votes()[0]
+
+    def solo_votes(self) -> tuple[int, int]:
+        """`foreign`, and the 64-bit words of the cache's bit-vector: what a solo cycle votes beside its
+        own slot, kept until the cache changes (both on every steady call)."""
         cache = self.cache
         if self._foreign_version != cache.version:
             mask = 0
@@ -119,9 +125,9 @@ class PendingWork:
                 members = self._process_sets.get(cache.peek(slot).process_set_id, ())
                 if self.rank not in members:
                     mask |= 1 << slot
-            self._foreign_mask = mask
+            self._solo_votes = (mask, words_for(cache.num_slots))
             self._foreign_version = cache.version
-        return self._foreign_mask
+        return self._solo_votes
 
     def revalidate(self) -> None:
         """After the cache changed, send through negotiation any pending hit whose slot is gone."""

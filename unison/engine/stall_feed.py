@@ -1,7 +1,7 @@
 """Rank 0's stall feed: once a second, what is pending and who is blocked, handed to the stall inspector.
 
-The inspector (`unison.protocol.stall.StallInspector`) decides from plain data; this observer of the
-engine's cycles gathers that data on rank 0: the coordinator's table of tensors some ranks have
+The inspector (`unison.protocol.stall.StallInspector`) decides from plain data; the feed, which the
+cycles hand their votes (`voted`), gathers that data on rank 0: the coordinator's table of tensors some ranks have
 submitted, the cached tensors some ranks vote for and others not (from the vote matrix), and the
 ranks whose main thread is blocked in unison. A warning is logged; a report that stops the job is
 logged and handed to `stop`, which makes the engine broadcast it to every rank.
@@ -25,7 +25,6 @@ from ..protocol.cycle import FLAG_BLOCKED, Summary, Votes, blocked_ranks, cached
 from ..protocol.negotiation import Coordinator
 from ..protocol.places import Place, read_place
 from ..protocol.stall import StallInspector
-from .observer import Silent
 
 __all__ = ["PERIOD_SECONDS", "StallFeed"]
 
@@ -37,7 +36,7 @@ PERIOD_SECONDS = 1.0
 _NO_VOTES = Votes((), frozenset(), 0, 0)
 
 
-class StallFeed(Silent):
+class StallFeed:
     """Feed rank 0's stall inspector from each cycle's votes (the engine calls `voted` each cycle).
 
     Args:
