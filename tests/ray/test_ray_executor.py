@@ -4,6 +4,7 @@ test/single/test_ray.py, the ranks ending with gloo's parameters, and failures n
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -251,6 +252,40 @@ def test_a_current_placement_group_without_room_for_every_worker_is_named(cluste
     assert message.endswith("hold 2 of {'CPU': 1}. Give the group a bundle per worker, or pass "
                             "use_current_placement_group=False."), message
     assert took < 30, took
+    assert resources_back(cluster)
+
+
+def test_a_current_placement_group_whose_room_others_hold_times_out_saying_so(cluster: dict[str, float]) -> None:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group([{"CPU": 1}] * 2, strategy="PACK")
+    ray.get(group.ready(), timeout=30)
+
+    @ray.remote(num_cpus=1)  # the driver takes one of the group's two bundles: the bundles fit 2, 1 is free
+    class Driver:
+        def start(self) -> str:
+            job = RayExecutor(settings(placement_group_timeout_s=3), num_workers=2)
+            try:
+                job.start()
+            except PlacementGroupTimeoutError as exc:
+                return str(exc)
+            finally:
+                job.shutdown()
+            return "started"
+
+    where = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_capture_child_tasks=True)
+    driver = Driver.options(scheduling_strategy=where).remote()
+    try:
+        message = ray.get(driver.start.remote(), timeout=120)
+    finally:
+        ray.kill(driver)
+        ray.util.remove_placement_group(group)
+    # one worker can never start; the other may have been slower than 3 s too
+    assert re.fullmatch(r"[12] of 2 workers did not start within 3 s \(placement_group_timeout_s\) in the placement "
+                        r"group this executor runs in: its bundles are large enough, so other tasks \(the driver or "
+                        r"trainable itself among them\) hold their room, or they start slowly\. Raise "
+                        r"placement_group_timeout_s, or give the group room for the workers beside its other tasks\.",
+                        message), message
     assert resources_back(cluster)
 
 

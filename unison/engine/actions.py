@@ -139,6 +139,7 @@ class Actions:
     def _remove_process_set(self, response: Response) -> bool:
         self.backend.remove_process_set(response.process_set_id)
         self.process_sets.pop(response.process_set_id, None)
+        self.cache.version += 1  # the foreign slots change with the sets (`PendingWork.solo_votes`)
         entry = self.take(response.names[0])
         if entry is not None:
             entry.handle.complete(True)

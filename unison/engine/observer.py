@@ -4,9 +4,9 @@ The loop reports each step of a cycle to one observer: the cycle started, rank 0
 negotiated, a response is about to run, it ran. Rank 0's timeline writer
 (`unison.engine.timeline.Timeline`) implements it; `observe_all` combines those present into the one
 object the loop calls, `SILENT` when there is none, so the loop never asks which are present, and a
-steady call on a rank nothing watches makes no call to say so. (The stall feed is no observer: the
-cycles hand it their votes, `unison.engine.stall_feed.StallFeed.voted`.) An observer records and reports; it never changes
-what the cycle does (the stall feed's one lever, a job stop, goes through the callback it was given).
+steady call on a rank nothing watches makes no call to say so. An observer records and reports; it
+never changes what the cycle does. (Rank 0's stall feed is no observer: the cycles hand it their
+votes, `unison.engine.stall_feed.StallFeed.voted`.)
 """
 
 from __future__ import annotations

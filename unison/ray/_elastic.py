@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from typing import Any
 
 from .._contract import (
@@ -40,7 +40,7 @@ from ._settings import MiniSettings
 from ._static import common_variables
 from ._worker import BaseHorovodWorker, Outcome
 
-__all__ = ["ElasticAdapter", "in_ray_words"]
+__all__ = ["ElasticAdapter", "in_ray_words", "start_outcomes"]
 
 log = logging.getLogger("unison.ray")
 
@@ -59,6 +59,34 @@ def in_ray_words(message: str) -> str:
     for flag, name in _RAY_WORDS:
         message = re.sub(re.escape(flag) + r"(?![\w-])", name, message)
     return message
+
+
+def start_outcomes(started: Sequence[bool], names: Sequence[str], hosts: Sequence[str], missing: Set[str],
+                   waited: float, cpus_per_worker: float) -> list[Outcome]:
+    """Each rank's `Outcome` when some workers had not started after `waited` seconds: a host in
+    `missing` (no alive Ray node stands for it) is blamed; a worker of another host that had not started
+    is blamed only when no host is missing (Ray had no room for it), for beside a missing node a slow
+    start is no fault of its host.
+
+    >>> [o.cause for o in start_outcomes([True, False, False], ["r0", "r1", "r2"], ["a", "b", "c"], {"c"}, 5, 1)]
+    [False, False, True]
+    """
+    absent = ", ".join(sorted(missing))
+
+    def outcome(ran: bool, name: str, host: str) -> Outcome:
+        if ran:
+            return Outcome("ok")
+        if host in missing:
+            return Outcome("failed", cause=True, reason=f"{name}: no Ray node stood for that host within {waited:g} s "
+                           f"(placement_group_timeout_s): no alive node has the resource node:{host}")
+        if missing:
+            return Outcome("failed", reason=f"{name}: its worker had not started within {waited:g} s, when the epoch "
+                           f"ended for want of a Ray node for {absent}")
+        return Outcome("failed", cause=True, reason=f"{name}: its worker did not start within {waited:g} s "
+                       f"(placement_group_timeout_s): Ray has no free room on that host (a node with the resource "
+                       f"node:{host} and {cpus_per_worker:g} CPUs free)")
+
+    return [outcome(ran, name, host) for ran, name, host in zip(started, names, hosts)]
 
 
 def _remove_tree(path: str) -> None:
@@ -258,25 +286,18 @@ class ElasticAdapter:
 
     def _started(self, workers: Sequence[Any], names: Sequence[str], hosts: Sequence[str]) -> list[Outcome] | None:
         """None when every worker started within ``placement_group_timeout_s``; else each rank's `Outcome`
-        (a worker that did not start fails, blaming its host). A host no Ray node stands for fails at
-        once: its worker could never start, and waiting for it would only make the others' start a race."""
+        (`start_outcomes`: a host no alive Ray node stands for by then is the one blamed)."""
         import ray
 
-        nodes = ray.cluster_resources()
-        missing = {host for host in hosts if f"node:{host}" not in nodes}
-        pings = {index: worker.hostname.remote() for index, worker in enumerate(workers) if hosts[index] not in missing}
-        ready, _ = (ray.wait(list(pings.values()), num_returns=len(pings), timeout=self.settings.placement_group_timeout_s)
-                    if pings else ([], []))
-        if not missing and len(ready) == len(pings):
+        pings = [worker.hostname.remote() for worker in workers]
+        waited = self.settings.placement_group_timeout_s
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=waited)
+        if len(ready) == len(pings):
             return None
-        waited, started = self.settings.placement_group_timeout_s, set(ready)
-        return [Outcome("ok") if pings.get(index) in started else
-                Outcome("failed", cause=True, reason=f"{name}: no Ray node stands for that host (no alive node has "
-                        f"the resource node:{host})") if host in missing else
-                Outcome("failed", cause=True, reason=f"{name}: its worker did not start within {waited:g} s "
-                        f"(placement_group_timeout_s): Ray has no free room on that host (a node with the resource "
-                        f"node:{host} and {self.cpus_per_worker:g} CPUs free)")
-                for index, (name, host) in enumerate(zip(names, hosts))]
+        nodes, ready_ones = ray.cluster_resources(), set(ready)
+        missing = {host for host in hosts if f"node:{host}" not in nodes}
+        return start_outcomes([ping in ready_ones for ping in pings], names, hosts, missing, waited,
+                              self.cpus_per_worker)
 
     def _remove_store(self, path: str) -> None:
         """Remove `path` here and on every other node that ran workers (best effort, 10 s at most)."""

@@ -117,14 +117,16 @@ class StaticAdapter:
         pings = [worker.hostname.remote() for worker in workers]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.placement.timeout_s)
         if len(ready) < len(pings):
-            why = ("its bundles hold them all, so other tasks hold their room or the workers start slowly"
-                   if not self.placement.created_group else "the group is reserved, so the workers start slowly")
-            where = ("the placement group this executor runs in" if not self.placement.created_group
-                     else "their placement group")
+            if self.placement.created_group:
+                where = "their placement group: it is reserved for them, so they start slowly"
+                advice = "Raise placement_group_timeout_s."
+            else:
+                where = ("the placement group this executor runs in: its bundles are large enough, so other "
+                         "tasks (the driver or trainable itself among them) hold their room, or they start slowly")
+                advice = "Raise placement_group_timeout_s, or give the group room for the workers beside its other tasks."
             raise PlacementGroupTimeoutError(
                 f"{len(pings) - len(ready)} of {len(pings)} workers did not start within "
-                f"{self.placement.timeout_s:g} s (placement_group_timeout_s) in {where}: {why}. Raise "
-                "placement_group_timeout_s, or free the group's room.")
+                f"{self.placement.timeout_s:g} s (placement_group_timeout_s) in {where}. {advice}")
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], object]] | None = None) -> list[Any]:
         """``fn(executable)`` on every worker; the values in rank order."""

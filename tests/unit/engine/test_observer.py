@@ -1,4 +1,4 @@
-"""Observers of the engine's cycles: the fan-out, the stall feed, and the timeline as one."""
+"""Observers of the engine's cycles (the fan-out, the timeline as one), and rank 0's stall feed."""
 
 from __future__ import annotations
 

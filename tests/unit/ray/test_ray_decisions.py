@@ -8,7 +8,7 @@ import pytest
 from unison.errors import InvalidArgumentError, NotInitializedError
 from unison.ray import MiniSettings, RayExecutor
 from unison.ray._discovery import slots_of
-from unison.ray._elastic import in_ray_words
+from unison.ray._elastic import in_ray_words, start_outcomes
 from unison.ray._layout import place, rank_variables
 from unison.ray._outcomes import failed_ranks, failure_message
 from unison.ray._placement import Request, room_in, timeout_message, visible_devices
@@ -74,6 +74,19 @@ def test_the_room_a_group_has_counts_whole_workers_per_bundle() -> None:
     assert room_in([{"CPU": 4.0}], {"CPU": 1, "GPU": 0.5}) == 0
     assert room_in([{"CPU": 0.9}], {"CPU": 0.3}) == 3
     assert room_in([{"CPU": 1.0}] * 3, {}) == 3
+
+
+def test_a_worker_that_did_not_start_blames_its_host_unless_another_host_has_no_node() -> None:
+    names, hosts = ["rank 0 (a)", "rank 1 (b)", "rank 2 (ghost)"], ["a", "b", "ghost"]
+    beside = start_outcomes([True, False, False], names, hosts, {"ghost"}, 8, 1)
+    assert [(o.status, o.cause) for o in beside] == [("ok", False), ("failed", False), ("failed", True)]
+    assert beside[1].reason == "rank 1 (b): its worker had not started within 8 s, when the epoch ended for want " \
+                               "of a Ray node for ghost"
+    assert beside[2].reason == "rank 2 (ghost): no Ray node stood for that host within 8 s " \
+                               "(placement_group_timeout_s): no alive node has the resource node:ghost"
+    alone = start_outcomes([True, False], names[:2], hosts[:2], set(), 8, 2)
+    assert [(o.status, o.cause) for o in alone] == [("ok", False), ("failed", True)]
+    assert alone[1].reason.endswith("Ray has no free room on that host (a node with the resource node:b and 2 CPUs free)")
 
 
 def test_workers_of_a_node_see_every_gpu_of_the_node() -> None:
