@@ -220,16 +220,19 @@ def test_a_job_in_the_current_placement_group_uses_it(cluster: dict[str, float])
     assert created is False and local_ranks == [0, 1, 2, 3]
 
 
-def test_a_current_placement_group_without_room_for_every_worker_is_named(cluster: dict[str, float]) -> None:
+def start_in_a_group_of_two_bundles(driver_cpus: float, timeout_s: float, num_workers: int) -> tuple[str, float]:
+    """Start an executor of `num_workers` from a driver actor (of `driver_cpus`) inside a placement group
+    of two 1-CPU bundles; the text of its `PlacementGroupTimeoutError` (or "started") and the seconds
+    `start()` took. The group is removed again."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     group = ray.util.placement_group([{"CPU": 1}] * 2, strategy="PACK")
     ray.get(group.ready(), timeout=30)
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=driver_cpus)
     class Driver:
         def start(self) -> tuple[str, float]:
-            job = RayExecutor(settings(placement_group_timeout_s=60), num_workers=3)
+            job = RayExecutor(settings(placement_group_timeout_s=timeout_s), num_workers=num_workers)
             began = time.monotonic()
             try:
                 job.start()
@@ -242,10 +245,14 @@ def test_a_current_placement_group_without_room_for_every_worker_is_named(cluste
     where = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_capture_child_tasks=True)
     driver = Driver.options(scheduling_strategy=where).remote()
     try:
-        message, took = ray.get(driver.start.remote(), timeout=120)
+        return ray.get(driver.start.remote(), timeout=120)
     finally:
         ray.kill(driver)
         ray.util.remove_placement_group(group)
+
+
+def test_a_current_placement_group_without_room_for_every_worker_is_named(cluster: dict[str, float]) -> None:
+    message, took = start_in_a_group_of_two_bundles(driver_cpus=0, timeout_s=60, num_workers=3)
     # Refused from the group's bundles, before any worker starts: not after the 60 s placement timeout.
     assert message.startswith("The placement group this executor runs in has room for 2 of its 3 workers: its "
                               "bundles "), message
@@ -256,30 +263,8 @@ def test_a_current_placement_group_without_room_for_every_worker_is_named(cluste
 
 
 def test_a_current_placement_group_whose_room_others_hold_times_out_saying_so(cluster: dict[str, float]) -> None:
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    group = ray.util.placement_group([{"CPU": 1}] * 2, strategy="PACK")
-    ray.get(group.ready(), timeout=30)
-
-    @ray.remote(num_cpus=1)  # the driver takes one of the group's two bundles: the bundles fit 2, 1 is free
-    class Driver:
-        def start(self) -> str:
-            job = RayExecutor(settings(placement_group_timeout_s=3), num_workers=2)
-            try:
-                job.start()
-            except PlacementGroupTimeoutError as exc:
-                return str(exc)
-            finally:
-                job.shutdown()
-            return "started"
-
-    where = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_capture_child_tasks=True)
-    driver = Driver.options(scheduling_strategy=where).remote()
-    try:
-        message = ray.get(driver.start.remote(), timeout=120)
-    finally:
-        ray.kill(driver)
-        ray.util.remove_placement_group(group)
+    # the driver takes one of the group's two bundles: the bundles fit 2 workers, 1 bundle is free
+    message, _ = start_in_a_group_of_two_bundles(driver_cpus=1, timeout_s=3, num_workers=2)
     # one worker can never start; the other may have been slower than 3 s too
     assert re.fullmatch(r"[12] of 2 workers did not start within 3 s \(placement_group_timeout_s\) in the placement "
                         r"group this executor runs in: its bundles are large enough, so other tasks \(the driver or "

@@ -110,7 +110,7 @@ class Cycles:
         """Whether a cycle now could be the steady state's (`solo`), given one cached allreduce."""
         work = self.work
         return (not (work.entries or work.joined or self.slow.news or self.detail or not self.status.reduces
-                     or not self.cache.capacity) and self.autotuning.quiet())
+                     or self.cache.capacity <= 0) and self.autotuning.quiet())  # quiet: `cache_on`'s setting
 
     def cache_on(self) -> bool:
         """Whether the response cache is in use (a setting, and the autotuner may turn it off)."""

@@ -43,8 +43,8 @@ class PendingWork:
         self.joined = False
         self.invalid = 0
         self._unsent: list[Entry] = []  # pending entries the coordinator has not seen yet
-        self._foreign_version = -1
-        self._solo_votes = (0, 0)  # `solo_votes` at `_foreign_version`
+        self._votes_version = -1
+        self._solo_votes = (0, 0)  # `solo_votes` at `_votes_version`
 
     def __repr__(self) -> str:
         return f"<PendingWork entries={len(self.entries)} unsent={len(self._unsent)} joined={self.joined}>"
@@ -119,14 +119,14 @@ class PendingWork:
         """`foreign`, and the 64-bit words of the cache's bit-vector: what a solo cycle votes beside its
         own slot, kept until the cache changes (both on every steady call)."""
         cache = self.cache
-        if self._foreign_version != cache.version:
+        if self._votes_version != cache.version:
             mask = 0
             for slot in cache.slots():
                 members = self._process_sets.get(cache.peek(slot).process_set_id, ())
                 if self.rank not in members:
                     mask |= 1 << slot
             self._solo_votes = (mask, words_for(cache.num_slots))
-            self._foreign_version = cache.version
+            self._votes_version = cache.version
         return self._solo_votes
 
     def revalidate(self) -> None:
