@@ -89,6 +89,11 @@ def dtype_of(array: np.ndarray) -> DType:
     found = _BY_NUMPY_DTYPE.get(array.dtype)
     if found is not None:
         return found
+    if not array.dtype.isnative:  # equal names, other bytes: MPI and the GPU plane read native order
+        raise UnsupportedDtypeError(
+            f"Tensor type {array.dtype.str} is in non-native byte order, which unison does not carry: "
+            f"convert it first, e.g. array.astype(array.dtype.newbyteorder('='))."
+        )
     name = array.dtype.name
     found = _BY_NUMPY_NAME.get(name)  # bfloat16 from ml_dtypes
     if found is None:

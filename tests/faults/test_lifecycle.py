@@ -30,6 +30,7 @@ BROKEN_BOUND = STARTUP_SECONDS + STALL_SECONDS + 1 + GRACE_SECONDS + 2  # waits 
 FORK_SCENARIO = str(HERE / "_fork_scenario.py")
 TORCH_SCENARIO = str(HERE / "_torch_scenario.py")
 KERAS_SCENARIO = str(HERE / "_keras_scenario.py")
+PROGRESS_SCENARIO = str(HERE / "_progress_scenario.py")
 
 
 def launch(launcher: str, *args: str) -> list[str]:
@@ -98,6 +99,34 @@ def test_a_collective_called_on_one_rank_only_is_reported_as_a_deadlock_at_once(
     assert "MPI_Abort" not in done.output
     assert done.seconds < STARTUP_SECONDS + 2 + 1 + 2, done.seconds
     assert_no_strays(tmp_path, 2)
+
+
+@pytest.mark.parametrize(("mode", "ranks"), [("set", 3), ("async", 2)])
+def test_ranks_that_keep_completing_collectives_beside_a_pending_one_are_no_deadlock(mode: str, ranks: int) -> None:
+    # One collective stays pending for 4 s while the ranks missing from it loop other collectives:
+    # every detail cycle sees their main threads blocked in unison, each time in a new wait. The
+    # deadlock check (1 s here) must let the job finish.
+    done = run_job([MPIEXEC, "-n", str(ranks), PYTHON, PROGRESS_SCENARIO, mode, "4"],
+                   env={"UNISON_DEADLOCK_SECONDS": "1"}, deadline=90)
+    assert done.returncode == 0, done.output
+    assert "Deadlock" not in done.output, done.output
+    for rank in range(ranks):
+        assert re.search(rf"rank {rank}: ok, \d+ calls", done.output), done.output
+
+
+def test_a_stall_stops_ranks_inside_their_own_calls_with_the_stall_s_error() -> None:
+    # Ranks 0 and 1 loop an allreduce in their process set, each call's cycle run on the main thread
+    # itself, while rank 2 waits in a global one: the stall stops the job from inside those cycles.
+    # Each rank raises StallError from its call; none gets a bare KeyboardInterrupt (whose SIGINT
+    # exit mpiexec would report as a crash).
+    done = run_job([MPIEXEC, "-n", "3", PYTHON, PROGRESS_SCENARIO, "stall", "0"], env=STALL_ENV, deadline=90)
+    assert done.returncode != 0, done.output
+    for rank, line in ((0, 45), (1, 45), (2, 49)):
+        assert re.search(rf"unison: rank {rank} \([^)]*\) stopped at _progress_scenario\.py:{line} in <module>: "
+                         r"StallError: the job stalled; rank 0 reports it\.", done.output), done.output
+    assert "Traceback" not in done.output and "KeyboardInterrupt" not in done.output, done.output
+    assert "MPI_Abort" not in done.output and "signal" not in done.output, done.output
+    assert done.seconds < STALL_BOUND, done.seconds
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None or importlib.util.find_spec("keras") is None,

@@ -81,6 +81,16 @@ def test_dtype_support() -> None:
         check_supported(CollectiveKind.ALLREDUCE, DType.BOOL)
 
 
+def test_a_non_native_byte_order_is_refused_at_submission() -> None:
+    # The same dtype name in the other byte order: accepted, MPI read its bytes as native on this rank
+    # alone (its buffer refused, or worse, read swapped) while the peers waited in the collective.
+    swapped = np.zeros(2, np.dtype(np.float64).newbyteorder("S"))
+    with pytest.raises(UnsupportedDtypeError, match=r"non-native byte order.*newbyteorder\('='\)"):
+        dtype_of(swapped)
+    assert dtype_of(swapped.astype(swapped.dtype.newbyteorder("="))) is DType.FLOAT64
+    assert dtype_of(np.zeros(2, np.dtype(np.uint8).newbyteorder("S"))) is DType.UINT8  # one byte: no order
+
+
 @given(st.lists(st.floats(width=32, allow_nan=False), max_size=50))
 def test_bfloat16_round_trip_is_nearest_even(values) -> None:
     x = np.array(values, dtype=np.float32)

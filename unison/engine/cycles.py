@@ -33,7 +33,7 @@ from .actions import Actions
 from .autotuning import Autotuning
 from .executor import Executor
 from .flight import DONE, FAILED, FlightRecord
-from .handles import Entry, Handle
+from .handles import Entry, Handle, main_wait_number
 from .observer import SILENT, CycleObserver
 from .pending import PendingWork
 from .queue import Drained, SubmissionQueue
@@ -321,7 +321,7 @@ class Cycles:
             elif waits:
                 entry = self.work.entries.get(waits)
                 site = entry.request.site if entry is not None else ""
-            return encode_place(Place(at, waits, site, tuple(stack)))
+            return encode_place(Place(at, waits, site, tuple(stack), main_wait_number()))
         except Exception:  # noqa: BLE001 - the report goes without this rank's place
             return encode_place(Place(""))
 

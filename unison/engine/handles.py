@@ -19,11 +19,15 @@ import numpy as np
 
 from ..protocol.messages import Request
 
-__all__ = ["Entry", "Handle", "defer_interrupt", "enter_main_cycle", "for_a_graph", "leave_main_cycle",
-           "main_thread_waits"]
+__all__ = ["Entry", "Handle", "begin_main_wait", "defer_interrupt", "enter_main_cycle", "for_a_graph",
+           "leave_main_cycle", "main_runs_a_cycle", "main_thread_waits", "main_wait_number"]
 
 _MAIN_THREAD = threading.main_thread().ident
 _main_waiting: list[Handle | None] = [None]  # the handle the main thread waits for: written by it alone
+# How many waits the main thread has begun (a graph's ops' waits count as its own): a rank whose main
+# thread is seen blocked with the same number twice waited all along (`main_wait_number`). Graph ops
+# may add from several threads at once and lose an addition; the number still changes.
+_main_waits = [0]
 _graph_waiting: dict[int, Handle] = {}  # thread -> the handle it waits for in a TensorFlow graph's op
 _in_graph_op = threading.local()  # .active: this thread runs a unison op of a TensorFlow graph
 # The main thread's innermost Python frame while it runs a TensorFlow graph (a tf.function, Keras's
@@ -38,6 +42,12 @@ _main_cycle = [False, False]  # [in a cycle, an interrupt arrived meanwhile]
 def enter_main_cycle() -> None:
     """The main thread starts running a cycle of the job (`Engine.drive`); see `defer_interrupt`."""
     _main_cycle[0] = True
+
+
+def main_runs_a_cycle() -> bool:
+    """True while the main thread runs a cycle of the job: a blocking call of its own, which returns or
+    raises the job's error when the cycle ends (the engine need not interrupt it if the job stops)."""
+    return _main_cycle[0]
 
 
 def leave_main_cycle() -> bool:
@@ -66,6 +76,17 @@ def for_a_graph() -> Iterator[None]:
         yield
     finally:
         _in_graph_op.active = False
+
+
+def begin_main_wait() -> None:
+    """The main thread begins a blocking call that waits without a `Handle` (the steady state's call,
+    `unison.engine.loop.Engine.run_steady`): count it as `Handle.wait` counts its own."""
+    _main_waits[0] += 1
+
+
+def main_wait_number() -> int:
+    """How many waits the main thread has begun so far (`unison.protocol.places.Place.wait_number`)."""
+    return _main_waits[0]
 
 
 def main_thread_waits() -> bool:
@@ -132,8 +153,10 @@ class Handle:
         in_graph = not main and getattr(_in_graph_op, "active", False)
         if main:
             _main_waiting[0] = self
+            _main_waits[0] += 1
         elif in_graph:
             _graph_waiting[thread] = self
+            _main_waits[0] += 1
         try:
             if self.driver is not None:
                 deadline = None if timeout is None else time.monotonic() + timeout

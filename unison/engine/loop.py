@@ -20,6 +20,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ from ..protocol.stall import StallInspector
 from .autotuning import Autotuning, open_tune_log
 from .cycles import Cycles
 from .executor import Executor
-from .handles import Entry, Handle, enter_main_cycle, leave_main_cycle
+from .handles import Entry, Handle, begin_main_wait, enter_main_cycle, leave_main_cycle, main_runs_a_cycle
 from .observer import observe_all
 from .queue import SubmissionQueue
 from .stall_feed import StallFeed
@@ -120,7 +121,8 @@ class Engine:
         self._stopped = threading.Event()
         self._disowned = False  # a forked child's copy: never talks to peers
         # Called once, from the thread that stopped the engine, with the error that stopped it and
-        # whether a pending handle was failed with it (a framework thread was waiting on the job).
+        # whether someone waits on the job and gets the error: a pending handle was failed with it, or
+        # the main thread runs the cycle (a blocking call's own, which raises it when the cycle ends).
         self.on_stop: Callable[[BaseException, bool], None] | None = None
         self._state = EngineState.CREATED
         self._thread = threading.Thread(target=self._run, name=f"unison-engine-{self.rank}",
@@ -249,7 +251,10 @@ class Engine:
             if unbatched is None:
                 return False
             # The main thread waits for this call from now on (as `SubmissionQueue.take` would see it).
-            blocked = unbatched and threading.get_ident() == _MAIN_THREAD
+            main = threading.get_ident() == _MAIN_THREAD
+            if main:
+                begin_main_wait()
+            blocked = unbatched and main
             self.cache.count_hit()  # as a cycle's admission counts it
             self._stats["driven_cycles"] += 1
             self._guarded_cycle(self._cycles.solo, entry, slot, blocked)
@@ -278,7 +283,10 @@ class Engine:
             unbatched = self._queue.claim_idle(request)
             if unbatched is None:
                 return False
-            blocked = unbatched and threading.get_ident() == _MAIN_THREAD
+            main = threading.get_ident() == _MAIN_THREAD
+            if main:
+                begin_main_wait()
+            blocked = unbatched and main
             became = self._guarded_cycle(self._cycles.steady, request, source, output, slot, blocked, self.drive)
             if self._state is not EngineState.RUNNING and became is None and self._stop_error is not None:
                 raise self._stopped_error()  # the cycle failed: its error, as a pending call gets it
@@ -452,7 +460,10 @@ class Engine:
             raise
         finally:
             if main and leave_main_cycle():
-                raise KeyboardInterrupt  # held while the cycle ran (`handles.defer_interrupt`)
+                # A SIGINT was held while the cycle ran (`handles.defer_interrupt`): deliver it now, to
+                # the handler that held it, which decides what it raises (a stopped job's interrupt
+                # is `JobInterrupt`, `unison._job.failure`; Ctrl-C a KeyboardInterrupt).
+                signal.raise_signal(signal.SIGINT)
         return None
 
     def _wait_for_work(self) -> None:
@@ -495,7 +506,7 @@ class Engine:
             self._stopped.set()
             if self.on_stop is not None:
                 try:
-                    self.on_stop(error, bool(waiting))
+                    self.on_stop(error, bool(waiting) or main_runs_a_cycle())
                 except Exception:  # noqa: BLE001 - a failing hook must not keep the engine alive
                     log.exception("stop hook failed")
 

@@ -16,8 +16,9 @@ When reports are due:
   pending ``shutdown_seconds`` (when that is not 0), regardless of the backoff.
 * A deadlock report (``shutdown=True``, ``deadlock=True``) is returned as soon as every rank missing
   from a pending tensor is itself blocked (its main thread waits in unison with nothing left to send,
-  `unison.protocol.cycle.FLAG_BLOCKED`), with the same tensors pending and the same ranks blocked,
-  for ``deadlock_seconds``. Then no pending tensor can ever complete: each waits for a rank that
+  `unison.protocol.cycle.FLAG_BLOCKED`), with the same tensors pending, the same ranks blocked and
+  each of those ranks in the same wait (`Place.wait_number`, where places are given), for
+  ``deadlock_seconds``. Then no pending tensor can ever complete: each waits for a rank that
   waits in turn, and a blocked rank submits nothing until its wait ends. Waiting for the stall
   shutdown would only add minutes; the window covers a wait that ends in the very cycle it was seen,
   and a program whose other threads submit while the main thread waits (0 turns the check off).
@@ -136,7 +137,7 @@ class StallInspector:
                 f"({_DEADLOCK_VARIABLE}). Got deadlock_seconds={deadlock_seconds!r}."
             )
         self._deadlock_seconds = float(deadlock_seconds)
-        self._deadlock_state: tuple[frozenset[str], frozenset[int]] | None = None
+        self._deadlock_state: tuple[frozenset[str], frozenset[int], frozenset[tuple[int, int]]] | None = None
         self._deadlock_since = 0.0
         self._check_seconds = float(check_seconds)
         self._shutdown_seconds = float(shutdown_seconds)
@@ -235,12 +236,19 @@ class StallInspector:
     def _deadlocked(self, now: float, incomplete: list[tuple[str, tuple[int, ...], tuple[int, ...], float]],
                     blocked: frozenset[int]) -> bool:
         """True once every rank missing from an incomplete tensor has been blocked, with the same
-        tensors incomplete and the same ranks blocked, for `deadlock_seconds`."""
+        tensors incomplete, the same ranks blocked and each missing rank's main thread in the same wait
+        (its place's `wait_number`, where it said), for `deadlock_seconds`. A missing rank whose main
+        thread finished a call in between (a loop of collectives in a process set the pending one's
+        other members are not in, or beside an asynchronous call it has yet to submit) is not stuck:
+        seen blocked each time, it was blocked in a new wait each time."""
         if not self._deadlock_seconds or not incomplete or not blocked or \
                 any(not blocked.issuperset(missing) for _, _, missing, _ in incomplete):
             self._deadlock_state = None
             return False
-        state = (frozenset(name for name, _, _, _ in incomplete), blocked)
+        missing_ranks = {rank for _, _, missing, _ in incomplete for rank in missing}
+        places = self._places
+        waits = frozenset((rank, places[rank].wait_number) for rank in missing_ranks if rank in places)
+        state = (frozenset(name for name, _, _, _ in incomplete), blocked, waits)
         if state != self._deadlock_state:
             self._deadlock_state, self._deadlock_since = state, now
         return now - self._deadlock_since >= self._deadlock_seconds

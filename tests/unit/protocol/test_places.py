@@ -14,9 +14,25 @@ PENDING = {"allreduce.x": (frozenset({0, 2}), frozenset({0, 1, 2}))}
 
 def test_a_place_makes_a_row_of_fixed_size_and_reads_back() -> None:
     place = Place("t.py:4 in step <- t.py:9 in main", "allreduce.x", "t.py:4 in step (DDP bucket 0)",
-                  ("t.py:4 in step", "t.py:9 in main"))
+                  ("t.py:4 in step", "t.py:9 in main"), wait_number=41)
     row = encode_place(place)
     assert len(row) == ROW_BYTES and read_place(row) == place
+
+
+def test_a_row_without_a_wait_number_reads_as_unknown_and_a_wrong_one_as_garbage() -> None:
+    read = read_place(json.dumps({"at": "t.py:1 in f"}).encode())
+    assert read is not None and read.wait_number == -1
+    for wrong in ("3", 2.0, None, True):
+        assert read_place(json.dumps({"at": "t.py:1 in f", "wait_number": wrong}).encode()) is None
+
+
+def test_a_place_is_named_by_the_main_thread_s_frames_with_its_collective_s_origin() -> None:
+    # The site is where the call was first made with these arguments: the same call made from another
+    # line (a reused request) is named where the main thread is now.
+    assert Place("t.py:46 in main", "allreduce.x", "t.py:18 in main").where == "t.py:46 in main"
+    assert Place("t.py:7 in step", "allreduce.x", "t.py:3 in step (DDP bucket 0)").where == \
+        "t.py:7 in step (DDP bucket 0)"
+    assert Place("", "allreduce.x", "t.py:3 in step").where == "t.py:3 in step"
 
 
 def test_a_stack_too_long_for_the_row_loses_its_outer_frames_first() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unison.errors import ConfigError
+from unison.protocol.places import Place
 from unison.protocol.stall import StallInspector, StallReport, StallStatistics
 
 Pending = Mapping[str, tuple[frozenset[int], frozenset[int]]]
@@ -359,6 +360,35 @@ def test_a_blocked_state_that_changes_starts_the_deadlock_window_again() -> None
     assert inspector.observe(1.5, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both) is None
     assert inspector.observe(3.0, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both) is None
     assert inspector.observe(3.5, _METRIC | {"allreduce.grad.0": _GRADS["allreduce.grad.0"]}, both).deadlock
+
+
+def test_missing_ranks_that_finish_call_after_call_while_blocked_are_no_deadlock() -> None:
+    # Ranks 0 and 1 loop collectives of their own (a process set, or beside an asynchronous call rank 2
+    # waits for): every look finds their main threads blocked, each time in a new wait.
+    inspector = StallInspector(60, 600, deadlock_seconds=2)
+    pending = {"allreduce.all": (frozenset({2}), frozenset({0, 1, 2}))}
+    blocked = frozenset({0, 1, 2})
+    for now in range(10):
+        places = {rank: Place("t.py:9 in main", "allreduce.pair", wait_number=100 * now + rank) for rank in (0, 1)}
+        places[2] = Place("t.py:12 in main", "allreduce.all", wait_number=7)
+        assert inspector.observe(float(now), pending, blocked, places) is None
+    # Once their main threads stay in one wait (the same numbers), the window runs: a deadlock.
+    still = {0: Place("t.py:9 in main", "allreduce.x", wait_number=5), 1: Place("t.py:9 in main", wait_number=6),
+             2: Place("t.py:12 in main", "allreduce.all", wait_number=7)}
+    assert inspector.observe(10.0, pending, blocked, still) is None
+    assert inspector.observe(11.0, pending, blocked, still) is None
+    report = inspector.observe(12.0, pending, blocked, still)
+    assert report is not None and report.deadlock
+
+
+def test_a_rank_not_missing_from_any_collective_may_progress_during_a_deadlock() -> None:
+    # Rank 2 loops collectives in a set of its own; ranks 0 and 1 wait for each other for good.
+    inspector = StallInspector(60, 600, deadlock_seconds=2)
+    pending = {**_METRIC, **_GRADS}
+    reports = [inspector.observe(float(now), pending, frozenset({0, 1, 2}),
+                                 {0: Place("t.py:1 in f", wait_number=1), 1: Place("t.py:2 in f", wait_number=1),
+                                  2: Place("t.py:3 in f", wait_number=now)}) for now in range(3)]
+    assert reports[2] is not None and reports[2].deadlock
 
 
 def test_the_deadlock_check_is_off_at_zero_and_refuses_bad_values() -> None:
