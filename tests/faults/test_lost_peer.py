@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from unison._job.failure import GRACE_SECONDS
-from unison.backends._liveness import PROBE_WINDOW_SECONDS, probe_window
+from unison.backends._liveness import ABSENT_PROBES, PROBE_WINDOW_SECONDS, probe_window
 
 from ._jobs import MPIEXEC, PYTHON, SCENARIO, assert_no_strays, run_job, unisonrun
 
@@ -86,3 +86,30 @@ def test_rank_frozen_inside_a_data_plane_call_is_named_and_the_job_ends(tmp_path
             in done.output), done.output
     assert done.seconds < BOUND, done.seconds
     assert_no_strays(tmp_path, 2)
+
+
+def test_rank_whose_collective_failed_before_its_transport_is_named_and_the_job_ends(tmp_path: Path) -> None:
+    # Rank 1's executor raised before MPI's allreduce, and rank 1 went on to its next collective: it is
+    # alive and answers probes from that collective's control exchange, but never joins the call rank 0
+    # is blocked in. Without the check both
+    # ranks waited for ever, and nothing was printed.
+    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path)], env=ENV)
+    assert done.returncode != 0, done.output
+    assert "rank 1 caught HorovodInternalError" in done.output and "injected" in done.output, done.output
+    assert ("unison: rank 1 never joined a data-plane collective that every member had agreed to run: rank 0 "
+            "has been in it for") in done.output, done.output
+    assert f"answered {ABSENT_PROBES + 1} liveness probes from a control exchange of its next cycle" in done.output
+    assert "finished" not in done.output, done.output
+    assert done.seconds < BOUND + PROBE_WINDOW_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_rank_that_reaches_the_transport_late_but_alive_is_waited_for(tmp_path: Path) -> None:
+    # Rank 1 joins rank 0's data-plane call 5 s late, past the 2 s peer timeout: its probes' answers
+    # come from outside any control exchange (it is still on its way to the call), so rank 0 waits.
+    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path), "slow"], env=ENV)
+    assert done.returncode == 0, done.output
+    assert "rank 0 finished" in done.output and "rank 1 finished" in done.output, done.output
+    assert "never joined" not in done.output and "MPI_Abort" not in done.output, done.output

@@ -11,6 +11,14 @@ busy in a long data-plane call (mpi4py releases the GIL in MPI calls), so a slow
 for a lost one; a frozen process (SIGSTOP, a debugger), a dead one that MPI did not notice, or an
 unreachable host does not answer.
 
+An answer also says whether the rank waits in a control exchange. A rank blocked in a data-plane call
+for the timeout whose peer answers, alive, from a control exchange, and still does at each of a few
+more probes over the probe window, waits for a peer that has moved on to its next cycle without
+joining the collective every member had agreed to run: its executor failed before the transport on
+that rank alone, and the others' calls cannot be interrupted. The job cannot go on; the watch says who.
+A peer anywhere else (in a data-plane call, executing a response, waiting for its device) may still
+come, and is left to the peer timeout's other checks.
+
 Both sides poll nonblocking requests with sleeps (MPICH's blocking calls would spin a core), and both
 need MPI_THREAD_MULTIPLE, since the responder talks while the engine thread does.
 """
@@ -19,7 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -28,12 +36,16 @@ import numpy as np
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["PROBE_WINDOW_SECONDS", "Liveness", "probe_window"]
+__all__ = ["ABSENT_PROBES", "PROBE_WINDOW_SECONDS", "Liveness", "probe_window"]
 
 _PING_TAG = 7301
 _PONG_TAG = 7302
 _POLL_SECONDS = 0.05
 PROBE_WINDOW_SECONDS = 3.0
+ABSENT_PROBES = 3
+"""How many more probes, over the probe window, must find a live member in a control exchange."""
+# An answer's second word: whether the rank waits in a control exchange (`Liveness._where`).
+_IN_CONTROL, _ELSEWHERE = 1, 0
 
 
 def probe_window(timeout_seconds: float) -> float:
@@ -62,6 +74,7 @@ class Liveness:
         self._closing = threading.Event()
         self._probes = 0
         self._answered = 0
+        self._in_control: Callable[[], bool] = lambda: False  # set by `watch_data_plane`
         self._thread = threading.Thread(target=self._respond, name=f"unison-liveness-{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -72,6 +85,10 @@ class Liveness:
     def statistics(self) -> dict[str, int]:
         """Counters: probes this rank sent, probes it answered."""
         return {"probes": self._probes, "answered": self._answered}
+
+    def _where(self) -> int:
+        """This rank's answer's second word: whether it waits in a control exchange now."""
+        return _IN_CONTROL if self._in_control() else _ELSEWHERE
 
     def _respond(self) -> None:
         ping = np.zeros(1, dtype=np.int64)
@@ -85,7 +102,8 @@ class Liveness:
                     continue
                 source = status.Get_source()
                 replies = [r for r in replies if not r.Test()]
-                replies.append(self._comm.Isend(ping.copy(), dest=source, tag=_PONG_TAG))
+                pong = np.array([ping[0], self._where()], dtype=np.int64)
+                replies.append(self._comm.Isend(pong, dest=source, tag=_PONG_TAG))
                 self._answered += 1
                 request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
         except Exception:  # noqa: BLE001 - MPI is finalizing or the communicator is gone: stop answering
@@ -97,10 +115,15 @@ class Liveness:
 
     def probe(self, window_seconds: float) -> list[int]:
         """Ask every other rank for a sign of life; return those that gave none within the window."""
+        return self._ask(window_seconds)[0]
+
+    def _ask(self, window_seconds: float) -> tuple[list[int], set[int]]:
+        """Probe every other rank: (those that gave no answer within the window, those that answered
+        from a control exchange)."""
         self._probes += 1
         token = np.array([self._probes], dtype=np.int64)
         sends = [self._comm.Isend(token, dest=r, tag=_PING_TAG) for r in range(self.size) if r != self.rank]
-        answers = {r: np.zeros(1, dtype=np.int64) for r in range(self.size) if r != self.rank}
+        answers = {r: np.zeros(2, dtype=np.int64) for r in range(self.size) if r != self.rank}
         waiting = {r: self._comm.Irecv(buf, source=r, tag=_PONG_TAG) for r, buf in answers.items()}
         deadline = time.monotonic() + window_seconds
         while waiting and time.monotonic() < deadline:
@@ -109,27 +132,50 @@ class Liveness:
             if waiting:
                 time.sleep(_POLL_SECONDS)
         del sends  # a send to a frozen rank may never complete; the job is being stopped then
-        return sorted(waiting)
+        in_control = {r for r, answer in answers.items() if r not in waiting and answer[1] == _IN_CONTROL}
+        return sorted(waiting), in_control
 
-    def watch_data_plane(self, busy_since: Callable[[], float], timeout_seconds: float,
-                         on_lost: Callable[[list[int], float], None]) -> None:
+    def watch_data_plane(self, busy_since: Callable[[], float], in_control: Callable[[], bool],
+                         members: Callable[[], Sequence[int]], timeout_seconds: float,
+                         on_lost: Callable[[list[int], float], None],
+                         on_absent: Callable[[list[int], float], None]) -> None:
         """Start a thread that probes the peers when one data-plane call has lasted `timeout_seconds`.
 
         A data-plane call blocks in MPI with no deadline (negotiation showed every member ready), so a
-        peer frozen in the middle of one would hold this rank forever, its engine unable to look.
-        `busy_since()` is the monotonic start of the call in progress (0 when none); `on_lost(ranks,
-        seconds)` is called, from this thread, when some peers do not answer a probe.
+        peer frozen in the middle of one, or one that never joined it, would hold this rank forever, its
+        engine unable to look. `busy_since()` is the monotonic start of the call in progress (0 when
+        none), `members()` that call's ranks; from this thread, `on_lost(ranks, seconds)` is called when
+        some peers do not answer a probe, and `on_absent(ranks, seconds)` when some members answer from
+        a control exchange at that probe and at `ABSENT_PROBES` more over the probe window. This rank's
+        own answers say from then on whether it waits in a control exchange (`in_control()`).
         """
+        self._in_control = in_control
+        window = probe_window(timeout_seconds)
+
         def run() -> None:
             checked = 0.0
             while not self._closing.wait(min(1.0, timeout_seconds / 2)):
                 since = busy_since()
                 if not since or since == checked or time.monotonic() - since < timeout_seconds:
                     continue
-                checked = since  # one probe per stuck call: a slow but live peer is not probed again
-                lost = self.probe(probe_window(timeout_seconds))
-                if lost and busy_since() == since:
+                checked = since  # one look per stuck call: a slow but live peer is not probed again
+                peers = set(members()) - {self.rank}
+                lost, in_control_now = self._ask(window)
+                absent = in_control_now & peers
+                for _ in range(ABSENT_PROBES if absent and not lost else 0):
+                    if self._closing.wait(window / ABSENT_PROBES) or busy_since() != since:
+                        break
+                    lost, in_control_now = self._ask(window)
+                    absent &= in_control_now
+                    if lost or not absent:
+                        break
+                if busy_since() != since:
+                    continue
+                if lost:
                     on_lost(lost, time.monotonic() - since)
+                    return
+                if absent:
+                    on_absent(sorted(absent), time.monotonic() - since)
                     return
 
         threading.Thread(target=run, name=f"unison-data-watch-{self.rank}", daemon=True).start()

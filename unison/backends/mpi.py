@@ -16,6 +16,7 @@ of every process. It applies to the global process set of a job that spans sever
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import time
@@ -28,7 +29,7 @@ import numpy as np
 from ..errors import AbortedError, ConfigError, MissingDependencyError
 from ..ops import ReduceOp
 from ..protocol.partition import split_counts
-from ._liveness import Liveness, probe_window
+from ._liveness import ABSENT_PROBES, Liveness, probe_window
 from .base import Abandoned
 
 if TYPE_CHECKING:
@@ -103,9 +104,13 @@ def abort_with_output(comm: MPI.Comm) -> None:
 
 
 def _data_plane(method: Callable[..., None]) -> Callable[..., None]:
-    """Record when a data-plane call starts and ends, for the liveness watch (`Liveness`)."""
+    """Record when a data-plane call starts and ends, and its process set, for the liveness watch
+    (`Liveness`); `method` takes a ``process_set_id``."""
+    at = list(inspect.signature(method).parameters).index("process_set_id") - 1  # in args, after self
+
     @functools.wraps(method)
     def call(self: MpiBackend, *args: object, **kwargs: object) -> None:
+        self._data_set = cast("int", args[at] if len(args) > at else kwargs["process_set_id"])
         self._data_since = time.monotonic()
         try:
             method(self, *args, **kwargs)
@@ -148,12 +153,17 @@ class MpiBackend:
         # same thread level (MPI grants one level to the whole job).
         self._peer_timeout = peer_timeout_seconds
         self._data_since = 0.0  # monotonic start of the data-plane call in progress, 0 when none
+        self._data_set = 0  # that call's process set
+        self._control_waits = False  # a control exchange's wait is past its first test (`_wait`)
+        self._set_ranks: dict[int, tuple[int, ...]] = {0: tuple(range(self.size))}  # set -> its job ranks
         self._liveness: Liveness | None = None
         if (peer_timeout_seconds > 0 and self.size > 1
                 and self._mpi.Query_thread() == self._mpi.THREAD_MULTIPLE):
             self._liveness = Liveness(comm, self._mpi)
-            self._liveness.watch_data_plane(lambda: self._data_since, peer_timeout_seconds,
-                                            self._lost_in_data_plane)
+            self._liveness.watch_data_plane(lambda: self._data_since, lambda: self._control_waits,
+                                            lambda: self._set_ranks.get(self._data_set, ()),
+                                            peer_timeout_seconds, self._lost_in_data_plane,
+                                            self._absent_from_data_plane)
 
     def _split_hosts(self, comm: MPI.Intracomm) -> None:
         # Collective over `comm`: every rank makes the same decision from the same gathered sizes.
@@ -183,26 +193,30 @@ class MpiBackend:
     def _wait(self, request: MPI.Request) -> None:
         if request.Test():
             return
-        start = time.perf_counter()
-        deadline = start + _SPIN_SECONDS
-        while time.perf_counter() < deadline:
-            if request.Test():
-                self._stats["wait_seconds"] += time.perf_counter() - start
-                return
-            os.sched_yield()
-        delay = _FIRST_SLEEP_SECONDS
-        next_probe = start + self._peer_timeout if self._liveness is not None else float("inf")
-        while not request.Test():
-            if self._abandoned:
-                raise Abandoned()
-            if self._failure:
-                raise AbortedError(self._failure)
-            time.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP_SECONDS)
-            if time.perf_counter() >= next_probe:
-                self._check_peers(time.perf_counter() - start)
-                next_probe = time.perf_counter() + self._peer_timeout
-        self._stats["wait_seconds"] += time.perf_counter() - start
+        self._control_waits = True  # the liveness answer: this rank waits in a control exchange
+        try:
+            start = time.perf_counter()
+            deadline = start + _SPIN_SECONDS
+            while time.perf_counter() < deadline:
+                if request.Test():
+                    self._stats["wait_seconds"] += time.perf_counter() - start
+                    return
+                os.sched_yield()
+            delay = _FIRST_SLEEP_SECONDS
+            next_probe = start + self._peer_timeout if self._liveness is not None else float("inf")
+            while not request.Test():
+                if self._abandoned:
+                    raise Abandoned()
+                if self._failure:
+                    raise AbortedError(self._failure)
+                time.sleep(delay)
+                delay = min(delay * 2, _MAX_SLEEP_SECONDS)
+                if time.perf_counter() >= next_probe:
+                    self._check_peers(time.perf_counter() - start)
+                    next_probe = time.perf_counter() + self._peer_timeout
+            self._stats["wait_seconds"] += time.perf_counter() - start
+        finally:
+            self._control_waits = False
 
     def _lost_in_data_plane(self, lost: list[int], waited_seconds: float) -> None:
         """A peer stopped answering while this rank's engine is blocked in a data-plane call, which no
@@ -215,6 +229,25 @@ class MpiBackend:
             "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
         try:  # straight to stderr, like the other last words of a rank (unison._job.failure)
+            sys.stderr.write(message + "\n")
+        finally:
+            abort_with_output(self._mpi.COMM_WORLD)
+
+    def _absent_from_data_plane(self, absent: list[int], waited_seconds: float) -> None:
+        """Peers alive and waiting in a control exchange while this rank's engine is blocked in a
+        data-plane call with them: they moved on to their next cycle without joining it (their executor
+        failed before the transport, on that rank alone). The blocked call cannot be interrupted: say
+        who, then end the job with MPI_Abort."""
+        who = f"rank {absent[0]}" if len(absent) == 1 else f"ranks {absent}"
+        message = (
+            f"unison: {who} never joined a data-plane collective that every member had agreed to run: "
+            f"rank {self.rank} has been in it for {waited_seconds:.0f} s, and {who} answered "
+            f"{ABSENT_PROBES + 1} liveness probes from a control exchange of its next cycle (the collective "
+            f"most likely failed on {who} alone before it reached the transport: see {who}'s output for "
+            "the error). A blocked MPI call cannot be interrupted: ending the job with MPI_Abort "
+            "(UNISON_PEER_TIMEOUT_SECONDS)."
+        )
+        try:
             sys.stderr.write(message + "\n")
         finally:
             abort_with_output(self._mpi.COMM_WORLD)
@@ -326,6 +359,7 @@ class MpiBackend:
             self._allreduce_chunks_(buf, op, process_set_id, after_chunk)
             return
         # One call, the steady state's small tensors: `_data_plane` written out (a call less).
+        self._data_set = process_set_id
         self._data_since = time.monotonic()
         try:
             self._comms[process_set_id].Allreduce(self._mpi.IN_PLACE, buf, op=self._ops[op])
@@ -434,8 +468,10 @@ class MpiBackend:
         comm = world.Split(color, key=world.Get_rank())
         if member:
             self._comms[process_set_id] = comm
+            self._set_ranks[process_set_id] = tuple(ranks)
 
     def remove_process_set(self, process_set_id: int) -> None:
+        self._set_ranks.pop(process_set_id, None)
         comm = self._comms.pop(process_set_id, None)
         if comm is not None and process_set_id != 0:
             comm.Free()

@@ -1,0 +1,44 @@
+"""One rank program: `python _data_absent_scenario.py PIDDIR [MODE]`; rank 1 does not join a collective at once.
+
+The negotiation has shown both ranks ready, so rank 0 enters MPI's allreduce. MODE ``refused`` (the
+default): on rank 1 alone the executor raises before the transport is reached (as a buffer MPI refuses
+would), the error reaches its caller, which catches it and goes on to its next collective; rank 0's
+call can never complete. MODE ``slow``: rank 1 reaches the transport SLOW_SECONDS late (busy, alive,
+outside any control exchange), and the job completes. Every rank writes PIDDIR/pid-R first.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import unison as hvd
+from unison._job import runtime as _runtime
+
+pid_dir = Path(sys.argv[1])
+mode = sys.argv[2] if len(sys.argv) > 2 else "refused"
+SLOW_SECONDS = 5.0
+hvd.init()
+rank = hvd.rank()
+(pid_dir / f"pid-{rank}").write_text(str(os.getpid()))
+hvd.allreduce(np.ones(4), name="warmup")
+if rank == 1:
+    backend = _runtime.job().engine.backend
+    allreduce_ = backend.allreduce_
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise BufferError("injected: the transport refused this rank's buffer")
+
+    def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(SLOW_SECONDS)
+        allreduce_(*args, **kwargs)
+
+    backend.allreduce_ = refused if mode == "refused" else slow
+try:
+    hvd.allreduce(np.ones(1 << 10), name="refused")
+except Exception as exc:  # noqa: BLE001 - a program that catches the failure and goes on
+    print(f"rank {rank} caught {type(exc).__name__}: {exc}", flush=True)
+hvd.allreduce(np.ones(4), name="next")
+print(f"rank {rank} finished", flush=True)
