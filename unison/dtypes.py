@@ -99,7 +99,8 @@ def dtype_of(array: np.ndarray) -> DType:
     if found is None:
         supported = ", ".join(d.value for d in DType)
         raise UnsupportedDtypeError(
-            f"Tensor type {name} is not supported. Supported types: {supported}."
+            f"Tensor type {name} is not supported. Supported types: {supported} (bool is gathered, "
+            "broadcast and exchanged, never reduced)."
         )
     return found
 

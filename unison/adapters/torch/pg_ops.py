@@ -105,7 +105,8 @@ _BOTH = {kind: (plain, (str(kind), 1.0)) for kind, plain in _PLAIN.items()}
 
 def _point_to_point(call: str) -> UnisonNotImplementedError:
     return UnisonNotImplementedError(
-        f"dist.{call} (and isend, irecv, batch_isend_irecv) is not available on the unison backend: unison runs "
+        f"dist.{call} is not available on the unison backend, nor is any point-to-point call (send, recv, "
+        "isend, irecv, batch_isend_irecv): unison runs "
         "collectives only. Use dist.broadcast or dist.scatter from the sending rank, or a gloo group for "
         "point-to-point traffic: dist.new_group(backend='gloo')."
     )
