@@ -232,6 +232,23 @@ def _poll(deadline: float, ready: Callable[[], bool]) -> bool:
     return True
 
 
+def _held_back(missing: Sequence[int], size: int) -> str:
+    """What to add when rank 0 is among the missing ranks with others ('' otherwise). Pure.
+
+    Example:
+        >>> _held_back([0, 2], 3)[:60]
+        ' Rank 0 may be missing only because rank 2 is: with tcp:// a'
+    """
+    others = [r for r in missing if r != 0]
+    if 0 not in missing or not others:
+        return ""
+    who = f"rank {others[0]} is" if len(others) == 1 else f"ranks {others} are"
+    return (f" Rank 0 may be missing only because {who}: with tcp:// and env:// it waits in torch's "
+            f"rendezvous until all {size} processes of the world size connected to its store; check that "
+            f"{size} processes were started (mp.spawn's nprocs, torchrun's --nproc-per-node), with ranks 0 to "
+            f"{size - 1}.")
+
+
 def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout_seconds: float,
                          host: str) -> dict[int, Arrival]:
     """Collective over the processes that met at `store` (keys of one job: the caller prefixes them):
@@ -263,10 +280,16 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
             return bool(store.check(["verdict"]))
 
         try:
-            if not _poll(time.monotonic() + 2 * bound + 5.0, told_or_seen):
+            # Rank 0 reports before it waits for the others, so one that has not reported after the
+            # bound never reached unison's start: no verdict is coming, and the others are named now.
+            told = _poll(time.monotonic() + bound + 5.0, told_or_seen)
+            if not told and zero:  # rank 0 waits for the last rank, up to the bound: allow it that
+                told = _poll(time.monotonic() + bound, told_or_seen)
+            if not told:
                 seen = [r for r in range(size) if store.check([f"report/{r}"])]
                 missing = [r for r in range(size) if r not in seen]
-                raise StartupError(verdict({}, missing, timeout_seconds, _STORE_BOUND), tuple(missing))
+                raise StartupError(verdict({}, missing, timeout_seconds, _STORE_BOUND) + _held_back(missing, size),
+                                   tuple(missing))
             told = json.loads(store.get("verdict"))
             store.add("verdict/read", 1)
         except StartupError:

@@ -5,6 +5,7 @@ and the store check's verdicts with ranks as threads on one in-memory store."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -135,6 +136,20 @@ def test_a_missing_rank_is_named_on_the_others() -> None:
     for outcome in outcomes:
         assert isinstance(outcome, StartupError) and outcome.missing_ranks == (2,), outcome
         assert str(outcome).startswith("init() failed: rank 2 did not reach init() within 0.5 s")
+
+
+def test_a_rank_0_that_never_reported_is_not_waited_for_twice_the_bound() -> None:
+    # Rank 0 never reached unison's start (torch's tcp:// rendezvous holds it until every process of
+    # the world size connected): rank 1 names the missing ranks after the bound, not after twice it,
+    # and says why rank 0 may be missing.
+    start = time.monotonic()
+    outcome = _ranks(_store(), [(1, 3)], timeout=1.0)[0]
+    waited = time.monotonic() - start
+    assert isinstance(outcome, StartupError) and outcome.missing_ranks == (0, 2), outcome
+    assert "Rank 0 may be missing only because rank 2 is: with tcp:// and env:// it waits in torch's rendezvous " \
+           "until all 3 processes of the world size connected to its store" in str(outcome), outcome
+    assert "(mp.spawn's nprocs, torchrun's --nproc-per-node), with ranks 0 to 2." in str(outcome)
+    assert 1.0 + 5.0 <= waited < 2 * 1.0 + 5.0, waited
 
 
 def test_a_world_size_that_differs_is_named_on_both() -> None:
