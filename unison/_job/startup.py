@@ -258,7 +258,9 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
     Each process claims its rank first: the second process to claim one is refused at once, naming
     both. Rank 0 gathers the reports and writes the verdict; the others wait for it (rank 0 waits for
     the last rank up to the bound, so they allow twice that) and, when it never comes, name from the
-    reports they can see which ranks did not arrive. `timeout_seconds <= 0` waits forever.
+    reports they can see which ranks did not arrive (after the bound, where rank 0 never reported);
+    whichever verdict is written first stands for every rank, so a rank 0 that arrives after the
+    others gave up fails as they did. `timeout_seconds <= 0` waits forever.
     """
     bound = timeout_seconds if timeout_seconds > 0 else float("inf")
     me = Arrival(size, host, os.getpid(), problem[:REPORT_BYTES])
@@ -288,8 +290,12 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
             if not told:
                 seen = [r for r in range(size) if store.check([f"report/{r}"])]
                 missing = [r for r in range(size) if r not in seen]
-                raise StartupError(verdict({}, missing, timeout_seconds, _STORE_BOUND) + _held_back(missing, size),
-                                   tuple(missing))
+                text = verdict({}, missing, timeout_seconds, _STORE_BOUND) + _held_back(missing, size)
+                # The verdict is this one unless rank 0's came first: a rank 0 that arrives later finds
+                # it and fails too, where it would have gone on without the ranks that gave up.
+                ours = json.dumps({"text": text, "missing": missing, "arrivals": {}})
+                if store.compare_set("verdict", "", ours).decode() == ours:
+                    raise StartupError(text, tuple(missing))
             told = json.loads(store.get("verdict"))
             store.add("verdict/read", 1)
         except StartupError:
@@ -322,8 +328,11 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
     _poll(time.monotonic() + bound, arrived)
     text = store_verdict(arrivals, size, timeout_seconds)
     missing = [r for r in range(size) if r not in arrivals]
-    store.set("verdict", json.dumps({"text": text, "missing": missing,
-                                     "arrivals": {r: list(a) for r, a in arrivals.items()}}))
+    ours = json.dumps({"text": text, "missing": missing, "arrivals": {r: list(a) for r, a in arrivals.items()}})
+    written = store.compare_set("verdict", "", ours).decode()
+    if written != ours:  # the others gave up waiting for this rank first: their verdict stands
+        told = json.loads(written)
+        raise StartupError(told["text"], tuple(told["missing"]))
     if text:
         # rank 0 often hosts the store (tcp://, env://): its end would cut the others off from the verdict
         _poll(time.monotonic() + 5.0, lambda: store.add("verdict/read", 0) >= len(arrivals) - 1)

@@ -152,6 +152,14 @@ def test_a_rank_0_that_never_reported_is_not_waited_for_twice_the_bound() -> Non
     assert 1.0 + 5.0 <= waited < 2 * 1.0 + 5.0, waited
 
 
+def test_a_rank_0_that_arrives_after_the_others_gave_up_fails_as_they_did() -> None:
+    store = _store()
+    gave_up = _ranks(store, [(1, 2)], timeout=0.5)[0]
+    assert isinstance(gave_up, StartupError) and gave_up.missing_ranks == (0,), gave_up
+    late = _ranks(store, [(0, 2)], timeout=0.5)[0]  # rank 1's report is there, but it has left
+    assert isinstance(late, StartupError) and str(late) == str(gave_up), late
+
+
 def test_a_world_size_that_differs_is_named_on_both() -> None:
     for outcome in _ranks(_store(), [(0, 2), (1, 3)]):
         assert isinstance(outcome, StartupError), outcome
