@@ -13,7 +13,7 @@ from unison.errors import LaunchError
 from unison.launcher.mpi.mpiexec import MpiExec
 from unison.launcher.mpi.program import check_program
 from unison.launcher.mpi.variables import env_pairs, name_flags
-from unison.launcher.supervision.blame import Markers, blame, read_markers
+from unison.launcher.supervision.blame import Markers, blame, finished_early, read_markers
 from unison.launcher.supervision.deaths import DeathWatch
 from unison.launcher.supervision.supervise import JobOutcome, exit_status, own_ends
 
@@ -78,6 +78,37 @@ def test_a_rank_that_shut_down_and_exited_non_zero_is_named_and_the_peers_it_sto
     elastic = Markers(started=dict(TWO), finished={0, 1}, ended={0: (10, 75), 1: (11, 75)},
                       written_ns={("finished", 1): 1, ("finished", 0): 2, ("ended", 0): 3, ("ended", 1): 4})
     assert blame(elastic, [], {}, "h") == {}
+
+
+def test_ranks_that_finished_while_others_waited_are_named_when_no_rank_failed() -> None:
+    # Rank 1 ran out of data and exited 0; ranks 0 and 2 raised ShutdownError waiting for it and exited 1.
+    three = {**TWO, 2: ("h", 12)}
+    seen = Markers(started=dict(three), finished={0, 1, 2}, after_peer={0, 2},
+                   ended={0: (10, 1), 1: (11, 0), 2: (12, 1)},
+                   written_ns={("finished", 1): 1, ("ended", 1): 2, ("finished", 0): 3, ("ended", 0): 4})
+    assert blame(seen, [[1], [0], [2]], {}, "h") == {}  # no failure of its own...
+    assert finished_early(seen) == (  # ...but the job failed: the launcher says why
+        "rank 1 (h, pid 11) finished (exit status 0) while ranks 0 and 2 still waited in a collective: a rank that "
+        "runs out of data must call hvd.join() (or every rank must run the same collectives).")
+    outcome = JobOutcome(1, {}, ended={0: 1, 1: 0, 2: 1}, early=finished_early(seen) or "")
+    assert outcome.summary() == f"unisonrun: {outcome.early}" and exit_status(outcome) == 1
+    # Two ranks finished, one of them on a host without a keeper (no exit status seen).
+    both = Markers(started=dict(three), finished={0, 1, 2}, after_peer={0}, ended={0: (10, 1), 1: (11, 0)})
+    assert finished_early(both) == (
+        "rank 1 (h, pid 11) and rank 2 (h, pid 12) finished while rank 0 still waited in a collective: a rank that "
+        "runs out of data must call hvd.join() (or every rank must run the same collectives).")
+
+
+def test_without_a_rank_left_waiting_or_one_that_finished_nothing_is_said() -> None:
+    orderly = Markers(started=dict(TWO), finished={0, 1}, ended={0: (10, 0), 1: (11, 0)})
+    assert finished_early(orderly) is None
+    exited_4 = Markers(started=dict(TWO), finished={0, 1}, after_peer={0}, ended={0: (10, 1), 1: (11, 4)})
+    assert finished_early(exited_4) is None  # `blame` names rank 1 with its status
+    caught = Markers(started=dict(TWO), finished={0, 1}, after_peer={0}, ended={0: (10, 0), 1: (11, 0)})
+    assert finished_early(caught) is None  # rank 0 ended well after all
+    # A failure of its own is named instead, and comes alone.
+    outcome = JobOutcome(1, {1: "rank 1 (h, pid 11) failed: ValueError: x"}, early="ignored")
+    assert outcome.summary() == "unisonrun: rank 1 (h, pid 11) failed: ValueError: x"
 
 
 def test_markers_are_read_from_their_files(tmp_path: Path) -> None:

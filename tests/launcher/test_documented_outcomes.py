@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from unison._job import failure as _failure
+from unison._job.stop_report import UNEVEN_DATA
 from unison.backends._liveness import probe_window
 from unison.config import load_settings
+from unison.launcher.mpi.lines import HOLD_SECONDS
 from unison.launcher.supervision import supervise
+from unison.launcher.supervision.blame import Markers, finished_early
 from unison.launcher.supervision.supervise import JobOutcome, exit_status
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -47,6 +50,8 @@ ROWS = [
     ("a rank exited with status n > 0 while the job ran (`os._exit(n)`)", JobOutcome(9, {1: "x"}, ended={1: 3}), "n"),
     ("a rank exited with status n > 0 after shutting unison down (`sys.exit(n)` while the others still run "
      "collectives)", JobOutcome(5, {1: "x"}, ended={1: 3, 0: 1}), "n"),
+    ("a rank finished (exit status 0, without `hvd.join()`) while the others still ran collectives",
+     JobOutcome(1, {}, ended={1: 0, 0: 1}, early="rank 1 finished"), "1"),
     ("a rank ended with `os._exit(0)` while the job ran", JobOutcome(9, {1: "x"}, ended={1: 0}), "1"),
     ("a rank killed by signal N (the OOM killer's SIGKILL)", JobOutcome(9, {1: "x"}, ended={1: -9}), "128 + N (137)"),
     ("`--timeout` passed", JobOutcome(9, {}, timed_out=True), "124"),
@@ -72,6 +77,17 @@ def test_troubleshooting_says_the_same_statuses() -> None:
             "each rank that still waited in a collective says in one line `ShutdownError: rank(s) [1] shut unison "
             "down (or exited) while this rank had collectives pending`); 128 + N when a rank was killed by signal N (137: SIGKILL, often the OOM killer); 124 after "
             "`--timeout`; 130 after Ctrl-C; 143 after SIGTERM to unisonrun; 2 when the job could not start.") in text
+
+
+def test_the_reports_of_a_rank_that_finished_early_are_the_code_s() -> None:
+    early = finished_early(Markers(started={0: ("host", 1), 1: ("host", 2)}, finished={0, 1}, after_peer={0},
+                                   ended={0: (1, 1), 1: (2, 0)}))
+    assert early is not None
+    quoted = early.replace("(host, pid 2)", "(host, pid P)")
+    assert f"`unisonrun: {quoted}`" in _flat(LAUNCHER)
+    assert early.replace("(host, pid 2)", "(vm, pid 2500)") in TROUBLESHOOTING
+    assert f"ending `{UNEVEN_DATA}`" in _flat(LAUNCHER) and f"ending `{UNEVEN_DATA}`" in _flat(TROUBLESHOOTING)
+    assert f"{HOLD_SECONDS:g} s later" in _flat(LAUNCHER)
 
 
 def test_the_parameter_server_and_elastic_bounds_are_the_code_s() -> None:

@@ -45,6 +45,33 @@ def test_under_plain_mpiexec_the_statuses_are_ored(tmp_path: Path) -> None:
                      re.M), done.output
 
 
+def test_a_rank_that_finishes_early_is_named_and_told_to_call_join(tmp_path: Path) -> None:
+    # Rank 1 runs out of data and exits 0 without hvd.join(); rank 0, waiting in its next allreduce,
+    # raises ShutdownError and exits 1, saying where it waited. unisonrun names rank 1 and gives the fix.
+    done = run_job(unisonrun("-np", "2", PYTHON, PROGRAM, str(tmp_path), "early"))
+    assert done.returncode == 1, done.output
+    ours = [line for line in done.output.splitlines() if line.startswith("unisonrun:")]
+    assert len(ours) == 1, done.output
+    assert re.fullmatch(r"unisonrun: rank 1 \([^,]+, pid \d+\) finished \(exit status 0\) while rank 0 still waited "
+                        r"in a collective: a rank that runs out of data must call hvd\.join\(\) \(or every rank must "
+                        r"run the same collectives\)\.", ours[0]), done.output
+    assert re.search(r"^unison: rank 0 \([^)]*\) stopped at _statuses_program\.py:\d+ in <module>: ShutdownError: "
+                     r"rank\(s\) \[1\] shut unison down \(or exited\) while this rank had collectives pending; "
+                     r"unisonrun reports it\.$", done.output, re.M), done.output
+    assert "Traceback" not in done.output, done.output
+    assert done.seconds < BOUND_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
+def test_under_plain_mpiexec_the_rank_left_waiting_says_to_call_join(tmp_path: Path) -> None:
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, PROGRAM, str(tmp_path), "early"])
+    assert done.returncode == 1, done.output
+    line = next((line for line in done.output.splitlines() if line.startswith("unison: rank 0 (")), "")
+    assert "ShutdownError: unison has been shut down: rank(s) [1] called shutdown() (or exited)" in line, done.output
+    assert line.endswith("With uneven data, a rank that runs out of data first must call hvd.join() instead of "
+                         "finishing."), done.output
+
+
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(unisonrun(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -12,7 +12,7 @@ the facts and prints what `decide` returns.
 | its own (``ValueError``, ...) | traceback | traceback and ``unison: <reason>; stopping every rank.`` | the same |
 | raised on every rank of a collective (``MismatchError``) | one line | traceback and one line | one line |
 | the job's stop (``AbortedError``, ``JobInterrupt``, ``StallError``) | one line | one line; the full reason when rank 0 is the reporter | one line |
-| peers shut unison down (``ShutdownError``: ``rank(s) [1] called shutdown() (or exited)``) | one line | one line, the full reason (the lowest rank that got it reports it) | the same |
+| peers shut unison down (``ShutdownError``: ``rank(s) [1] called shutdown() (or exited)``) | one line | one line, the full reason and `UNEVEN_DATA` (the lowest rank that got it reports it) | the same |
 
 The ranks of one shared error are named odd one out first (`odd_order`): unisonrun lists them so, and
 under torchrun that rank's error file is the first failure (`unison._job.torch_error_file`).
@@ -29,12 +29,15 @@ from ..errors import AbortedError, JobInterrupt, MismatchError, ShutdownError, S
 from ..protocol.stall import DEADLOCK_TITLE, STALL_TITLE
 from .summary import CALLBACK_PREFIX, parse_reason
 
-__all__ = ["SHARED_ERRORS", "Role", "Said", "decide", "odd_order", "role_of", "shared_error", "stop_words"]
+__all__ = ["SHARED_ERRORS", "UNEVEN_DATA", "Role", "Said", "decide", "odd_order", "role_of", "shared_error",
+           "stop_words"]
 
 SHARED_ERRORS = frozenset({"MismatchError"})  # raised on every rank of the collective, with one message
 # The ShutdownError of a rank whose peers shut unison down (or exited) while it had collectives pending
 # (`unison.engine.actions`): a consequence of their end, not this rank's own error.
 _PEER_SHUTDOWN = re.compile(r"^unison has been shut down: rank\(s\) \[(?P<ranks>\d+(?:, \d+)*)\] called shutdown\(\)")
+# The usual cause of a peer's shutdown, and its fix (unisonrun gives it in its own report when it launched the job).
+UNEVEN_DATA = "With uneven data, a rank that runs out of data first must call hvd.join() instead of finishing."
 _SITE = re.compile(r"^(?P<file>.+?):(?P<line>\d+) in (?P<function>\S+)")
 
 
@@ -190,6 +193,8 @@ def decide(role: Role, *, rank: int, who: str, where: str, error: str, reason: s
         return Said(False, f"unison: {who} stopped{at}: {error}: {words}; unisonrun reports it.")
     if (reporter == rank or reporter is None and rank == 0) and not logged:
         full = " ".join(part.strip() for part in reason.strip().splitlines())
+        if _PEER_SHUTDOWN.match(reason.strip()) and "hvd.join()" not in full:
+            full = f"{full} {UNEVEN_DATA}"
         return Said(False, f"unison: {who} stopped{at}: {error}: {full}")
     return Said(False, f"unison: {who} stopped{at}: {error}: {words}; rank {0 if reporter is None else reporter} "
                        "reports it.")

@@ -23,6 +23,7 @@ from .elastic.driver import run_elastic
 from .hosts.hostfile import parse_hosts, read_hostfile
 from .hosts.reach import address_seen_from
 from .jobs import register, show_status
+from .mpi.lines import rank_tags
 from .mpi.mpiexec import find_mpiexec
 from .mpi.program import check_program
 from .mpi.variables import env_pairs, hide_values
@@ -178,10 +179,12 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
             # output to files and tag whole lines while copying them out.
             output_dir = output_dir or directory
             tails = (np, output_dir)
+        tags = rank_tags(found.vendor, output_dir, extra)  # each rank's lines whole through our relay
+        # Every variable set here is named.
         cmd = found.command(np, keeper_command(list(program), remote=remote), hosts=hosts,
                             hostfile=hostfile, tag_output=tag_output, output_dir=output_dir,
                             env=env, env_names=[name for name, _ in env_pairs], extra=extra,
-                            launcher_exec=launcher_exec, iface=iface)  # every variable set here is named
+                            launcher_exec=launcher_exec, iface=iface, tags=tags)
         record = register(directory, program, np)
         job.remove_too(record)
         try:
@@ -189,7 +192,7 @@ def launch(np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = 
                                 stdout=subprocess.DEVNULL if quiet_stdout else None, tails=tails,
                                 announce=True, keepers=True, keep_going=keep_going, role=role, check=check,
                                 mpi_messages=Path(output_dir) / MPI_MESSAGES_FILE if output_dir else None,
-                                show_mpi_messages=settings.log_level in ("trace", "debug"))
+                                show_mpi_messages=settings.log_level in ("trace", "debug"), tags=tags)
         finally:
             if record is not None:
                 record.unlink(missing_ok=True)

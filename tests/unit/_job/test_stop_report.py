@@ -90,7 +90,12 @@ def test_a_stopped_rank_prints_one_line_and_rank_0_the_full_reason_when_it_repor
 def test_the_lowest_rank_a_peer_s_shutdown_stopped_reports_it_in_full() -> None:
     # ranks 0 and 1 exited; ranks 2 and 3 raised ShutdownError: rank 2 says why, rank 3 points to it
     full = said(Role.CONSEQUENCE, rank=2, reason=PEERS_GONE, error="ShutdownError")
-    assert full == stop_report.Said(False, f"unison: {WHO} stopped at t.py:8 in main: ShutdownError: {PEERS_GONE}")
+    assert full == stop_report.Said(False, f"unison: {WHO} stopped at t.py:8 in main: ShutdownError: {PEERS_GONE} "
+                                           "With uneven data, a rank that runs out of data first must call hvd.join() "
+                                           "instead of finishing.")
+    # A reason that names the fix already does not get it twice.
+    told = f"{PEERS_GONE} Call hvd.join() on a rank that runs out of data."
+    assert said(Role.CONSEQUENCE, rank=2, reason=told, error="ShutdownError").line.endswith(f"ShutdownError: {told}")
     assert said(Role.CONSEQUENCE, rank=3, reason=PEERS_GONE, error="ShutdownError").line.endswith(
         "ShutdownError: rank(s) [0, 1] shut unison down (or exited) while this rank had collectives pending; rank 2 "
         "reports it.")

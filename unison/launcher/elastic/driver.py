@@ -52,6 +52,7 @@ from ...elastic.membership import (
 from ...errors import InvalidArgumentError, LaunchError
 from ..hosts.reach import address_seen_from, reach_of
 from ..jobs import ElasticRecord
+from ..mpi.lines import rank_tags
 from ..mpi.mpiexec import MpiExec, find_mpiexec
 from ..supervision.keeper import command as keeper_command
 from ..supervision.reaper import JobDirectory
@@ -208,15 +209,16 @@ def _run_epoch(found: MpiExec, epoch: Epoch, program: Sequence[str], env: dict[s
         if tag_output and found.vendor != "openmpi":  # as in a launch without elastic (cli.launch)
             output_dir = output_dir or str(job.path)
             tails = (epoch.np, output_dir)
+        extra = shlex.split(mpi_args)
+        tags = rank_tags(found.vendor, output_dir, extra)  # each rank's lines whole through the relay
         cmd = found.command(epoch.np, keeper_command(list(program), remote=remote),
                             hosts=epoch.hosts_argument(), env=epoch_env, env_names=env_names,
-                            extra=shlex.split(mpi_args),
-                            launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
-                            output_dir=output_dir)
+                            extra=extra, launcher_exec=launcher_exec, iface=iface, tag_output=tag_output,
+                            output_dir=output_dir, tags=tags)
         # No grace after a failure: the state is in the commits, and the next launch starts as soon
         # as this one is gone (the ranks' orderly stop took about 3 s after an exception).
         return supervise(cmd, job.path, epoch_env, timeout=timeout, tails=tails, announce=True,
-                         keepers=True, grace_seconds=0.0)
+                         keepers=True, grace_seconds=0.0, tags=tags)
 
 
 def run_elastic(options: ElasticOptions, program: Sequence[str], *, mpiexec: str = "", mpi_args: str = "",

@@ -15,6 +15,7 @@ from ..._contract import LAUNCHER_HOSTS_VARIABLE as HOSTS_VARIABLE
 from ...elastic.membership import Epoch
 from ...errors import AbortedError, LaunchError, ShutdownError
 from ..elastic.driver import ElasticOptions, run_elastic
+from ..mpi.lines import rank_tags
 from ..mpi.mpiexec import find_mpiexec
 from ..supervision.keeper import command as keeper_command
 from ..supervision.reaper import JobDirectory
@@ -153,9 +154,11 @@ def run(func: Callable[..., _Result], args: Sequence[object] = (), kwargs: Mappi
                                 {**decided.env, **(env or {})}, mpiexec=mpiexec, mpi_args=mpi_args or "",
                                 output_dir=decided.output_dir, timeout=timeout)
         program = keeper_command([python, "-m", "unison.launcher.function.bootstrap", directory])
-        cmd = found.command(np, program, extra=shlex.split(mpi_args or ""), output_dir=decided.output_dir,
-                            env=run_env, env_names=[*decided.env, *(env or {})])
-        outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True)
+        extra = shlex.split(mpi_args or "")
+        tags = rank_tags(found.vendor, decided.output_dir, extra)  # each rank's lines whole through the relay
+        cmd = found.command(np, program, extra=extra, output_dir=decided.output_dir,
+                            env=run_env, env_names=[*decided.env, *(env or {})], tags=tags)
+        outcome = supervise(cmd, job, run_env, timeout=timeout, keepers=True, tags=tags)
         results: list[_Result] = []
         if outcome.timed_out:  # the ranks' KeyboardInterrupts (the stop is a Ctrl-C) are its consequence
             raise LaunchError(f"unison.run: the job ran past timeout={timeout:g} s; stopped every rank.")

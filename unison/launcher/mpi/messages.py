@@ -8,16 +8,23 @@ it killed. unisonrun names the failing rank itself, so these lines are held back
 pure) and, once the job has ended, dropped or written to a file when unison explained the stop, and
 printed as they were when it did not. Everything else mpiexec writes (the ranks' output, Hydra's
 launch errors) passes at once, byte for byte; a line without its newline yet (a progress bar's
-``\\r``) passes as soon as it cannot be the start of a held line.
+``\\r``) passes as soon as it cannot be the start of a held line. With MPICH's mpiexec marking each
+rank's pieces (`unison.launcher.mpi.lines`), the relay passes each rank's lines whole, and only
+mpiexec's own output goes through the filter.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import re
+import select
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+
+from .lines import RankLines, RankTags
 
 __all__ = ["MessageFilter", "OutputRelay"]
 
@@ -134,29 +141,59 @@ class MessageFilter:
 
 
 class OutputRelay:
-    """Copy one pipe from mpiexec to `write` through a `MessageFilter`, in a thread of its own."""
+    """Copy one pipe from mpiexec to `write` through a `MessageFilter`, in a thread of its own.
 
-    def __init__(self, fd: int, write: Callable[[bytes], object]) -> None:
+    With `tags` (mpiexec marks each rank's pieces with them) each rank's lines are written whole
+    (`RankLines`), and mpiexec's own output goes through the filter.
+    """
+
+    def __init__(self, fd: int, write: Callable[[bytes], object], tags: RankTags | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.filter = MessageFilter()
-        self._fd, self._write = fd, write
+        self.lines = RankLines(tags) if tags is not None else None
+        self._fd, self._write, self._clock = fd, write, clock
         self._thread = threading.Thread(target=self._pump, name="unisonrun-output", daemon=True)
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"<OutputRelay fd={self._fd} held_lines={len(self.filter.held)}>"
+        return f"<OutputRelay fd={self._fd} held_lines={len(self.filter.held)} lines={self.lines!r}>"
+
+    def _pass(self, pieces: Sequence[tuple[str | None, bytes]]) -> None:
+        """Write the ranks' pieces as they are and mpiexec's own through the filter, in their order."""
+        passed = b"".join(data if rank is not None else self.filter.feed(data) for rank, data in pieces)
+        if passed:
+            self._write(passed)
+
+    def _readable(self, poller: select.poll) -> bool:
+        """Wait for data, or until the first line held for its newline is due (then pass it)."""
+        lines = self.lines
+        due = lines.next_due() if lines is not None else None
+        if lines is None or due is None:
+            return True
+        if poller.poll(max(0, math.ceil((due - self._clock()) * 1000))):
+            return True
+        self._pass(lines.due(self._clock()))
+        return False
 
     def _pump(self) -> None:
         try:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN | select.POLLHUP | select.POLLERR)
             while True:
+                if not self._readable(poller):
+                    continue
                 try:
                     data = os.read(self._fd, 65536)
                 except OSError:
                     data = b""
                 if not data:
                     break
-                passed = self.filter.feed(data)
-                if passed:
-                    self._write(passed)
+                if self.lines is None:
+                    self._pass([(None, data)])
+                else:
+                    self._pass(self.lines.feed(data, self._clock()))
+            if self.lines is not None:
+                self._pass(self.lines.finish())
             rest = self.filter.finish()
             if rest:
                 self._write(rest)

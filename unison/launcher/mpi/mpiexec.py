@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...errors import LaunchError
+from .lines import RankTags
 from .variables import name_flags, names_for_ranks
 
 __all__ = ["MpiExec", "find_mpiexec", "library_vendor", "mpiexec_vendor"]
@@ -73,7 +74,7 @@ class MpiExec:
     def command(self, np: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "",
                 tag_output: bool = False, output_dir: str = "", env_names: Sequence[str] = (),
                 env: Mapping[str, str] | None = None, extra: Sequence[str] = (), launcher_exec: str = "",
-                iface: str = "") -> list[str]:
+                iface: str = "", tags: RankTags | None = None) -> list[str]:
         """The full mpiexec command line for `program` on `np` processes.
 
         `env` is the environment mpiexec will run in (the ranks'): every variable in it that the
@@ -87,6 +88,8 @@ class MpiExec:
         interface between hosts; with MPICH it also selects the TCP netmod (``ofi`` with the ``tcp``
         provider), because the wheel's default (UCX) may move data through shared memory instead, e.g.
         between network namespaces of one machine.
+
+        `tags` (MPICH, `rank_tags`) make mpiexec mark each piece of the ranks' output with its rank.
         """
         cmd = [self.path, "-n", str(np)]
         openmpi = self.vendor == "openmpi"
@@ -104,6 +107,8 @@ class MpiExec:
             else:
                 cmd += ["-outfile-pattern", os.path.join(output_dir, "rank.%r.stdout"),
                         "-errfile-pattern", os.path.join(output_dir, "rank.%r.stderr")]
+        if tags is not None and not openmpi:
+            cmd += ["-prepend-pattern", tags.pattern]
         if launcher_exec:
             cmd += ["--mca", "plm_rsh_agent", launcher_exec] if openmpi else [
                 "-launcher", "ssh", "-launcher-exec", launcher_exec]

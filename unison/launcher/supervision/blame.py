@@ -14,6 +14,10 @@ after the markers of the same look. A rank that shut unison down in order and th
 (``sys.exit(4)``) is named with that status, unless its ``finished-R`` says a peer's exit stopped it
 (an uncaught ``ShutdownError``: the peers a ``sys.exit(4)`` left waiting) or the status is
 ``HOSTS_UPDATED_EXIT`` (an elastic rank's stop for a host change).
+
+A job can also fail with no failure to name: a rank runs out of data, leaves its loop and exits 0
+without ``hvd.join()``, and the ranks still waiting in a collective raise ``ShutdownError`` (exit 1, a
+peer's doing). `finished_early` names the ranks that finished and says what to do.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from ..._contract import FINISHED_AFTER_PEER, HOSTS_UPDATED_EXIT, parse_marker_name
 
-__all__ = ["Markers", "blame", "read_markers"]
+__all__ = ["Markers", "blame", "finished_early", "read_markers"]
 
 
 @dataclasses.dataclass
@@ -158,3 +162,37 @@ def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int,
             )
     return new
 
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 0``, ``ranks 0 and 3``, ``ranks 0, 3 and 4``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(str(rank) for rank in ranks[:-1]) + f" and {ranks[-1]}"
+
+
+def finished_early(markers: Markers, host: str = "") -> str | None:
+    """Why a job failed that has no failure to name: ranks that finished while others waited in a collective.
+
+    The waiting ranks are those whose ``finished-R`` says a peer's exit stopped them (an uncaught
+    ``ShutdownError``) and that did not exit 0; the ranks that finished are those that shut unison
+    down in order and exited 0 (a non-zero status is `blame`'s to name). None when either is missing.
+
+    Example:
+        >>> seen = Markers(started={0: ("h", 10), 1: ("h", 11)}, finished={0, 1}, after_peer={0},
+        ...                ended={0: (10, 1), 1: (11, 0)})
+        >>> print(finished_early(seen))
+        rank 1 (h, pid 11) finished (exit status 0) while rank 0 still waited in a collective: a rank that runs out of data must call hvd.join() (or every rank must run the same collectives).
+    """
+    waiting = sorted(rank for rank in markers.after_peer if markers.ended.get(rank, (0, 1))[1] != 0)
+    finished = sorted(rank for rank in markers.finished - markers.after_peer
+                      if markers.ended.get(rank, (0, 0))[1] == 0)
+    if not waiting or not finished:
+        return None
+    names = []
+    for rank in finished:
+        rank_host, pid = markers.started.get(rank, (host, markers.ended.get(rank, (0, 0))[0]))
+        names.append(f"rank {rank} ({rank_host}, pid {pid})")
+    named = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    status = " (exit status 0)" if all(rank in markers.ended for rank in finished) else ""
+    return (f"{named} finished{status} while {_ranks(waiting)} still waited in a collective: a rank that runs "
+            "out of data must call hvd.join() (or every rank must run the same collectives).")

@@ -33,8 +33,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
+from ..mpi.lines import RankTags
 from ..mpi.messages import OutputRelay
-from .blame import blame, read_markers
+from .blame import blame, finished_early, read_markers
 from .deaths import DeathWatch, alive
 from .records import keep_records, records_line
 from .reports import report_lines
@@ -65,6 +66,7 @@ class JobOutcome:
     ended: dict[int, int] = dataclasses.field(default_factory=dict)  # rank -> its own exit code, as its keeper saw it (-N: signal N; `own_ends`)
     mpi_messages: int = 0  # lines of MPICH's own stop report held back (unison explained the stop)
     records: Path | None = None  # where the ranks' flight records of a failure were kept
+    early: str = ""  # with no failure to name: the ranks that finished while others waited (`finished_early`)
 
     def summary(self) -> str:
         """The launcher's closing lines: why it stopped the job, then each failed rank; '' on success.
@@ -76,6 +78,8 @@ class JobOutcome:
         if self.timed_out and not self.announced:
             lines.append(timeout_line(self.timeout, stopped=True))
         lines += report_lines({rank: why for rank, why in self.failures.items() if rank not in self.told})
+        if self.early and not self.failures:
+            lines.append(f"unisonrun: {self.early}")
         if self.records is not None:
             lines.append(records_line(self.records))
         if self.interrupted:
@@ -117,7 +121,7 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
               tails: tuple[int, str] | None = None, announce: bool = False,
               keepers: bool = False, grace_seconds: float | None = None, keep_going: bool = False, role: str = "",
               check: Callable[[], Mapping[int, str]] | None = None, mpi_messages: Path | None = None,
-              show_mpi_messages: bool = False) -> JobOutcome:
+              show_mpi_messages: bool = False, tags: RankTags | None = None) -> JobOutcome:
     """Run `cmd` (an mpiexec command line) until it ends, ending it when a rank fails.
 
     SIGINT and SIGTERM received meanwhile are forwarded to mpiexec, each one; ranks still alive
@@ -139,13 +143,15 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     mpiexec's output is relayed through `OutputRelay`: MPICH's own report of a stop (its banner, Hydra's
     cleanup lines) is held back, and once the job ended it is printed only if unison has no failure,
     interrupt or timeout of its own to report, or with `show_mpi_messages`; otherwise it goes to the
-    file `mpi_messages` when given (appended), and nowhere when not.
+    file `mpi_messages` when given (appended), and nowhere when not. `tags` are the markers `cmd` asks
+    MPICH's mpiexec to put before each rank's pieces of output (`rank_tags`): the relay then writes each
+    rank's lines whole.
 
     After a failure the ranks' flight records are moved out of `directory` (which goes with the job): into
     the directory of `mpi_messages` (``--output-filename``) when given, else a new one (`records`).
     """
     host = socket.gethostname()
-    proc, relays = _start(cmd, env, stdout)
+    proc, relays = _start(cmd, env, stdout, tags)
     interrupted: list[int] = []
     previous = {}
 
@@ -251,6 +257,8 @@ def supervise(cmd: Sequence[str], directory: Path, env: Mapping[str, str], *,
     _kill_ranks(started, host, outcome)
     segments.remove()
     outcome.returncode = proc.returncode if proc.returncode is not None else 1
+    if outcome.returncode != 0 and not failures and not stopping:
+        outcome.early = finished_early(read_markers(directory), host) or ""
     _settle_messages(relays, outcome, mpi_messages, show_mpi_messages)
     if failures:  # the ranks' flight records (a stall, a deadlock, a rank lost), out of the directory
         outcome.records = keep_records(directory, mpi_messages.parent if mpi_messages is not None else None)
@@ -267,8 +275,8 @@ def _send(proc: subprocess.Popen[bytes], signum: int) -> None:
 _RELAY_END_SECONDS = 2.0  # a stray that inherited mpiexec's output must not hold the launcher
 
 
-def _start(cmd: Sequence[str], env: Mapping[str, str],
-           stdout: int | None) -> tuple[subprocess.Popen[bytes], list[tuple[OutputRelay, Callable[[bytes], None]]]]:
+def _start(cmd: Sequence[str], env: Mapping[str, str], stdout: int | None,
+           tags: RankTags | None) -> tuple[subprocess.Popen[bytes], list[tuple[OutputRelay, Callable[[bytes], None]]]]:
     """Start mpiexec with its stdout (unless redirected) and stderr relayed through `OutputRelay`s."""
     pipes = {"stderr": os.pipe()}
     if stdout is None:
@@ -286,7 +294,7 @@ def _start(cmd: Sequence[str], env: Mapping[str, str],
     for name, (read_fd, write_fd) in pipes.items():
         os.close(write_fd)
         write = _writer(name)
-        relays.append((OutputRelay(read_fd, write), write))
+        relays.append((OutputRelay(read_fd, write, tags), write))
     return proc, relays
 
 
