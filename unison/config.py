@@ -114,7 +114,8 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "to every rank; ranks that do not answer it within 3 s (or this long, if shorter: frozen, "
             "dead, unreachable) are named and the job is aborted. A data-plane call still waiting after "
             "this long probes too, and also aborts the job naming the peers that answer, four times over "
-            "3 s, from a control exchange of their next cycle (they never joined the call). 0 waits forever."),
+            "3 s, from a control exchange of their next cycle without having completed the call (they never "
+            "joined it). 0 waits forever."),
     Setting("start_timeout_seconds", "UNISON_START_TIMEOUT_SECONDS", None, "float", 60.0,
             "How long init() waits for every rank to arrive and to finish its local set-up; the ranks "
             "that did not are named and init() raises on the others. 0 waits forever."),

@@ -4,7 +4,10 @@ The negotiation has shown both ranks ready, so rank 0 enters MPI's allreduce. MO
 default): on rank 1 alone the executor raises before the transport is reached (as a buffer MPI refuses
 would), the error reaches its caller, which catches it and goes on to its next collective; rank 0's
 call can never complete. MODE ``slow``: rank 1 reaches the transport SLOW_SECONDS late (busy, alive,
-outside any control exchange), and the job completes. Every rank writes PIDDIR/pid-R first.
+outside any control exchange), and the job completes. MODE ``uneven`` (3 ranks): rank 2 reaches an
+alltoall LATE_SECONDS late (past the peer timeout and the probes after it) and sends rank 1 nothing, so rank 1 completes its part and waits in its
+next cycle's control exchange while rank 0 still waits for rank 2; the job completes. Every rank
+writes PIDDIR/pid-R first.
 """
 
 import os
@@ -20,6 +23,7 @@ from unison._job import runtime as _runtime
 pid_dir = Path(sys.argv[1])
 mode = sys.argv[2] if len(sys.argv) > 2 else "refused"
 SLOW_SECONDS = 5.0
+LATE_SECONDS = 9.0
 hvd.init()
 rank = hvd.rank()
 (pid_dir / f"pid-{rank}").write_text(str(os.getpid()))
@@ -35,7 +39,22 @@ if rank == 1:
         time.sleep(SLOW_SECONDS)
         allreduce_(*args, **kwargs)
 
-    backend.allreduce_ = refused if mode == "refused" else slow
+    if mode in ("refused", "slow"):
+        backend.allreduce_ = refused if mode == "refused" else slow
+if mode == "uneven":
+    if rank == 2:
+        backend = _runtime.job().engine.backend
+        alltoallv = backend.alltoallv
+
+        def late(*args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(LATE_SECONDS)
+            alltoallv(*args, **kwargs)
+
+        backend.alltoallv = late
+    splits = np.array([1, 0, 1]) if rank == 2 else np.array([1, 1, 1])
+    _, received = hvd.alltoall(np.full((int(splits.sum()), 2), float(rank)), splits=splits, name="uneven")
+    assert received.tolist() == ([1, 1, 1] if rank != 1 else [1, 1, 0]), received
+    print(f"rank {rank} alltoall done", flush=True)
 try:
     hvd.allreduce(np.ones(1 << 10), name="refused")
 except Exception as exc:  # noqa: BLE001 - a program that catches the failure and goes on

@@ -103,11 +103,11 @@ def test_a_collective_called_on_one_rank_only_is_reported_as_a_deadlock_at_once(
 
 @pytest.mark.parametrize(("mode", "ranks"), [("set", 3), ("async", 2)])
 def test_ranks_that_keep_completing_collectives_beside_a_pending_one_are_no_deadlock(mode: str, ranks: int) -> None:
-    # One collective stays pending for 4 s while the ranks missing from it loop other collectives:
+    # One collective stays pending for 6 s while the ranks missing from it loop other collectives:
     # every detail cycle sees their main threads blocked in unison, each time in a new wait. The
-    # deadlock check (1 s here) must let the job finish.
-    done = run_job([MPIEXEC, "-n", str(ranks), PYTHON, PROGRESS_SCENARIO, mode, "4"],
-                   env={"UNISON_DEADLOCK_SECONDS": "1"}, deadline=90)
+    # deadlock check (its default 2 s; it stopped such jobs after about 3 s) must let the job finish.
+    done = run_job([MPIEXEC, "-n", str(ranks), PYTHON, PROGRESS_SCENARIO, mode, "6"],
+                   env={"UNISON_DEADLOCK_SECONDS": "2"}, deadline=90)
     assert done.returncode == 0, done.output
     assert "Deadlock" not in done.output, done.output
     for rank in range(ranks):

@@ -99,7 +99,7 @@ def test_rank_whose_collective_failed_before_its_transport_is_named_and_the_job_
     assert "rank 1 caught HorovodInternalError" in done.output and "injected" in done.output, done.output
     assert ("unison: rank 1 never joined a data-plane collective that every member had agreed to run: rank 0 "
             "has been in it for") in done.output, done.output
-    assert f"answered {ABSENT_PROBES + 1} liveness probes from a control exchange of its next cycle" in done.output
+    assert f"answered {ABSENT_PROBES + 1} liveness probes from a control exchange, without having completed" in done.output
     assert "finished" not in done.output, done.output
     assert done.seconds < BOUND + PROBE_WINDOW_SECONDS, done.seconds
     assert_no_strays(tmp_path, 2)
@@ -112,4 +112,17 @@ def test_rank_that_reaches_the_transport_late_but_alive_is_waited_for(tmp_path: 
     done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path), "slow"], env=ENV)
     assert done.returncode == 0, done.output
     assert "rank 0 finished" in done.output and "rank 1 finished" in done.output, done.output
+    assert "never joined" not in done.output and "MPI_Abort" not in done.output, done.output
+
+
+def test_members_that_completed_their_part_of_a_late_collective_are_not_taken_for_absent(tmp_path: Path) -> None:
+    # Rank 2 joins an alltoall 9 s late (the 2 s timeout and the probes after it have passed) and sends
+    # rank 1 nothing: rank 1 completes its part and waits in
+    # its next cycle's control exchange while rank 0 still waits for rank 2's rows. Rank 1 completed the
+    # call, so it is not taken for a member that never joined it.
+    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
+    done = run_job([MPIEXEC, "-n", "3", PYTHON, scenario, str(tmp_path), "uneven"], env=ENV)
+    assert done.returncode == 0, done.output
+    for rank in range(3):
+        assert f"rank {rank} alltoall done" in done.output and f"rank {rank} finished" in done.output, done.output
     assert "never joined" not in done.output and "MPI_Abort" not in done.output, done.output

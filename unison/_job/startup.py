@@ -249,6 +249,16 @@ def _held_back(missing: Sequence[int], size: int) -> str:
             f"{size - 1}.")
 
 
+def _first_verdict(store: Any, ours: str) -> str:
+    """Write `ours` as the verdict unless one is there already; return the verdict that stands. A store
+    without an atomic compare-and-set (one written in Python) takes ours as it did before."""
+    try:
+        return str(store.compare_set("verdict", "", ours).decode())
+    except (RuntimeError, NotImplementedError, AttributeError):
+        store.set("verdict", ours)
+        return ours
+
+
 def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout_seconds: float,
                          host: str) -> dict[int, Arrival]:
     """Collective over the processes that met at `store` (keys of one job: the caller prefixes them):
@@ -285,16 +295,16 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
             # Rank 0 reports before it waits for the others, so one that has not reported after the
             # bound never reached unison's start: no verdict is coming, and the others are named now.
             told = _poll(time.monotonic() + bound + 5.0, told_or_seen)
-            if not told and zero:  # rank 0 waits for the last rank, up to the bound: allow it that
-                told = _poll(time.monotonic() + bound, told_or_seen)
+            if not told and (zero or store.check(["report/0"])):  # rank 0 waits for the last rank, up
+                told = _poll(time.monotonic() + bound, told_or_seen)  # to the bound: allow it that
             if not told:
                 seen = [r for r in range(size) if store.check([f"report/{r}"])]
-                missing = [r for r in range(size) if r not in seen]
+                missing = [r for r in range(size) if r not in seen] or [0]  # rank 0 never answered
                 text = verdict({}, missing, timeout_seconds, _STORE_BOUND) + _held_back(missing, size)
                 # The verdict is this one unless rank 0's came first: a rank 0 that arrives later finds
                 # it and fails too, where it would have gone on without the ranks that gave up.
                 ours = json.dumps({"text": text, "missing": missing, "arrivals": {}})
-                if store.compare_set("verdict", "", ours).decode() == ours:
+                if _first_verdict(store, ours) == ours:
                     raise StartupError(text, tuple(missing))
             told = json.loads(store.get("verdict"))
             store.add("verdict/read", 1)
@@ -329,7 +339,7 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
     text = store_verdict(arrivals, size, timeout_seconds)
     missing = [r for r in range(size) if r not in arrivals]
     ours = json.dumps({"text": text, "missing": missing, "arrivals": {r: list(a) for r, a in arrivals.items()}})
-    written = store.compare_set("verdict", "", ours).decode()
+    written = _first_verdict(store, ours)
     if written != ours:  # the others gave up waiting for this rank first: their verdict stands
         told = json.loads(written)
         raise StartupError(told["text"], tuple(told["missing"]))

@@ -11,13 +11,15 @@ busy in a long data-plane call (mpi4py releases the GIL in MPI calls), so a slow
 for a lost one; a frozen process (SIGSTOP, a debugger), a dead one that MPI did not notice, or an
 unreachable host does not answer.
 
-An answer also says whether the rank waits in a control exchange. A rank blocked in a data-plane call
-for the timeout whose peer answers, alive, from a control exchange, and still does at each of a few
-more probes over the probe window, waits for a peer that has moved on to its next cycle without
-joining the collective every member had agreed to run: its executor failed before the transport on
-that rank alone, and the others' calls cannot be interrupted. The job cannot go on; the watch says who.
-A peer anywhere else (in a data-plane call, executing a response, waiting for its device) may still
-come, and is left to the peer timeout's other checks.
+An answer also says whether the rank waits in a control exchange, and how many data-plane calls it
+has completed on the process set the prober names (every member makes the same calls on a set, in the
+same order). A rank blocked in a data-plane call for the timeout whose peer answers, alive, from a
+control exchange having completed no more calls on that set than the prober (so not this one), and
+still does at each of a few more probes over the probe window, waits for a peer that moved on to its
+next cycle without the collective every member had agreed to run: its executor failed before the
+transport on that rank alone, and the others' calls cannot be interrupted. The job cannot go on; the
+watch says who. A peer that completed the call (some collectives let a member finish its part before a
+late one arrives) or is anywhere else (executing a response, waiting for its device) may still come.
 
 Both sides poll nonblocking requests with sleeps (MPICH's blocking calls would spin a core), and both
 need MPI_THREAD_MULTIPLE, since the responder talks while the engine thread does.
@@ -43,7 +45,7 @@ _PONG_TAG = 7302
 _POLL_SECONDS = 0.05
 PROBE_WINDOW_SECONDS = 3.0
 ABSENT_PROBES = 3
-"""How many more probes, over the probe window, must find a live member in a control exchange."""
+"""How many more probes, over the probe window, must find a live member behind, in a control exchange."""
 # An answer's second word: whether the rank waits in a control exchange (`Liveness._where`).
 _IN_CONTROL, _ELSEWHERE = 1, 0
 
@@ -75,6 +77,7 @@ class Liveness:
         self._probes = 0
         self._answered = 0
         self._in_control: Callable[[], bool] = lambda: False  # set by `watch_data_plane`
+        self._done: Callable[[int], int] = lambda process_set_id: 0  # set by `watch_data_plane`
         self._thread = threading.Thread(target=self._respond, name=f"unison-liveness-{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -91,7 +94,7 @@ class Liveness:
         return _IN_CONTROL if self._in_control() else _ELSEWHERE
 
     def _respond(self) -> None:
-        ping = np.zeros(1, dtype=np.int64)
+        ping = np.zeros(2, dtype=np.int64)  # [token, the process set asked about]
         status = self._mpi.Status()
         request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
         replies: list[MPI.Request] = []
@@ -102,7 +105,7 @@ class Liveness:
                     continue
                 source = status.Get_source()
                 replies = [r for r in replies if not r.Test()]
-                pong = np.array([ping[0], self._where()], dtype=np.int64)
+                pong = np.array([ping[0], self._where(), self._done(int(ping[1]))], dtype=np.int64)
                 replies.append(self._comm.Isend(pong, dest=source, tag=_PONG_TAG))
                 self._answered += 1
                 request = self._comm.Irecv(ping, source=self._mpi.ANY_SOURCE, tag=_PING_TAG)
@@ -115,15 +118,15 @@ class Liveness:
 
     def probe(self, window_seconds: float) -> list[int]:
         """Ask every other rank for a sign of life; return those that gave none within the window."""
-        return self._ask(window_seconds)[0]
+        return self._ask(window_seconds, 0, 0)[0]
 
-    def _ask(self, window_seconds: float) -> tuple[list[int], set[int]]:
+    def _ask(self, window_seconds: float, process_set_id: int, done: int) -> tuple[list[int], set[int]]:
         """Probe every other rank: (those that gave no answer within the window, those that answered
-        from a control exchange)."""
+        from a control exchange having completed at most `done` data-plane calls on the set)."""
         self._probes += 1
-        token = np.array([self._probes], dtype=np.int64)
+        token = np.array([self._probes, process_set_id], dtype=np.int64)
         sends = [self._comm.Isend(token, dest=r, tag=_PING_TAG) for r in range(self.size) if r != self.rank]
-        answers = {r: np.zeros(2, dtype=np.int64) for r in range(self.size) if r != self.rank}
+        answers = {r: np.zeros(3, dtype=np.int64) for r in range(self.size) if r != self.rank}
         waiting = {r: self._comm.Irecv(buf, source=r, tag=_PONG_TAG) for r, buf in answers.items()}
         deadline = time.monotonic() + window_seconds
         while waiting and time.monotonic() < deadline:
@@ -132,11 +135,13 @@ class Liveness:
             if waiting:
                 time.sleep(_POLL_SECONDS)
         del sends  # a send to a frozen rank may never complete; the job is being stopped then
-        in_control = {r for r, answer in answers.items() if r not in waiting and answer[1] == _IN_CONTROL}
-        return sorted(waiting), in_control
+        behind = {r for r, answer in answers.items()
+                  if r not in waiting and answer[1] == _IN_CONTROL and answer[2] <= done}
+        return sorted(waiting), behind
 
     def watch_data_plane(self, busy_since: Callable[[], float], in_control: Callable[[], bool],
-                         members: Callable[[], Sequence[int]], timeout_seconds: float,
+                         members: Callable[[], Sequence[int]], data_set: Callable[[], int],
+                         done: Callable[[int], int], timeout_seconds: float,
                          on_lost: Callable[[list[int], float], None],
                          on_absent: Callable[[list[int], float], None]) -> None:
         """Start a thread that probes the peers when one data-plane call has lasted `timeout_seconds`.
@@ -144,12 +149,14 @@ class Liveness:
         A data-plane call blocks in MPI with no deadline (negotiation showed every member ready), so a
         peer frozen in the middle of one, or one that never joined it, would hold this rank forever, its
         engine unable to look. `busy_since()` is the monotonic start of the call in progress (0 when
-        none), `members()` that call's ranks; from this thread, `on_lost(ranks, seconds)` is called when
-        some peers do not answer a probe, and `on_absent(ranks, seconds)` when some members answer from
-        a control exchange at that probe and at `ABSENT_PROBES` more over the probe window. This rank's
-        own answers say from then on whether it waits in a control exchange (`in_control()`).
+        none), `members()` that call's ranks, `data_set()` its process set, `done(set)` how many
+        data-plane calls this rank has completed on a set (not this one); from this thread,
+        `on_lost(ranks, seconds)` is called when some peers do not answer a probe, and `on_absent(ranks,
+        seconds)` when some members answer from a control exchange, behind on the set, at that probe
+        and at `ABSENT_PROBES` more over the probe window. This rank's own answers say from then on
+        whether it waits in a control exchange (`in_control()`) and how far it is on the set asked.
         """
-        self._in_control = in_control
+        self._in_control, self._done = in_control, done
         window = probe_window(timeout_seconds)
 
         def run() -> None:
@@ -160,13 +167,15 @@ class Liveness:
                     continue
                 checked = since  # one look per stuck call: a slow but live peer is not probed again
                 peers = set(members()) - {self.rank}
-                lost, in_control_now = self._ask(window)
-                absent = in_control_now & peers
+                process_set_id = data_set()
+                mine = done(process_set_id)
+                lost, behind = self._ask(window, process_set_id, mine)
+                absent = behind & peers
                 for _ in range(ABSENT_PROBES if absent and not lost else 0):
                     if self._closing.wait(window / ABSENT_PROBES) or busy_since() != since:
                         break
-                    lost, in_control_now = self._ask(window)
-                    absent &= in_control_now
+                    lost, behind = self._ask(window, process_set_id, mine)
+                    absent &= behind
                     if lost or not absent:
                         break
                 if busy_since() != since:

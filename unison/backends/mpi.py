@@ -110,12 +110,13 @@ def _data_plane(method: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(method)
     def call(self: MpiBackend, *args: object, **kwargs: object) -> None:
-        self._data_set = cast("int", args[at] if len(args) > at else kwargs["process_set_id"])
+        set_id = self._data_set = cast("int", args[at] if len(args) > at else kwargs["process_set_id"])
         self._data_since = time.monotonic()
         try:
             method(self, *args, **kwargs)
         finally:
             self._data_since = 0.0
+        self._data_done[set_id] = self._data_done.get(set_id, 0) + 1
 
     return call
 
@@ -154,6 +155,7 @@ class MpiBackend:
         self._peer_timeout = peer_timeout_seconds
         self._data_since = 0.0  # monotonic start of the data-plane call in progress, 0 when none
         self._data_set = 0  # that call's process set
+        self._data_done: dict[int, int] = {}  # process set -> data-plane calls completed on it
         self._control_waits = False  # a control exchange's wait is past its first test (`_wait`)
         self._set_ranks: dict[int, tuple[int, ...]] = {0: tuple(range(self.size))}  # set -> its job ranks
         self._liveness: Liveness | None = None
@@ -162,6 +164,7 @@ class MpiBackend:
             self._liveness = Liveness(comm, self._mpi)
             self._liveness.watch_data_plane(lambda: self._data_since, lambda: self._control_waits,
                                             lambda: self._set_ranks.get(self._data_set, ()),
+                                            lambda: self._data_set, lambda set_id: self._data_done.get(set_id, 0),
                                             peer_timeout_seconds, self._lost_in_data_plane,
                                             self._absent_from_data_plane)
 
@@ -242,10 +245,10 @@ class MpiBackend:
         message = (
             f"unison: {who} never joined a data-plane collective that every member had agreed to run: "
             f"rank {self.rank} has been in it for {waited_seconds:.0f} s, and {who} answered "
-            f"{ABSENT_PROBES + 1} liveness probes from a control exchange of its next cycle (the collective "
-            f"most likely failed on {who} alone before it reached the transport: see {who}'s output for "
-            "the error). A blocked MPI call cannot be interrupted: ending the job with MPI_Abort "
-            "(UNISON_PEER_TIMEOUT_SECONDS)."
+            f"{ABSENT_PROBES + 1} liveness probes from a control exchange, without having completed this call "
+            f"(the collective most likely failed on {who} alone before it reached the transport: see "
+            f"{who}'s output for the error). A blocked MPI call cannot be interrupted: ending the job with "
+            "MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
         try:
             sys.stderr.write(message + "\n")
@@ -365,6 +368,7 @@ class MpiBackend:
             self._comms[process_set_id].Allreduce(self._mpi.IN_PLACE, buf, op=self._ops[op])
         finally:
             self._data_since = 0.0
+        self._data_done[process_set_id] = self._data_done.get(process_set_id, 0) + 1
         if after_chunk is not None:
             after_chunk(buf)
         stats = self._stats

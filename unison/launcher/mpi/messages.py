@@ -190,8 +190,9 @@ class OutputRelay:
                     break
                 if self.lines is None:
                     self._pass([(None, data)])
-                else:
-                    self._pass(self.lines.feed(data, self._clock()))
+                else:  # held lines come due while other ranks keep the pipe busy too
+                    now = self._clock()
+                    self._pass([*self.lines.feed(data, now), *self.lines.due(now)])
             if self.lines is not None:
                 self._pass(self.lines.finish())
             rest = self.filter.finish()
