@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(90)
 PEER_TIMEOUT = 2.0
 ENV = {"UNISON_PEER_TIMEOUT_SECONDS": str(PEER_TIMEOUT)}
 # detection (the wait, then the probe's window), the exit agreement's grace, and start-up under load
+DATA_PLANE_SCENARIO = str(Path(__file__).resolve().parent / "_data_plane_scenario.py")
 BOUND = PEER_TIMEOUT + probe_window(PEER_TIMEOUT) + GRACE_SECONDS + 10.0
 
 
@@ -79,8 +80,7 @@ def test_exit_watchers_say_nothing_of_a_job_that_ends_well_or_explains_its_end(t
 
 
 def test_rank_frozen_inside_a_data_plane_call_is_named_and_the_job_ends(tmp_path: Path) -> None:
-    scenario = str(Path(__file__).resolve().parent / "_data_freeze_scenario.py")
-    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path)], env=ENV)
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, DATA_PLANE_SCENARIO, str(tmp_path), "frozen"], env=ENV)
     assert done.returncode != 0, done.output
     assert ("unison: rank 1 stopped answering: rank 0 has been in a data-plane collective with rank 1"
             in done.output), done.output
@@ -93,8 +93,7 @@ def test_rank_whose_collective_failed_before_its_transport_is_named_and_the_job_
     # alive and answers probes from that collective's control exchange, but never joins the call rank 0
     # is blocked in. Without the check both
     # ranks waited for ever, and nothing was printed.
-    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
-    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path)], env=ENV)
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, DATA_PLANE_SCENARIO, str(tmp_path)], env=ENV)
     assert done.returncode != 0, done.output
     assert "rank 1 caught HorovodInternalError" in done.output and "injected" in done.output, done.output
     assert ("unison: rank 1 never joined a data-plane collective that every member had agreed to run: rank 0 "
@@ -108,8 +107,7 @@ def test_rank_whose_collective_failed_before_its_transport_is_named_and_the_job_
 def test_rank_that_reaches_the_transport_late_but_alive_is_waited_for(tmp_path: Path) -> None:
     # Rank 1 joins rank 0's data-plane call 5 s late, past the 2 s peer timeout: its probes' answers
     # come from outside any control exchange (it is still on its way to the call), so rank 0 waits.
-    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
-    done = run_job([MPIEXEC, "-n", "2", PYTHON, scenario, str(tmp_path), "slow"], env=ENV)
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, DATA_PLANE_SCENARIO, str(tmp_path), "slow"], env=ENV)
     assert done.returncode == 0, done.output
     assert "rank 0 finished" in done.output and "rank 1 finished" in done.output, done.output
     assert "never joined" not in done.output and "MPI_Abort" not in done.output, done.output
@@ -120,8 +118,7 @@ def test_members_that_completed_their_part_of_a_late_collective_are_not_taken_fo
     # rank 1 nothing: rank 1 completes its part and waits in
     # its next cycle's control exchange while rank 0 still waits for rank 2's rows. Rank 1 completed the
     # call, so it is not taken for a member that never joined it.
-    scenario = str(Path(__file__).resolve().parent / "_data_absent_scenario.py")
-    done = run_job([MPIEXEC, "-n", "3", PYTHON, scenario, str(tmp_path), "uneven"], env=ENV)
+    done = run_job([MPIEXEC, "-n", "3", PYTHON, DATA_PLANE_SCENARIO, str(tmp_path), "uneven"], env=ENV)
     assert done.returncode == 0, done.output
     for rank in range(3):
         assert f"rank {rank} alltoall done" in done.output and f"rank {rank} finished" in done.output, done.output

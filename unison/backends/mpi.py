@@ -231,7 +231,12 @@ class MpiBackend:
             f"{probe_window(self._peer_timeout):g} s (frozen, dead without MPI noticing, or unreachable). A blocked MPI "
             "call cannot be interrupted: ending the job with MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
-        try:  # straight to stderr, like the other last words of a rank (unison._job.failure)
+        self._last_words(message)
+
+    def _last_words(self, message: str) -> None:
+        """Write `message` straight to stderr, like the other last words of a rank (unison._job.failure),
+        then end the job with MPI_Abort."""
+        try:
             sys.stderr.write(message + "\n")
         finally:
             abort_with_output(self._mpi.COMM_WORLD)
@@ -250,10 +255,7 @@ class MpiBackend:
             f"{who}'s output for the error). A blocked MPI call cannot be interrupted: ending the job with "
             "MPI_Abort (UNISON_PEER_TIMEOUT_SECONDS)."
         )
-        try:
-            sys.stderr.write(message + "\n")
-        finally:
-            abort_with_output(self._mpi.COMM_WORLD)
+        self._last_words(message)
 
     def _check_peers(self, waited_seconds: float) -> None:
         """A control exchange has waited `UNISON_PEER_TIMEOUT_SECONDS`: abort if some peer is lost."""

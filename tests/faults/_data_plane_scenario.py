@@ -1,16 +1,21 @@
-"""One rank program: `python _data_absent_scenario.py PIDDIR [MODE]`; rank 1 does not join a collective at once.
+"""One rank program: `python _data_plane_scenario.py PIDDIR [MODE]`; a rank does not join a data-plane call at once.
 
-The negotiation has shown both ranks ready, so rank 0 enters MPI's allreduce. MODE ``refused`` (the
-default): on rank 1 alone the executor raises before the transport is reached (as a buffer MPI refuses
-would), the error reaches its caller, which catches it and goes on to its next collective; rank 0's
-call can never complete. MODE ``slow``: rank 1 reaches the transport SLOW_SECONDS late (busy, alive,
-outside any control exchange), and the job completes. MODE ``uneven`` (3 ranks): rank 2 reaches an
-alltoall LATE_SECONDS late (past the peer timeout and the probes after it) and sends rank 1 nothing, so rank 1 completes its part and waits in its
-next cycle's control exchange while rank 0 still waits for rank 2; the job completes. Every rank
-writes PIDDIR/pid-R first.
+The negotiation has shown every rank ready, so rank 0 enters MPI's allreduce (an alltoall in
+``uneven``). Every rank writes PIDDIR/pid-R first. MODE:
+- ``refused`` (the default): on rank 1 alone the executor raises before the transport is reached (as a
+  buffer MPI refuses would), the error reaches its caller, which catches it and goes on to its next
+  collective; rank 0's call can never complete.
+- ``frozen``: rank 1 stops itself (SIGSTOP) inside the call; rank 0 is blocked in MPI's allreduce with
+  a peer that will never come.
+- ``slow``: rank 1 reaches the transport SLOW_SECONDS late (busy, alive, outside any control
+  exchange), and the job completes.
+- ``uneven`` (3 ranks): rank 2 reaches an alltoall LATE_SECONDS late (past the peer timeout and the
+  probes after it) and sends rank 1 nothing, so rank 1 completes its part and waits in its next
+  cycle's control exchange while rank 0 still waits for rank 2; the job completes.
 """
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,12 +40,16 @@ if rank == 1:
     def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise BufferError("injected: the transport refused this rank's buffer")
 
+    def frozen(*args, **kwargs):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGSTOP)
+
     def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(SLOW_SECONDS)
         allreduce_(*args, **kwargs)
 
-    if mode in ("refused", "slow"):
-        backend.allreduce_ = refused if mode == "refused" else slow
+    injected = {"refused": refused, "frozen": frozen, "slow": slow}.get(mode)
+    if injected is not None:
+        backend.allreduce_ = injected
 if mode == "uneven":
     if rank == 2:
         backend = _runtime.job().engine.backend
