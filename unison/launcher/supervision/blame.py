@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..._contract import FINISHED_AFTER_PEER, HOSTS_UPDATED_EXIT, parse_marker_name
+from .reports import spoken_list
 
 __all__ = ["Markers", "blame", "finished_early", "read_markers"]
 
@@ -163,13 +164,6 @@ def blame(markers: Markers, deaths: Sequence[Sequence[int]], known: Mapping[int,
     return new
 
 
-def _ranks(ranks: Sequence[int]) -> str:
-    """``rank 0``, ``ranks 0 and 3``, ``ranks 0, 3 and 4``."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(str(rank) for rank in ranks[:-1]) + f" and {ranks[-1]}"
-
-
 def finished_early(markers: Markers, host: str = "") -> str | None:
     """Why a job failed that has no failure to name: ranks that finished while others waited in a collective.
 
@@ -192,7 +186,8 @@ def finished_early(markers: Markers, host: str = "") -> str | None:
     for rank in finished:
         rank_host, pid = markers.started.get(rank, (host, markers.ended.get(rank, (0, 0))[0]))
         names.append(f"rank {rank} ({rank_host}, pid {pid})")
-    named = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    named = spoken_list(names)
     status = " (exit status 0)" if all(rank in markers.ended for rank in finished) else ""
-    return (f"{named} finished{status} while {_ranks(waiting)} still waited in a collective: a rank that runs "
+    who = ("rank " if len(waiting) == 1 else "ranks ") + spoken_list([str(rank) for rank in waiting])
+    return (f"{named} finished{status} while {who} still waited in a collective: a rank that runs "
             "out of data must call hvd.join() (or every rank must run the same collectives).")

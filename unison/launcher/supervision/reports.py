@@ -15,7 +15,17 @@ from collections.abc import Mapping, Sequence
 from ..._job.stop_report import SHARED_ERRORS, odd_order
 from ..._job.summary import Reason, parse_reason
 
-__all__ = ["odd_first", "report_lines"]
+__all__ = ["odd_first", "report_lines", "spoken_list"]
+
+
+def spoken_list(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``.
+
+    Example:
+        >>> spoken_list(["0"]), spoken_list(["0", "3"]), spoken_list(["0", "3", "4"])
+        ('0', '0 and 3', '0, 3 and 4')
+    """
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
 
 
 def odd_first(reasons: Sequence[Reason]) -> list[Reason]:
@@ -60,8 +70,7 @@ def report_lines(failures: Mapping[int, str]) -> list[str]:
             continue
         done.add(parsed.message)
         ordered = odd_first(group)
-        ranks = [str(reason.rank) for reason in ordered]
-        named = ", ".join(ranks[:-1]) + f" and {ranks[-1]}"
+        named = spoken_list([str(reason.rank) for reason in ordered])
         text = parsed.message.removeprefix(f"{parsed.error}:").strip()
         lines.append(f"unisonrun: ranks {named} raised one {parsed.error}: {text}")
         lines += [f"unisonrun:   {reason.who}" + (f" at {reason.where}" if reason.where else "") for reason in ordered]
