@@ -113,7 +113,7 @@ SETTINGS_TABLE: tuple[Setting, ...] = (
             "mpi controller: a control exchange still waiting after this long sends a liveness probe "
             "to every rank; ranks that do not answer it within 3 s (or this long, if shorter: frozen, "
             "dead, unreachable) are named and the job is aborted. A data-plane call still waiting after "
-            "this long probes too, and also aborts the job naming the peers that answer, four times over "
+            "this long probes too (and again each time this long passes), and also aborts the job naming the peers that answer, four times over "
             "3 s, from a control exchange of their next cycle without having completed the call (they never "
             "joined it). 0 waits forever."),
     Setting("start_timeout_seconds", "UNISON_START_TIMEOUT_SECONDS", None, "float", 60.0,

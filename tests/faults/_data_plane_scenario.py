@@ -9,6 +9,8 @@ The negotiation has shown every rank ready, so rank 0 enters MPI's allreduce (an
   a peer that will never come.
 - ``slow``: rank 1 reaches the transport SLOW_SECONDS late (busy, alive, outside any control
   exchange), and the job completes.
+- ``late-refused`` and ``late-frozen``: rank 1 is busy SLOW_SECONDS first (alive, outside any control
+  exchange, so a first look at it finds nothing wrong), then as ``refused`` or ``frozen``.
 - ``uneven`` (3 ranks): rank 2 reaches an alltoall LATE_SECONDS late (past the peer timeout and the
   probes after it) and sends rank 1 nothing, so rank 1 completes its part and waits in its next
   cycle's control exchange while rank 0 still waits for rank 2; the job completes.
@@ -47,7 +49,14 @@ if rank == 1:
         time.sleep(SLOW_SECONDS)
         allreduce_(*args, **kwargs)
 
-    injected = {"refused": refused, "frozen": frozen, "slow": slow}.get(mode)
+    def late(fault):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            time.sleep(SLOW_SECONDS)
+            fault(*args, **kwargs)
+        return call
+
+    injected = {"refused": refused, "frozen": frozen, "slow": slow,
+                "late-refused": late(refused), "late-frozen": late(frozen)}.get(mode)
     if injected is not None:
         backend.allreduce_ = injected
 if mode == "uneven":

@@ -104,6 +104,22 @@ def test_rank_whose_collective_failed_before_its_transport_is_named_and_the_job_
     assert_no_strays(tmp_path, 2)
 
 
+@pytest.mark.parametrize("fault", ["refused", "frozen"])
+def test_a_stuck_data_plane_call_is_looked_at_again_every_timeout(tmp_path: Path, fault: str) -> None:
+    # Rank 1 is busy for 5 s, alive and outside any control exchange, past the 2 s timeout: the first
+    # look finds nothing wrong. Then its collective fails before the transport (it goes on to its next
+    # control exchange) or it freezes. Looked at once per call, rank 0 waited for ever; a later look names it.
+    done = run_job([MPIEXEC, "-n", "2", PYTHON, DATA_PLANE_SCENARIO, str(tmp_path), f"late-{fault}"], env=ENV,
+                   deadline=60.0)
+    assert done.returncode != 0, done.output
+    named = {"refused": "unison: rank 1 never joined a data-plane collective",
+             "frozen": "unison: rank 1 stopped answering: rank 0 has been in a data-plane collective"}[fault]
+    assert named in done.output, done.output
+    assert "finished" not in done.output, done.output
+    assert done.seconds < BOUND + 5.0 + PROBE_WINDOW_SECONDS, done.seconds
+    assert_no_strays(tmp_path, 2)
+
+
 def test_rank_that_reaches_the_transport_late_but_alive_is_waited_for(tmp_path: Path) -> None:
     # Rank 1 joins rank 0's data-plane call 5 s late, past the 2 s peer timeout: its probes' answers
     # come from outside any control exchange (it is still on its way to the call), so rank 0 waits.

@@ -144,7 +144,8 @@ class Liveness:
                          done: Callable[[int], int], timeout_seconds: float,
                          on_lost: Callable[[list[int], float], None],
                          on_absent: Callable[[list[int], float], None]) -> None:
-        """Start a thread that probes the peers when one data-plane call has lasted `timeout_seconds`.
+        """Start a thread that probes the peers when one data-plane call has lasted `timeout_seconds`, and
+        again every `timeout_seconds` while it lasts.
 
         A data-plane call blocks in MPI with no deadline (negotiation showed every member ready), so a
         peer frozen in the middle of one, or one that never joined it, would hold this rank forever, its
@@ -160,12 +161,15 @@ class Liveness:
         window = probe_window(timeout_seconds)
 
         def run() -> None:
-            checked = 0.0
+            looked = 0.0
             while not self._closing.wait(min(1.0, timeout_seconds / 2)):
                 since = busy_since()
-                if not since or since == checked or time.monotonic() - since < timeout_seconds:
+                now = time.monotonic()
+                if not since or now - since < timeout_seconds or now - looked < timeout_seconds:
                     continue
-                checked = since  # one look per stuck call: a slow but live peer is not probed again
+                # A call still stuck is looked at again every timeout: a peer that was busy elsewhere
+                # at one look may freeze, or fail before the transport, before the next.
+                looked = now
                 peers = set(members()) - {self.rank}
                 process_set_id = data_set()
                 mine = done(process_set_id)
