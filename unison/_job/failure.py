@@ -57,6 +57,7 @@ from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, cast
 
 from .._contract import FINISHED_AFTER_PEER, LAUNCHER_DIR_VARIABLE, marker_name, send_marker, write_atomically
+from ..backends._polling import poll
 from ..config import process_environment
 from ..engine.flight import record_of
 from ..engine.handles import defer_interrupt
@@ -615,13 +616,9 @@ def _everyone_arrives(comm: MPI.Comm, deadline: float) -> bool:
     """Nonblocking barrier over `comm`, polled until `deadline`: True once every rank entered it."""
     try:
         request = comm.Ibarrier()
-        while not request.Test():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_POLL_SECONDS)
+        return poll(deadline, request.Test, _POLL_SECONDS, _POLL_SECONDS)
     except Exception:  # noqa: BLE001 - MPI is unusable here: treat as not arrived
         return False
-    return True
 
 
 # -- processes forked after init() -----------------------------------------------------------------

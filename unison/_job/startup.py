@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ..backends._polling import poll, wait_requests
 from ..errors import StartupError
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ _TAG_VERDICT = 7312
 REPORT_BYTES = 1024  # a rank's report, truncated to this
 _VERDICT_BYTES = 16384  # rank 0's answer, JSON, bounded to this (the receivers' buffer)
 _VERDICT_CHARS = _VERDICT_BYTES // 2  # the verdict's text, cut to this before it is encoded
-_POLL_SECONDS = 0.005
-_MAX_POLL_SECONDS = 0.05
 
 
 def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float,
@@ -118,24 +117,6 @@ def _report(problem: str) -> bytes:
     return problem.encode("utf-8", "backslashreplace")[:REPORT_BYTES]
 
 
-def _wait_all(requests: dict[int, MPI.Request], deadline: float, statuses: dict[int, MPI.Status] | None = None) -> list[int]:
-    """Poll until every request completed or the deadline passed; return the ranks still waiting.
-
-    A completed request's status goes to ``statuses[rank]`` when given (a completed request has none
-    left to ask for afterwards).
-    """
-    delay = _POLL_SECONDS
-    while requests:
-        done = [r for r, req in requests.items() if (req.Test(statuses[r]) if statuses else req.Test())]
-        for rank in done:
-            del requests[rank]
-        if not requests or time.monotonic() >= deadline:
-            break
-        time.sleep(delay)
-        delay = min(delay * 2, _MAX_POLL_SECONDS)
-    return sorted(requests)
-
-
 def _text(buffer: np.ndarray, status: MPI.Status) -> str:
     return bytes(buffer[: status.Get_count()]).decode("utf-8", "replace")
 
@@ -158,7 +139,7 @@ def check_start(comm: MPI.Comm, mpi: ModuleType, problem: str, timeout_seconds: 
         status = mpi.Status()
         request = comm.Irecv([answer, mpi.BYTE], source=0, tag=_TAG_VERDICT)
         # Rank 0 answers once the last rank arrived or its own bound passed: allow for both.
-        if _wait_all({0: request}, time.monotonic() + 2 * bound + 5.0, {0: status}):
+        if wait_requests({0: request}, time.monotonic() + 2 * bound + 5.0, {0: status}):
             raise StartupError(verdict({}, [0], timeout_seconds), (0,))
         sent.Wait()  # rank 0 received the report before it answered
         told = json.loads(_text(answer, status))
@@ -169,7 +150,7 @@ def check_start(comm: MPI.Comm, mpi: ModuleType, problem: str, timeout_seconds: 
     statuses = {r: mpi.Status() for r in range(1, size)}
     requests = {r: comm.Irecv([buffers[r], mpi.BYTE], source=r, tag=_TAG_REPORT) for r in range(1, size)}
     pending = dict(requests)
-    missing = _wait_all(pending, time.monotonic() + bound, statuses)
+    missing = wait_requests(pending, time.monotonic() + bound, statuses)
     reports = {0: _report(problem).decode("utf-8", "replace")}  # cut as every other rank's is
     for r in range(1, size):
         if r not in missing:
@@ -178,7 +159,7 @@ def check_start(comm: MPI.Comm, mpi: ModuleType, problem: str, timeout_seconds: 
     text = json.loads(message)["text"]
     payload = np.frombuffer(message, dtype=np.uint8).copy()
     sends = [comm.Isend([payload, mpi.BYTE], dest=r, tag=_TAG_VERDICT) for r in range(1, size) if r not in missing]
-    _wait_all(dict(enumerate(sends)), time.monotonic() + 5.0)
+    wait_requests(dict(enumerate(sends)), time.monotonic() + 5.0)
     if text:
         raise StartupError(text, tuple(missing))
 
@@ -219,17 +200,6 @@ def store_verdict(arrivals: Mapping[int, Arrival], size: int, timeout_seconds: f
 def _arrival(raw: bytes) -> Arrival:
     told = json.loads(raw)
     return Arrival(int(told["size"]), str(told["host"]), int(told["pid"]), str(told["problem"]))
-
-
-def _poll(deadline: float, ready: Callable[[], bool]) -> bool:
-    """Poll `ready` with growing sleeps until it holds (True) or the deadline passed (False)."""
-    delay = _POLL_SECONDS
-    while not ready():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, _MAX_POLL_SECONDS)
-    return True
 
 
 def _held_back(missing: Sequence[int], size: int) -> str:
@@ -275,7 +245,7 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
     bound = timeout_seconds if timeout_seconds > 0 else float("inf")
     me = Arrival(size, host, os.getpid(), problem[:REPORT_BYTES])
     if store.add(f"claim/{rank}", 1) > 1:
-        _poll(time.monotonic() + 5.0, lambda: bool(store.check([f"report/{rank}"])))
+        poll(time.monotonic() + 5.0, lambda: bool(store.check([f"report/{rank}"])))
         first = _arrival(store.get(f"report/{rank}")) if store.check([f"report/{rank}"]) else None
         who = f"{first.host}, pid {first.pid}" if first else "another process"
         raise StartupError(
@@ -294,9 +264,9 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
         try:
             # Rank 0 reports before it waits for the others, so one that has not reported after the
             # bound never reached unison's start: no verdict is coming, and the others are named now.
-            told = _poll(time.monotonic() + bound + 5.0, told_or_seen)
+            told = poll(time.monotonic() + bound + 5.0, told_or_seen)
             if not told and (zero or store.check(["report/0"])):  # rank 0 waits for the last rank, up
-                told = _poll(time.monotonic() + bound, told_or_seen)  # to the bound: allow it that
+                told = poll(time.monotonic() + bound, told_or_seen)  # to the bound: allow it that
             if not told:
                 seen = [r for r in range(size) if store.check([f"report/{r}"])]
                 missing = [r for r in range(size) if r not in seen] or [0]  # rank 0 never answered
@@ -335,7 +305,7 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
                     return True  # a world size of its own: no need to wait for the rest
         return len(arrivals) == size
 
-    _poll(time.monotonic() + bound, arrived)
+    poll(time.monotonic() + bound, arrived)
     text = store_verdict(arrivals, size, timeout_seconds)
     missing = [r for r in range(size) if r not in arrivals]
     ours = json.dumps({"text": text, "missing": missing, "arrivals": {r: list(a) for r, a in arrivals.items()}})
@@ -345,7 +315,7 @@ def check_start_in_store(store: Any, rank: int, size: int, problem: str, timeout
         raise StartupError(told["text"], tuple(told["missing"]))
     if text:
         # rank 0 often hosts the store (tcp://, env://): its end would cut the others off from the verdict
-        _poll(time.monotonic() + 5.0, lambda: store.add("verdict/read", 0) >= len(arrivals) - 1)
+        poll(time.monotonic() + 5.0, lambda: store.add("verdict/read", 0) >= len(arrivals) - 1)
         raise StartupError(text, tuple(missing))
     return arrivals
 

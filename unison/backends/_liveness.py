@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._polling import wait_requests
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -128,16 +130,12 @@ class Liveness:
         sends = [self._comm.Isend(token, dest=r, tag=_PING_TAG) for r in range(self.size) if r != self.rank]
         answers = {r: np.zeros(3, dtype=np.int64) for r in range(self.size) if r != self.rank}
         waiting = {r: self._comm.Irecv(buf, source=r, tag=_PONG_TAG) for r, buf in answers.items()}
-        deadline = time.monotonic() + window_seconds
-        while waiting and time.monotonic() < deadline:
-            for r in [r for r, req in waiting.items() if req.Test()]:
-                del waiting[r]
-            if waiting:
-                time.sleep(_POLL_SECONDS)
+        silent = wait_requests(waiting, time.monotonic() + window_seconds, first_sleep=_POLL_SECONDS,
+                               max_sleep=_POLL_SECONDS)
         del sends  # a send to a frozen rank may never complete; the job is being stopped then
         behind = {r for r, answer in answers.items()
-                  if r not in waiting and answer[1] == _IN_CONTROL and answer[2] <= done}
-        return sorted(waiting), behind
+                  if r not in silent and answer[1] == _IN_CONTROL and answer[2] <= done}
+        return silent, behind
 
     def watch_data_plane(self, busy_since: Callable[[], float], in_control: Callable[[], bool],
                          members: Callable[[], Sequence[int]], data_set: Callable[[], int],

@@ -19,6 +19,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..backends._polling import wait_requests
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -109,17 +111,6 @@ def describe_timeout(missing_ranks: Sequence[int], name: str, timeout_seconds: f
     )
 
 
-def _wait_all(requests: list[MPI.Request], deadline: float) -> bool:
-    """Poll ``requests`` until all complete (True) or ``deadline`` passes (False)."""
-    while requests:
-        requests[:] = [request for request in requests if not request.Test()]
-        if requests and time.monotonic() >= deadline:
-            return False
-        if requests:
-            time.sleep(_POLL_SECONDS)
-    return True
-
-
 def _report_and_dump(me: int, identities: Sequence[tuple[str, int]], message: str,
                      missing_ranks: Sequence[int]) -> None:
     """Print why the job ends, and send SIGUSR1 (a stack dump) to the missing ranks on this host."""
@@ -166,14 +157,15 @@ class NamedBarrier:
         }
         sends = [self.comm.Isend([outgoing, MPI.BYTE], dest=rank, tag=_TAG) for rank in others]
         deadline = time.monotonic() + timeout_seconds
-        pending = list(receives.values())
-        if not _wait_all(pending, deadline):
-            missing = [rank for rank, request in receives.items() if request in pending]
+        missing = wait_requests(dict(receives), deadline, first_sleep=_POLL_SECONDS, max_sleep=_POLL_SECONDS)
+        if missing:
             raise BarrierTimeout(
-                describe_timeout(missing, name, timeout_seconds), missing, pending + sends
+                describe_timeout(missing, name, timeout_seconds), missing,
+                [receives[rank] for rank in missing] + sends
             )
         # Every other rank has arrived and so has posted its receives: the sends complete.
-        _wait_all(sends, deadline + timeout_seconds)
+        wait_requests(dict(enumerate(sends)), deadline + timeout_seconds, first_sleep=_POLL_SECONDS,
+                      max_sleep=_POLL_SECONDS)
         names = {rank: decode_name(buffer) for rank, buffer in incoming.items()}
         names[self.rank] = decode_name(outgoing)
         return names
