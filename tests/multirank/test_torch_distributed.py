@@ -429,6 +429,21 @@ def test_a_different_collective_at_the_same_point_is_a_mismatch() -> None:
 
 
 @pytest.mark.min_ranks(2)
+def test_a_barrier_against_an_allreduce_of_one_float_is_a_mismatch() -> None:
+    # A barrier was an allreduce of one float32 zero: against another rank's all_reduce of one float32
+    # it passed, and that rank's sum lacked the barrier rank's part.
+    value = torch.ones(1)
+    with pytest.raises(MismatchError, match=r"BARRIER on rank \[0\]; ALLREDUCE on rank"):
+        if rank() == 0:
+            dist.barrier()
+        else:
+            dist.all_reduce(value)
+    dist.barrier()
+    dist.all_reduce(value)  # the group goes on: every rank's one, untouched by the failed call, summed
+    assert value.item() == float(size()), value
+
+
+@pytest.mark.min_ranks(2)
 def test_point_to_point_is_refused_with_what_to_use() -> None:
     other = (rank() + 1) % size()
     with pytest.raises(UnisonNotImplementedError, match=r"dist\.send .* not available on the unison backend"):

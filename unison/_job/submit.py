@@ -31,7 +31,7 @@ from .calls import Call
 from .runtime import Job, job
 
 __all__ = [
-    "Call", "check_adasum", "check_splits", "control", "handle_of", "lazily", "member_set", "poll", "reducescatter_op",
+    "Call", "check_adasum", "check_splits", "control", "control_call", "handle_of", "lazily", "member_set", "poll", "reducescatter_op",
     "release", "resolve_op", "set_rank", "set_size", "steady_allreduce", "steady_request", "submit", "synchronize", "take_call",
     "waited",
 ]
@@ -448,10 +448,17 @@ def reducescatter_op(op: Any) -> ReduceOp:
 
 def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
              ranks: Sequence[int] = (), target_set: int | None = None) -> Any:
+    """Run a call that carries no tensor (a barrier, a join, a process set's change) and return its result."""
+    return control_call(kind, name, process_set, ranks, target_set, waits=True).result()
+
+
+def control_call(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
+                 ranks: Sequence[int] = (), target_set: int | None = None, waits: bool = False) -> Call[Any]:
+    """Submit a call that carries no tensor; `waits`: the caller waits for it at once (`waited`)."""
     current = job()
     set_id, _ = member_set(current, process_set, kind.value.capitalize())
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
                       ranks=tuple(ranks), site=call_site(kind.value))
     entry = Entry(request, None, None, Handle(name, current.engine.drive))
-    current.engine.enqueue([entry], waits=True)
-    return Call([entry.handle], lambda results: results[0]).result()
+    current.engine.enqueue([entry], waits=waits)
+    return Call([entry.handle], lambda results: results[0])

@@ -48,10 +48,10 @@ import torch.distributed as dist
 from ..._job import runtime as _runtime
 from ..._job.launch import Request
 from ..._job.objects import registered_set_of
-from ..._job.submit import Call, lazily, take_call
+from ..._job.submit import Call, control_call, lazily, take_call
 from ...engine.where import add_origin
 from ...errors import InvalidArgumentError, UnisonError, UnisonNotImplementedError
-from ...ops import ReduceOp
+from ...ops import CollectiveKind
 from ...process_sets import ProcessSet, global_process_set
 from .call_names import MIN_WINDOW, CallNames
 from .call_sites import Buckets, origin
@@ -471,8 +471,10 @@ class UnisonProcessGroup(dist.ProcessGroup):
     all_to_all_single = alltoall_base
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> UnisonWork:
-        handle = allreduce_async_(torch.zeros(1), name=self._name(("barrier",)), op=ReduceOp.SUM, process_set=self._set)
-        return self._work("barrier", [handle], lambda results: [])
+        # A barrier of its own kind, not an allreduce of one zero: against another rank's allreduce of
+        # one float it is a mismatch, where the allreduce would have passed with a wrong sum.
+        call = control_call(CollectiveKind.BARRIER, "barrier." + self._name(("barrier",)), self._set)
+        return self._work("barrier", [call], lambda results: [])
 
     # -- what unison cannot carry ------------------------------------------------------------------------
 
