@@ -6,7 +6,9 @@ Each side makes `--calls` calls in a row with no barrier between them (the calls
 a metric in a loop), and a round times them one by one; the sides take turns round by round, so that a
 busy spell of the machine hits every side alike. Sides: raw mpi4py ``Allreduce`` and unison's
 ``hvd.allreduce`` (named, so its response is cached: the steady state) at 4 KiB and 64 KiB, and
-``dist.all_reduce`` of 4 KiB on the ``unison`` backend and on ``gloo``. Reported per side: the median
+``dist.all_reduce`` of 4 KiB on the ``unison`` backend and on ``gloo``; and two calls that rank 0
+negotiates every time (only an allreduce's response is cached): ``hvd.broadcast_`` of 4 KiB against
+mpi4py's ``Bcast``, ``hvd.barrier`` against its ``Barrier``. Reported per side: the median
 call over all rounds, each round's median (p50) and 90th percentile (p90), and the worst round's
 p90/p50 (a call that switches between a fast and a slow mode shows there); per pair, the ratio of the
 medians. The load average before and after is recorded. Rank 0 writes
@@ -47,7 +49,8 @@ import unison as hvd
 
 KiB = 1024
 PAIRS = (("hvd.allreduce 4 KiB", "mpi4py Allreduce 4 KiB"), ("hvd.allreduce 64 KiB", "mpi4py Allreduce 64 KiB"),
-         ("dist.all_reduce 4 KiB unison", "dist.all_reduce 4 KiB gloo"))
+         ("dist.all_reduce 4 KiB unison", "dist.all_reduce 4 KiB gloo"),
+         ("hvd.broadcast 4 KiB", "mpi4py Bcast 4 KiB"), ("hvd.barrier", "mpi4py Barrier"))
 
 
 CONTROL = "Python loop, no communication"
@@ -70,6 +73,12 @@ def sides(comm: MPI.Comm, with_torch: bool) -> dict[str, Callable[[], object]]:
         y = np.empty_like(x)
         made[f"mpi4py Allreduce {label}"] = functools.partial(comm.Allreduce, x, y)
         made[f"hvd.allreduce {label}"] = functools.partial(hvd.allreduce, x, name=f"latency.{nbytes}", op=hvd.Sum)
+    # Negotiated calls: only an allreduce's response is cached, so each of these asks rank 0 (the slow path).
+    b = np.ones(KiB, dtype=np.float32)
+    made["mpi4py Bcast 4 KiB"] = functools.partial(comm.Bcast, b, root=0)
+    made["hvd.broadcast 4 KiB"] = functools.partial(hvd.broadcast_, b, 0, name="latency.broadcast")
+    made["mpi4py Barrier"] = comm.Barrier
+    made["hvd.barrier"] = hvd.barrier
     if with_torch:
         import torch
         import torch.distributed as dist

@@ -39,6 +39,11 @@ __all__ = ["MpiBackend", "abort_with_output", "finalize_mpi", "import_mpi", "ini
 
 
 _SPIN_SECONDS = 100e-6
+# The slow path's exchanges (a cycle's requests to rank 0, its answer) spin longer: every member has
+# just passed the cycle's status exchange, so the answer is a decision away; and MPICH's nonblocking
+# collectives move only while their ranks call into MPI, so a waiter asleep also holds up the others.
+# Sleeping there after 100 us made a negotiated call take 4.0-4.5 ms at 2 ranks, spinning 1 ms 0.3-0.4 ms.
+_IN_CYCLE_SPIN_SECONDS = 1e-3
 _FIRST_SLEEP_SECONDS = 50e-6
 _MAX_SLEEP_SECONDS = 1e-3
 
@@ -193,13 +198,13 @@ class MpiBackend:
 
     # -- control plane -----------------------------------------------------------------------------
 
-    def _wait(self, request: MPI.Request) -> None:
+    def _wait(self, request: MPI.Request, spin: float = _SPIN_SECONDS) -> None:
         if request.Test():
             return
         self._control_waits = True  # the liveness answer: this rank waits in a control exchange
         try:
             start = time.perf_counter()
-            deadline = start + _SPIN_SECONDS
+            deadline = start + spin
             while time.perf_counter() < deadline:
                 if request.Test():
                     self._stats["wait_seconds"] += time.perf_counter() - start
@@ -301,23 +306,23 @@ class MpiBackend:
         send = np.frombuffer(payload, dtype=np.uint8)
         byte = self._mpi.BYTE
         if comm.Get_rank() != 0:
-            self._wait(comm.Igatherv([send, byte], None, root=0))
+            self._wait(comm.Igatherv([send, byte], None, root=0), _IN_CYCLE_SPIN_SECONDS)
             return None
         counts = [int(n) for n in lengths]
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
         recv = np.empty(sum(counts), dtype=np.uint8)
-        self._wait(comm.Igatherv([send, byte], [recv, (counts, displs), byte], root=0))
+        self._wait(comm.Igatherv([send, byte], [recv, (counts, displs), byte], root=0), _IN_CYCLE_SPIN_SECONDS)
         return [recv[d : d + n].tobytes() for d, n in zip(displs, counts)]
 
     def _broadcast_bytes(self, comm: MPI.Comm, payload: bytes | None) -> bytes:
         self._stats["control_calls"] += 1
         length = np.array([len(payload) if payload is not None else 0], dtype=np.int64)
-        self._wait(comm.Ibcast(length, root=0))
+        self._wait(comm.Ibcast(length, root=0), _IN_CYCLE_SPIN_SECONDS)
         if comm.Get_rank() == 0:
             buf = np.frombuffer(payload or b"", dtype=np.uint8).copy()
         else:
             buf = np.empty(int(length[0]), dtype=np.uint8)
-        self._wait(comm.Ibcast([buf, self._mpi.BYTE], root=0))
+        self._wait(comm.Ibcast([buf, self._mpi.BYTE], root=0), _IN_CYCLE_SPIN_SECONDS)
         return buf.tobytes()
 
     # -- host groups: the gRPC control plane's per-host aggregation ---------------------------------
