@@ -404,6 +404,7 @@ def test_a_rank_that_fails_before_joining_leaves_none_waiting(cluster: dict[str,
     assert "rank 2 (" in lines[1] and "KeyError: 'no data for rank 2'" in lines[1]
     assert sorted(line.split(" (")[0].strip() for line in lines[2:4]) == ["rank 0", "rank 1"]
     assert all("was stopped: still running 10 s after rank 2 failed" in line for line in lines[2:4])
+    assert not any("(rank " in line for line in lines[2:4]), lines  # each rank named once: "rank 0 (host) was stopped"
 
 
 def test_calls_before_start_are_refused(cluster: dict[str, float]) -> None:

@@ -60,10 +60,11 @@ def verdict(reports: dict[int, str], missing: list[int], timeout_seconds: float,
     """
     problems = []
     if missing:
-        who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
+        one = len(missing) == 1
+        who, each, whose = (f"rank {missing[0]}", "it", "its") if one else (f"ranks {missing}", "each", "their")
         problems.append(
-            f"{who} did not reach init() within {timeout_seconds:g} s (it raised or exited before "
-            f"init(), is stuck before it, or already left the job); check its output. {bound_by}"
+            f"{who} did not reach init() within {timeout_seconds:g} s ({each} raised or exited before "
+            f"init(), is stuck before it, or already left the job); check {whose} output. {bound_by}"
         )
     for rank in sorted(reports):
         if reports[rank]:

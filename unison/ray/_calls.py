@@ -15,7 +15,7 @@ from typing import Any
 
 from ._worker import Outcome
 
-__all__ = ["GRACE_SECONDS", "LEAVE_SECONDS", "Callbacks", "call_with", "end_workers", "gather"]
+__all__ = ["GRACE_SECONDS", "LEAVE_SECONDS", "Callbacks", "call_with", "end_workers", "gather", "stopped_reason"]
 
 GRACE_SECONDS = 10.0
 LEAVE_SECONDS = 10.0  # how long workers get to leave the job together before they are ended
@@ -91,10 +91,21 @@ def gather(refs: Sequence[Any], names: Sequence[str], callbacks: Callbacks | Non
         if pending and time.monotonic() > deadline:
             for ref in pending:
                 rank = index[ref]
-                outcomes[rank] = Outcome("failed", reason=f"rank {rank} ({names[rank]}) was stopped: still running "
-                                         f"{grace_seconds:g} s after {first} failed")
+                outcomes[rank] = Outcome("failed", reason=stopped_reason(names[rank], grace_seconds, first))
             break
     return [outcomes[rank] for rank in range(len(refs))]
+
+
+def stopped_reason(name: str, grace_seconds: float, first: str) -> str:
+    """Why a rank still running `grace_seconds` after `first` failed is reported as failed. Pure.
+
+    `name` is the rank's worker name as `gather` gets it, which already says the rank and its host.
+
+    Example:
+        >>> stopped_reason("rank 0 (vm)", 10.0, "rank 1")
+        'rank 0 (vm) was stopped: still running 10 s after rank 1 failed'
+    """
+    return f"{name} was stopped: still running {grace_seconds:g} s after {first} failed"
 
 
 def _outcome(ref: Any, name: str) -> Outcome:

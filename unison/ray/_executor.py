@@ -88,6 +88,7 @@ class RayExecutor:
         settings.elastic = min_workers is not None
         self.adapter: Any = None
         self._is_remote = False
+        self._shut_down = False  # shutdown() ended the workers of a start (a later start() starts anew)
 
     def __repr__(self) -> str:
         kind = "elastic" if self.settings.elastic else "static"
@@ -109,6 +110,7 @@ class RayExecutor:
             self.adapter = ray.remote(num_cpus=0)(adapter_cls).remote(self.settings, **self.params)
         else:
             self.adapter = adapter_cls(self.settings, **self.params)
+        self._shut_down = False
         self._call("start", executable_cls=executable_cls, executable_args=executable_args,
                    executable_kwargs=executable_kwargs, extra_env_vars=extra_env_vars)
 
@@ -145,11 +147,15 @@ class RayExecutor:
         if self.adapter is not None:
             self._call("shutdown")
             self.adapter = None
+            self._shut_down = True
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         if self.adapter is None:
             from ..errors import NotInitializedError
 
+            if self._shut_down:
+                raise NotInitializedError(f"RayExecutor.{method}() was called after shutdown(), which ended the "
+                                          f"workers. Call start() to start them again.")
             raise NotInitializedError(f"RayExecutor.{method}() was called before start(). Call start() first.")
         if self._is_remote:
             return _ray().get(getattr(self.adapter, method).remote(**kwargs))

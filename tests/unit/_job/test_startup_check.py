@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from unison._job import startup as _startup
-from unison._job.startup import REPORT_BYTES, check_start, verdict_message
+from unison._job.startup import REPORT_BYTES, check_start, verdict, verdict_message
 from unison.errors import StartupError
 
 
@@ -112,6 +112,16 @@ def test_thousands_of_missing_ranks_still_fit_the_verdict() -> None:
     assert str(on_one).startswith("init() failed: ranks [2, 3, 4, ")
     assert 0 < len(on_one.missing_ranks) < size - 2
     assert on_one.missing_ranks == tuple(range(2, 2 + len(on_one.missing_ranks)))
+
+
+def test_the_verdict_speaks_of_one_missing_rank_or_of_several() -> None:
+    assert verdict({0: "", 1: ""}, [2], 60.0, "B") == (
+        "init() failed: rank 2 did not reach init() within 60 s (it raised or exited before init(), is stuck before "
+        "it, or already left the job); check its output. B.")
+    assert verdict({1: ""}, [0, 2], 10.0, "B") == (
+        "init() failed: ranks [0, 2] did not reach init() within 10 s (each raised or exited before init(), is stuck "
+        "before it, or already left the job); check their output. B.")
+    assert verdict({0: "", 1: ""}, [], 60.0) == ""
 
 
 def test_a_report_holding_a_lone_surrogate_is_sent() -> None:

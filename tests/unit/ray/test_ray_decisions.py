@@ -7,6 +7,7 @@ import pytest
 
 from unison.errors import InvalidArgumentError, NotInitializedError
 from unison.ray import MiniSettings, RayExecutor
+from unison.ray._calls import stopped_reason
 from unison.ray._discovery import slots_of
 from unison.ray._elastic import in_ray_words, start_outcomes
 from unison.ray._layout import place, rank_variables
@@ -107,6 +108,14 @@ def test_failures_read_causes_first() -> None:
         "after"]
 
 
+def test_a_rank_stopped_after_another_failed_is_named_once() -> None:
+    """The worker's name already says "rank R (host)"; the reason must not wrap it in a second "rank R (...)"."""
+    assert stopped_reason("rank 0 (vm)", 10.0, "rank 1") == \
+        "rank 0 (vm) was stopped: still running 10 s after rank 1 failed"
+    assert stopped_reason("rank 3 (host-2)", 2.5, "rank 0") == \
+        "rank 3 (host-2) was stopped: still running 2.5 s after rank 0 failed"
+
+
 def _node(address: str, alive: bool = True, **resources: float) -> dict[str, object]:
     return {"NodeManagerAddress": address, "alive": alive, "Resources": resources}
 
@@ -119,6 +128,27 @@ def test_discovery_counts_each_alive_nodes_slots() -> None:
     assert slots_of(nodes, cpus_per_worker=3) == {"host-1": 2, "host-2": 2, "host-3": 2}
     cpus_only = [_node(f"host-{i}", CPU=8) for i in (1, 2, 3)]
     assert sum(slots_of(cpus_only, use_gpu=True).values()) == 0  # GPUs asked for, none there
+
+
+class _StartedAdapter:
+    """Stands for a started adapter: what `RayExecutor.shutdown` calls on it."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_calls_after_shutdown_say_the_executor_was_shut_down() -> None:
+    executor = RayExecutor(RayExecutor.create_settings(), num_workers=2)
+    executor.adapter = _StartedAdapter()  # as start() leaves it, without starting Ray
+    executor.shutdown()
+    assert executor.adapter is None
+    for call in (lambda: executor.run(lambda: None), lambda: executor.execute(lambda worker: None)):
+        with pytest.raises(NotInitializedError, match=r"^RayExecutor\.(run|execute)\(\) was called after shutdown\(\), "
+                           r"which ended the workers\. Call start\(\) to start them again\.$"):
+            call()
+    executor.shutdown()  # again: nothing to do, and still shut down
+    with pytest.raises(NotInitializedError, match=r"RayExecutor.run\(\) was called after shutdown\(\)"):
+        executor.run(lambda: None)
 
 
 def test_membership_messages_speak_of_the_executors_arguments() -> None:
@@ -153,5 +183,7 @@ def test_settings_are_checked_and_calls_need_start() -> None:
     with pytest.raises(NotInitializedError, match=r"RayExecutor.execute\(\) was called before start\(\)"):
         executor.execute(lambda worker: None)
     executor.shutdown()  # nothing started: nothing to do
+    with pytest.raises(NotInitializedError, match=r"RayExecutor.run\(\) was called before start\(\)"):
+        executor.run(lambda: None)
     RayExecutor(settings, min_workers=1)
     assert settings.elastic is True
