@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["SETTINGS_TABLE", "Setting", "Settings", "load_settings", "split_service_addr"]
+__all__ = ["SETTINGS_TABLE", "Setting", "Settings", "load_settings", "settings_despite_errors", "split_service_addr"]
 
 MiB = 1024 * 1024
 
@@ -375,25 +375,8 @@ def load_settings(
         >>> load_settings({"HOROVOD_FUSION_THRESHOLD": "0"}).fusion_threshold_bytes
         0
     """
-    env = os.environ if environ is None else environ
     known = {s.field: s for s in SETTINGS_TABLE}
-    values: dict[str, Any] = {}
-    source: dict[str, str] = {}  # field -> the keyword or variable it came from, for errors
-    for name, value in overrides.items():
-        if name not in known:
-            raise ConfigError(
-                f"Unknown setting {name!r}. Known settings: {', '.join(sorted(known))}."
-            )
-        values[name] = _parse(known[name], name, str(value)) if isinstance(value, str) else value
-        source[name] = name
-    for setting in SETTINGS_TABLE:
-        if setting.field in values:
-            continue
-        for variable in (setting.env, setting.alias):
-            if variable and variable in env:
-                values[setting.field] = _parse(setting, variable, env[variable])
-                source[setting.field] = variable
-                break
+    values, source = _values(os.environ if environ is None else environ, overrides, strict=True)
     settings = Settings(**values)
     if settings.service_addr:
         split_service_addr(settings.service_addr)
@@ -416,6 +399,60 @@ def load_settings(
         raise ConfigError(f"{variable} must be a positive number of seconds. "
                           f"Got {variable}={settings.nccl_init_timeout_seconds}.")
     return settings
+
+
+def settings_despite_errors(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build `Settings` as `load_settings` does, with the default in place of each value that does not parse.
+
+    For a rank whose `load_settings` raised: it still needs the settings it can read (where its
+    launcher's directory is, how long to wait for the others) to report that error, and to report it
+    as its own.
+
+    Example:
+        >>> env = {"UNISON_PEER_TIMEOUT_SECONDS": "abc", "UNISON_LAUNCHER_DIR": "/tmp/job"}
+        >>> settings = settings_despite_errors(env)
+        >>> settings.launcher_dir, settings.peer_timeout_seconds == Settings().peer_timeout_seconds
+        ('/tmp/job', True)
+    """
+    values, _ = _values(os.environ if environ is None else environ, overrides, strict=False)
+    return Settings(**values)
+
+
+def _values(env: Mapping[str, str], overrides: Mapping[str, Any],
+            strict: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values set by keyword or variable (field -> value), and where each came from (field -> name).
+
+    Not `strict`: a keyword or variable that does not parse is left out (its default stands).
+    """
+    known = {s.field: s for s in SETTINGS_TABLE}
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}  # field -> the keyword or variable it came from, for errors
+
+    def take(setting: Setting, name: str, raw: Any) -> None:
+        try:
+            values[setting.field] = _parse(setting, name, raw) if isinstance(raw, str) else raw
+        except ConfigError:
+            if strict:
+                raise
+            return
+        source[setting.field] = name
+
+    for name, value in overrides.items():
+        if name not in known:
+            if not strict:
+                continue
+            raise ConfigError(
+                f"Unknown setting {name!r}. Known settings: {', '.join(sorted(known))}."
+            )
+        take(known[name], name, value)
+    for setting in SETTINGS_TABLE:
+        if setting.field in values or setting.field in overrides:
+            continue
+        for variable in (setting.env, setting.alias):
+            if variable and variable in env:
+                take(setting, variable, env[variable])
+                break
+    return values, source
 
 
 def split_service_addr(address: str) -> tuple[str, int]:

@@ -57,6 +57,9 @@ ROWS = [
     ("`--timeout` passed", JobOutcome(9, {}, timed_out=True), "124"),
     ("Ctrl-C", JobOutcome(2, {}, interrupted=True), "130"),
     ("SIGTERM to the launcher (a batch system's stop)", JobOutcome(15, {}, interrupted=True, signal=15), "143"),
+    ("the job could not start (a bad program, a bad setting in `init()`)",
+     JobOutcome(1, {1: "rank 1 (h, pid 11) could not start: ConfigError: X must be a number. Got X='abc'."},
+                ended={0: 1, 1: 1}), "2"),
 ]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..config import Settings, load_settings
+from ..config import Settings, load_settings, settings_despite_errors
 from ..engine.loop import Engine, EngineStatistics
 from ..errors import ConfigError, NotInitializedError, UnnamedThreadError
 from ..process_sets import ProcessSet, global_process_set, unbind
@@ -190,7 +190,9 @@ def _init(comm: Any, process_sets: Sequence[ProcessSet] | str | None, request: R
         try:
             settings = load_settings(**overrides)
         except ConfigError as exc:
-            problem, settings = exc, Settings()
+            # What does parse still counts (the launcher's directory above all: the marker that names
+            # this rank as the one that could not start goes there), so the failure is reported as this rank's.
+            problem, settings = exc, settings_despite_errors(**overrides)
         logging.getLogger("unison").setLevel(
             {"trace": 5, "fatal": logging.CRITICAL}.get(settings.log_level, settings.log_level.upper())
         )

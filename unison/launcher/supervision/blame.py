@@ -10,7 +10,9 @@ The rule: the first thing that went wrong is the cause and is named; ranks that 
 consequence (mpiexec or the abort stops them) and are not. Uncaught exceptions (``failed-R``) are
 always named. Markers are ordered by the time they were written, which for ``ended-R`` is before
 mpiexec can stop any other rank; deaths seen only through `DeathWatch` (ranks without a keeper) come
-after the markers of the same look. A rank that shut unison down in order and then exited non-zero
+after the markers of the same look. A rank whose own set-up fails in ``init()`` (a setting it cannot
+parse) leaves ``failed-R`` (``rank R (...) could not start: ...``, `could_not_start`) before it tells the
+others, so the ranks that fail only because it did are its consequence. A rank that shut unison down in order and then exited non-zero
 (``sys.exit(4)``) is named with that status, unless its ``finished-R`` says a peer's exit stopped it
 (an uncaught ``ShutdownError``: the peers a ``sys.exit(4)`` left waiting) or the status is
 ``HOSTS_UPDATED_EXIT`` (an elastic rank's stop for a host change).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +34,10 @@ from pathlib import Path
 from ..._contract import FINISHED_AFTER_PEER, HOSTS_UPDATED_EXIT, parse_marker_name
 from .reports import spoken_list
 
-__all__ = ["Markers", "blame", "finished_early", "read_markers"]
+__all__ = ["Markers", "blame", "could_not_start", "finished_early", "read_markers"]
+
+# The ``failed-R`` of a rank whose own set-up failed in init() (`unison._job.launch`'s ``check_start``).
+_COULD_NOT_START = re.compile(r"rank \d+ \(.*, pid \d+\) could not start: ")
 
 
 @dataclasses.dataclass
@@ -78,6 +84,18 @@ def read_markers(directory: Path) -> Markers:
             if pid.isdigit() and code.lstrip("-").isdigit():
                 markers.ended[rank] = (int(pid), int(code))
     return markers
+
+
+def could_not_start(why: str) -> bool:
+    """Whether the failure `why` is a rank's own failure to start in ``init()`` (a bad setting, a file it cannot write).
+
+    Example:
+        >>> could_not_start("rank 1 (h, pid 11) could not start: ConfigError: X must be a number. Got X='abc'.")
+        True
+        >>> could_not_start("rank 0 (h, pid 10) failed: StartupError: init() failed: rank 1 could not start: X")
+        False
+    """
+    return _COULD_NOT_START.match(why) is not None
 
 
 def how_ended(code: int) -> str:

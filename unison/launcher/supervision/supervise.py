@@ -35,7 +35,7 @@ from pathlib import Path
 from ..._job.failure import GRACE_SECONDS as RANK_GRACE_SECONDS
 from ..mpi.lines import RankTags
 from ..mpi.messages import OutputRelay
-from .blame import blame, finished_early, read_markers
+from .blame import blame, could_not_start, finished_early, read_markers
 from .deaths import DeathWatch, alive
 from .records import keep_records, records_line
 from .reports import report_lines
@@ -46,6 +46,7 @@ __all__ = ["GRACE_SECONDS", "JobOutcome", "supervise"]
 GRACE_SECONDS = RANK_GRACE_SECONDS + 2.0  # ranks hard-exit 5 s after an abort; kill at 7 s
 INTERRUPT_GRACE_SECONDS = 3.0
 FORCE_GRACE_SECONDS = 0.5  # after a second Ctrl-C (or SIGTERM): mpiexec's own forced stop, then ours
+START_FAILED_EXIT = 2  # the job could not start: a rank's own set-up failed in init() (as a bad command line)
 KEEPER_WAIT_SECONDS = 1.0  # a death seen before its keeper's ended-R marker waits this long for it
 _POLL_SECONDS = 0.01
 
@@ -392,18 +393,23 @@ def exit_status(outcome: JobOutcome) -> int:
     The first failure decides, not mpiexec's status: MPICH's mpiexec combines the statuses of every
     rank with a bitwise or, those it killed itself included, so one failure could end as 9, 11 or 14.
     A rank that raised, or that unison stopped, exits 1; a rank that ended without shutting unison down
-    (``os._exit(0)``) counts as 1; a rank killed by signal N as 128 + N (137 for SIGKILL).
+    (``os._exit(0)``) counts as 1; a rank killed by signal N as 128 + N (137 for SIGKILL). A rank whose own
+    set-up failed in ``init()`` (a setting it cannot parse) means the job could not start: 2, whatever its status.
 
     Example:
         >>> exit_status(JobOutcome(11, {1: "rank 1 failed"}, ended={0: -9, 1: 1, 2: 1}))
         1
         >>> exit_status(JobOutcome(9, {2: "rank 2 killed"}, ended={2: -9, 0: -9}))
         137
+        >>> exit_status(JobOutcome(1, {1: "rank 1 (h, pid 11) could not start: ConfigError: bad"}, ended={0: 1, 1: 1}))
+        2
     """
     if outcome.interrupted:
         return 128 + (outcome.signal or signal.SIGINT)
     if outcome.timed_out:
         return 124
+    if outcome.failures and could_not_start(next(iter(outcome.failures.values()))):
+        return START_FAILED_EXIT
     if outcome.failures:
         code = outcome.ended.get(next(iter(outcome.failures)))
         if code is None:  # a rank on another host, or no keeper: mpiexec's word is all there is
