@@ -28,6 +28,12 @@ A process forked after `init()` is not a rank. An after-fork hook disowns its co
 have had, so the child never writes a marker, never sends a message to the peers and never enters
 ``MPI_Finalize`` on its parent's behalf.
 
+In a process that ``torch.multiprocessing.spawn`` started, spawn's wrapper catches what escapes the
+user's function and ends the process with ``sys.exit(1)``, so the hook never sees it: `install` also
+has it reported as the hook would, without the traceback, which spawn's parent prints
+(`torch_launch.on_spawned_failure`). Else the job would take this rank's exit for an orderly
+shutdown, and the other ranks would fail with a `ShutdownError` that does not name the error.
+
 Under ``unisonrun`` the hooks also leave marker files (started, failed, finished) in the launcher's
 directory, which is how the launcher names a rank that died.
 
@@ -69,6 +75,7 @@ from .flight_file import default_directory, write_record
 from .stop_report import SHARED_ERRORS, Role, decide, role_of, shared_error
 from .summary import describe, parse_reason, user_where, without_unison_frames
 from .torch_error_file import after_the_cause, error_file_data, write_error_file
+from .torch_launch import on_spawned_failure
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -192,6 +199,7 @@ def install(engine: Engine, rank: int, size: int, mpi: ModuleType | None, launch
         _state.previous_threading_excepthook = threading.excepthook
         threading.excepthook = _threading_excepthook
     _state.interrupting = _state.reporting = False
+    on_spawned_failure(_spawned_function_failed)  # only where torch.multiprocessing.spawn started this process
     _take_sigint()
     if not _state.fork_hook_registered:
         os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -435,6 +443,25 @@ def _shortened(exc: BaseException, tb: TracebackType | None) -> TracebackType | 
 
 def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
     previous = _state.previous_excepthook or sys.__excepthook__
+
+    def show_traceback(role: Role) -> None:
+        if _traceback_shown(role):
+            previous(exc_type, exc, _shortened(exc, tb))
+
+    _report_uncaught(exc, show_traceback)
+
+
+def _spawned_function_failed(exc: Exception) -> None:
+    """torch.multiprocessing.spawn's wrapper caught `exc` from the function it ran and ends this process:
+    report it as the exception hook would (the parent prints its traceback), so that the other ranks
+    stop naming it instead of taking this rank's exit for a shutdown."""
+    if _state.previous_excepthook is None or _state.forked:
+        return  # unison's hooks are not installed here (shut down already): the hook would not have run
+    _report_uncaught(exc, lambda role: None)
+
+
+def _report_uncaught(exc: BaseException, show_traceback: Callable[[Role], object]) -> None:
+    """What an error that ends the main thread makes this rank do: its report, then the job's abort."""
     # The main thread is ending with its own error: an abort from another rank must not interrupt
     # its report (the traceback was cut and replaced by "Error in sys.excepthook").
     _state.reporting = True
@@ -443,8 +470,7 @@ def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: Traceback
     if role is Role.SHARED and _state.under_launcher and _state.engine is not None and not _state.failure_recorded:
         # Every rank's own call site reaches the launcher, also where another rank's abort came first.
         _write_marker(marker_name("failed", _state.rank), describe(exc, _state.rank, _state.host, os.getpid()) + "\n")
-    if _traceback_shown(role):
-        previous(exc_type, exc, _shortened(exc, tb))
+    show_traceback(role)
     try:
         abort_job(exc)
     finally:

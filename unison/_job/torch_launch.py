@@ -6,22 +6,45 @@ PyTorchJob and Accelerate set the same variables. `torch_launch` reads them, `en
 other ranks at that store (torch's own ``env://`` rendezvous), and `root_store` finds the store
 under torch's prefixes, so that the job (`unison._job.launch.rendezvous`) and the test harness's
 barrier (`unison.testing._barrier`) share one store whichever way they reached it.
+
+``torch.multiprocessing.spawn`` runs the user's function inside its wrapper (``_wrap``), which catches
+an exception that escapes it, hands the traceback to the parent and ends the process with
+``sys.exit(1)``: the exception never reaches ``sys.excepthook``. `on_spawned_failure` lets unison's
+failure handling see it there all the same (`unison._job.failure`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import logging
+import sys
+import threading
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from types import CodeType, FrameType
+from typing import Any, NoReturn
 
 from ..config import process_environment
 from ..errors import ConfigError, MissingDependencyError
 
-__all__ = ["TorchLaunch", "env_store", "root_store", "torch_job_of_one", "torch_launch", "torch_launched_alone"]
+__all__ = ["TorchLaunch", "env_store", "on_spawned_failure", "root_store", "spawned_by_torch", "torch_job_of_one",
+           "torch_launch", "torch_launched_alone"]
+
+log = logging.getLogger("unison")
 
 _VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _MPI_LAUNCHERS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "PMI_RANK")
+_SPAWN_MODULE = "torch.multiprocessing.spawn"  # where torch.multiprocessing.spawn's wrapper, `_wrap`, lives
+
+
+class _SpawnFailure:
+    """What `on_spawned_failure` installed in this process: the exit it wraps and whom it tells."""
+
+    previous_exit: Callable[..., NoReturn] | None = None  # sys.exit before the wrapper
+    report: Callable[[Exception], object] | None = None
+
+
+_spawn_failure = _SpawnFailure()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,3 +154,67 @@ def root_store(store: Any) -> Any:
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     return store
+
+
+def _spawn_wrapper_code() -> CodeType | None:
+    """The code of torch.multiprocessing.spawn's wrapper of the user's function, if torch is loaded and has one."""
+    module = sys.modules.get(_SPAWN_MODULE)
+    code = getattr(getattr(module, "_wrap", None), "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+def spawned_by_torch() -> bool:
+    """Whether this process's main thread runs inside ``torch.multiprocessing.spawn``'s wrapper of the
+    user's function (``mp.spawn``, ``mp.start_processes``): the process is one that spawn started.
+
+    Example:
+        >>> spawned_by_torch()
+        False
+    """
+    code = _spawn_wrapper_code()
+    if code is None:
+        return False
+    main = threading.main_thread()
+    frame: FrameType | None = (sys._getframe() if threading.current_thread() is main
+                               else sys._current_frames().get(main.ident or -1))
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def on_spawned_failure(report: Callable[[Exception], object]) -> bool:
+    """In a process that ``torch.multiprocessing.spawn`` started, call `report` with the exception that
+    escapes the spawned function, before spawn's wrapper ends the process with it.
+
+    The wrapper catches the exception, writes its traceback for the parent and calls ``sys.exit(1)``:
+    ``sys.exit`` is wrapped to call `report` first, when its caller is that wrapper and an exception is
+    being handled, and otherwise to exit as it always does. Elsewhere (not started by spawn, or a torch
+    whose wrapper is another) nothing is installed. Calling it again replaces `report`.
+
+    Returns:
+        Whether the wrapper of ``sys.exit`` is in place (this process is one that spawn started).
+    """
+    code = _spawn_wrapper_code()
+    if code is None or not spawned_by_torch():
+        return False
+    _spawn_failure.report = report
+    if _spawn_failure.previous_exit is not None:
+        return True
+    previous = _spawn_failure.previous_exit = sys.exit
+
+    def exit_after_report(status: str | int | None = None, /) -> NoReturn:
+        handled = sys.exc_info()[1]
+        caller = sys._getframe(1)
+        tell = _spawn_failure.report
+        if caller.f_code is code and isinstance(handled, Exception) and tell is not None:
+            try:
+                tell(handled)
+            except Exception as exc:  # noqa: BLE001 - named here; the process must still end as spawn asked
+                log.warning("unison: could not report the error that ended the function torch.multiprocessing."
+                            "spawn started (%s: %s): %s: %s", type(handled).__name__, handled, type(exc).__name__, exc)
+        previous(status)
+
+    sys.exit = exit_after_report
+    return True
