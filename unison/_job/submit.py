@@ -454,11 +454,12 @@ def control(kind: CollectiveKind, name: str, process_set: ProcessSet = global_pr
 
 def control_call(kind: CollectiveKind, name: str, process_set: ProcessSet = global_process_set,
                  ranks: Sequence[int] = (), target_set: int | None = None, waits: bool = False) -> Call[Any]:
-    """Submit a call that carries no tensor; `waits`: the caller waits for it at once (`waited`)."""
+    """Submit a call that carries no tensor; `waits`: the caller waits for it at once (`waited`). Like
+    `submit`, a call waited for soon (`lazily`) leaves the engine thread asleep: its wait runs the cycle."""
     current = job()
     set_id, _ = member_set(current, process_set, kind.value.capitalize())
     request = Request(name, kind, current.rank, process_set_id=set_id if target_set is None else target_set,
                       ranks=tuple(ranks), site=call_site(kind.value))
     entry = Entry(request, None, None, Handle(name, current.engine.drive))
-    current.engine.enqueue([entry], waits=waits)
+    current.engine.enqueue([entry], waits=waits or getattr(_calling, "lazy", False))
     return Call([entry.handle], lambda results: results[0])
