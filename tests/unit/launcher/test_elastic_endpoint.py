@@ -60,7 +60,11 @@ def test_another_host_gets_a_new_server_and_key() -> None:
         assert second != first and "@127.0.0.2:" in second
         assert endpoint.server is not None and endpoint.server.server_address[0] == "127.0.0.2"
         endpoint.begin(0)
-        assert ask_driver(second, 0) == 0 and ask_driver(first, 0) is None
+        # The new server answers; a question gets 2 s, which a loaded machine (CI's three test workers
+        # beside Ray's jobs) once let pass before this thread was scheduled: ask up to three times.
+        answers = [ask_driver(second, 0) for _ in range(3)]
+        assert next((a for a in answers if a is not None), None) == 0, answers
+        assert ask_driver(first, 0) is None
     finally:
         endpoint.close()
 
