@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..backends.base import Backend
+from ..backends.base import Abandoned, Backend
 from ..errors import AbortedError, HorovodInternalError, MismatchError, ShutdownError, StallError
 from ..protocol.cache import ResponseCache
 from ..protocol.dispatch import ROUTES, Action
@@ -159,7 +159,10 @@ class Actions:
         try:
             results = self.executor.run(response, entries)
         except Exception as exc:  # noqa: BLE001 - turned into an error on every waiting handle
-            log.exception("%s failed", response.kind)
+            if isinstance(exc, Abandoned):  # this process gave the job up (an elastic epoch's end, a stop)
+                log.debug("%s of %s abandoned", response.kind, list(names))
+            else:
+                log.exception("%s failed", response.kind)
             failure = HorovodInternalError(f"{response.kind} of {list(response.names)} failed: {exc}")
             failure.__cause__ = exc  # raised in each waiting thread with it (`unison._job.calls`)
             for entry in entries:

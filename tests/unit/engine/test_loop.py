@@ -363,3 +363,28 @@ def test_shutdown_reports_peers_that_never_answered() -> None:
     for t in threads:
         t.join(TIMEOUT)
     assert results == [True, True]
+
+
+def test_a_collective_abandoned_in_the_transport_fails_quietly(job2: Job, caplog, monkeypatch) -> None:
+    """An abandoned wait (the process gave the job up: an elastic epoch ended) fails the call's handle
+    with its cause and logs no error: the survivor's log carried a traceback after the next epoch began."""
+    from unison.backends.base import Abandoned
+    from unison.errors import HorovodInternalError
+
+    def abandoned(*args: object, **kwargs: object) -> None:
+        raise Abandoned()
+
+    for engine in job2.engines:
+        monkeypatch.setattr(engine.backend, "allreduce_", abandoned)
+    caplog.set_level("DEBUG", logger="unison.engine.actions")
+
+    def work(rank: int, engine: Engine) -> BaseException | None:
+        entry = allreduce_entry("gone", rank, np.ones(4, np.float32))
+        engine.enqueue([entry])
+        assert entry.handle.wait(TIMEOUT)
+        return entry.handle.error
+
+    errors = job2.run_ranks(work)
+    assert all(isinstance(e, HorovodInternalError) and isinstance(e.__cause__, Abandoned) for e in errors), errors
+    records = [r for r in caplog.records if r.name == "unison.engine.actions"]
+    assert records and all(r.levelname == "DEBUG" and "abandoned" in r.getMessage() for r in records), records
